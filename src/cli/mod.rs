@@ -1,0 +1,60 @@
+//! The `codecage` command line. It parses and translates; the library decides.
+
+mod run;
+
+use clap::{Parser, Subcommand};
+
+use crate::outcome::{ErrorKind, Outcome};
+
+/// Run untrusted code in a Linux sandbox built from namespaces.
+#[derive(Parser)]
+#[command(name = "codecage", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run code or a program in a new sandbox and wait for it.
+    Run(run::RunArgs),
+}
+
+/// Runs the CLI; returns the process exit status.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage_error(err),
+    };
+    match cli.command {
+        Command::Run(args) => run::main(args),
+    }
+}
+
+/// Help and version go to stdout with status 0; anything else is a bad request: 125, as
+/// `docker run` ends when its own arguments are wrong, and one JSON object with `--json`.
+fn usage_error(err: clap::Error) -> i32 {
+    use clap::error::ErrorKind as Kind;
+    if matches!(err.kind(), Kind::DisplayHelp | Kind::DisplayVersion | Kind::DisplayHelpOnMissingArgumentOrSubcommand) {
+        let _ = err.print();
+        return if err.kind() == Kind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 };
+    }
+    let wants_json = std::env::args().take_while(|a| a != "--").any(|a| a == "--json");
+    if wants_json {
+        let message = err.render().to_string();
+        let message = message.trim().trim_start_matches("error: ").to_string();
+        print_json(&Outcome::failed(ErrorKind::InvalidRequest, message));
+    } else {
+        let _ = err.print();
+    }
+    ErrorKind::InvalidRequest.exit_status()
+}
+
+fn print_json(outcome: &Outcome) {
+    use std::io::Write;
+    match serde_json::to_string(outcome) {
+        // A reader that went away (`| head`) is not our error to report.
+        Ok(json) => drop(writeln!(std::io::stdout(), "{json}")),
+        Err(e) => eprintln!("codecage: cannot encode the outcome as JSON: {e}"),
+    }
+}

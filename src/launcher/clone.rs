@@ -1,0 +1,220 @@
+//! Creating the sandbox process: clone3 into new namespaces, the allocation-free child that
+//! waits for "go" and execs the init, and the parent's half of the handshake (id maps, go,
+//! the Spec).
+
+use std::ffi::{c_char, CStr};
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use nix::fcntl::{open, OFlag};
+use nix::sched::CloneFlags;
+use nix::sys::stat::Mode;
+use nix::unistd::{pipe2, Pid};
+
+use crate::channel::{self, raw_error_frame, GO};
+use crate::spec::Spec;
+use crate::sys::{self, Forked};
+
+/// A sandbox whose init is running (or has already failed), as the launcher holds it.
+pub struct Sandbox {
+    pub pid: Pid,
+    pub pidfd: OwnedFd,
+    pub stdout: File,
+    pub stderr: File,
+    pub channel: UnixStream,
+}
+
+/// The fds and strings the raw child needs, all made before clone3 so that the child does
+/// not allocate.
+struct ChildPlan {
+    stdin: RawFd,
+    stdout: RawFd,
+    stderr: RawFd,
+    channel: RawFd,
+    exe: RawFd,
+    argv: [*const c_char; 3],
+    envp: [*const c_char; 1],
+}
+
+/// The fd number of the channel in the init.
+pub const CHANNEL_FD: RawFd = 3;
+
+const ARGV0: &CStr = c"codecage";
+// Kept in sync with `INIT_ARG`; checked by a unit test.
+const INIT_ARG_C: &CStr = c"__sandbox-init";
+
+/// Every namespace but the cgroup one, which the init enters itself once it sits in its own
+/// cgroup (research pitfall 18): created in the child, its root would be the launcher's
+/// cgroup.
+fn namespaces() -> u64 {
+    (CloneFlags::CLONE_NEWUSER
+        | CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS)
+        .bits() as u64
+}
+
+/// Clones the sandbox's init into new namespaces, writes its id maps, and sends it "go" and
+/// the Spec. Returns once the init is on its way; setup errors from inside arrive later on
+/// the channel.
+pub fn spawn(spec: &Spec) -> Result<Sandbox, String> {
+    let exe = open(&spec.init_exe, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| format!("cannot open the sandbox init binary {}: {e}", spec.init_exe.display()))?;
+    let stdin = open("/dev/null", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| format!("cannot open /dev/null for the payload's stdin: {e}"))?;
+    let (stdout_r, stdout_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stdout pipe: {e}"))?;
+    let (stderr_r, stderr_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stderr pipe: {e}"))?;
+    let (channel, channel_child) =
+        UnixStream::pair().map_err(|e| format!("cannot create the sandbox channel: {e}"))?;
+    // The child dup2s these onto 0..=3; a source already sitting in that range (the calling
+    // program closed its stdin, say) would be overwritten before it is copied.
+    let child_fds = [stdin, stdout_w, stderr_w, OwnedFd::from(channel_child)].map(above_stdio);
+    let [stdin, stdout_w, stderr_w, channel_child] = child_fds;
+    let (stdin, stdout_w, stderr_w, channel_child) = (stdin?, stdout_w?, stderr_w?, channel_child?);
+
+    let plan = ChildPlan {
+        stdin: stdin.as_raw_fd(),
+        stdout: stdout_w.as_raw_fd(),
+        stderr: stderr_w.as_raw_fd(),
+        channel: channel_child.as_raw_fd(),
+        exe: exe.as_raw_fd(),
+        argv: [ARGV0.as_ptr(), INIT_ARG_C.as_ptr(), std::ptr::null()],
+        envp: [std::ptr::null()],
+    };
+    let flags = namespaces() | sys::CLONE_CLEAR_SIGHAND;
+    // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
+    // calls on data prepared above and ends in execveat or _exit.
+    let forked = unsafe { sys::clone3(flags, None) }.map_err(|e| clone_error(&e))?;
+    let (pid, pidfd) = match forked {
+        Forked::Child => child_pre_exec(&plan),
+        Forked::Parent { pid, pidfd } => (pid, pidfd),
+    };
+    // The parent's copies of the child's ends go now, or it would never see EOF.
+    drop((stdin, stdout_w, stderr_w, channel_child, exe));
+    let mut sandbox = Sandbox {
+        pid,
+        pidfd,
+        stdout: File::from(stdout_r),
+        stderr: File::from(stderr_r),
+        channel,
+    };
+    if let Err(message) = handshake(spec, &mut sandbox) {
+        abort(&sandbox);
+        return Err(message);
+    }
+    Ok(sandbox)
+}
+
+/// Writes the id maps, then "go" and the Spec. A failure to send means the child already
+/// died; its raw error frame is waiting on the channel, so that is not an error here.
+fn handshake(spec: &Spec, sandbox: &mut Sandbox) -> Result<(), String> {
+    let pid = sandbox.pid.as_raw() as u32;
+    let lines = spec.ids.map_lines(pid);
+    // As root in the parent namespace we may write a map with several lines and need not
+    // deny setgroups (user_namespaces(7)); the payload drops its supplementary groups itself.
+    for file in ["uid_map", "gid_map"] {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, &lines).map_err(|e| {
+            format!("cannot write {path} (mapping sandbox ids to unprivileged host ids {lines:?}): {e}")
+        })?;
+    }
+    // A stuck child must not hang the launcher past the run's own deadline.
+    let _ = sandbox.channel.set_write_timeout(Some(spec.timeout));
+    let mut frame = vec![GO];
+    channel::write_message(&mut frame, spec).map_err(|e| format!("cannot encode the spec: {e}"))?;
+    let _ = send_all(&sandbox.channel, &frame);
+    Ok(())
+}
+
+/// Sends without raising SIGPIPE in a calling program that did not ignore it.
+fn send_all(stream: &UnixStream, mut buf: &[u8]) -> nix::Result<()> {
+    use nix::sys::socket::{send, MsgFlags};
+    while !buf.is_empty() {
+        match send(stream.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => buf = &buf[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Kills and reaps a child whose handshake failed, so nothing is left behind.
+fn abort(sandbox: &Sandbox) {
+    let _ = sys::pidfd_send_signal(sandbox.pidfd.as_fd(), libc::SIGKILL);
+    let _ = sys::wait4(sandbox.pid);
+}
+
+fn clone_error(e: &std::io::Error) -> String {
+    let hint = match e.raw_os_error() {
+        Some(libc::EPERM) => {
+            " (creating namespaces needs root or CAP_SYS_ADMIN; run codecage as root, or check \
+             that user namespaces are not disabled by sysctl or an LSM)"
+        }
+        Some(libc::ENOSPC) | Some(libc::EUSERS) => {
+            " (a namespace limit was reached: see /proc/sys/user/max_*_namespaces)"
+        }
+        Some(libc::ENOSYS) => " (clone3 needs Linux 5.3 or newer)",
+        _ => "",
+    };
+    format!("cannot create the sandbox process (clone3 with new user, mount, pid, net, ipc and uts namespaces): {e}{hint}")
+}
+
+/// Moves an fd to 10 or above (CLOEXEC) if it sits in 0..=3.
+fn above_stdio(fd: OwnedFd) -> Result<OwnedFd, String> {
+    if fd.as_raw_fd() > CHANNEL_FD {
+        return Ok(fd);
+    }
+    sys::dup_above(fd.as_fd(), 10).map_err(|e| format!("cannot move an fd above stdio: {e}"))
+}
+
+/// The child between clone3 and the exec of the init. It runs in a copy of a process that
+/// may have had other threads, so it only makes the raw calls of `sys` (no allocation, no
+/// locks, no panics). Each failure sends a raw error frame naming the step and exits 125.
+fn child_pre_exec(plan: &ChildPlan) -> ! {
+    let fail = |step: u8, errno: i32| -> ! {
+        let _ = sys::child_write_all(plan.channel, &raw_error_frame(step, errno));
+        sys::exit_now(125)
+    };
+    // 0. Wait until the launcher has written our uid/gid maps.
+    match sys::child_read_byte(plan.channel) {
+        Ok(GO) => {}
+        Ok(_) => fail(0, libc::EPROTO),
+        Err(errno) => fail(0, errno),
+    }
+    // 1. Become the sandbox's root (an unprivileged host uid), so execve keeps the new user
+    //    namespace's capabilities, which the init needs for mounts.
+    if let Err(errno) = sys::child_become_root() {
+        fail(1, errno)
+    }
+    // 2. Die with the launcher. After step 1: a credential change clears the death signal.
+    if let Err(errno) = sys::child_set_pdeathsig() {
+        fail(2, errno)
+    }
+    // 3. stdin (/dev/null), stdout and stderr pipes, the channel on fd 3.
+    for (from, to) in [(plan.stdin, 0), (plan.stdout, 1), (plan.stderr, 2), (plan.channel, CHANNEL_FD)] {
+        if let Err(errno) = sys::child_dup2(from, to) {
+            fail(3, errno)
+        }
+    }
+    // 4. Nothing else of the calling program survives the exec (CVE-2024-21626).
+    if let Err(errno) = sys::child_cloexec_from(CHANNEL_FD + 1, plan.exe) {
+        fail(4, errno)
+    }
+    // 5. A fresh, single-threaded codecage becomes pid 1.
+    let errno = sys::child_execveat(plan.exe, plan.argv.as_ptr(), plan.envp.as_ptr());
+    fail(5, errno)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_argument_matches_the_dispatcher() {
+        assert_eq!(INIT_ARG_C.to_str().unwrap(), crate::sandbox::INIT_ARG);
+    }
+}

@@ -1,0 +1,290 @@
+//! Watching a running sandbox: drain stdout and stderr under the output cap, enforce the
+//! wall-clock limit, forward signals, read the init's reports, and reap it.
+//!
+//! Killing the whole tree needs no bookkeeping: SIGKILL to the init (pid 1 of the sandbox's
+//! pid namespace) makes the kernel kill every other process of the namespace, and the init
+//! only finishes exiting once they are all gone (pid_namespaces(7)), so when `wait4` returns
+//! nothing of the sandbox is left running, whatever it double-forked or setsid'd.
+
+use std::io::{ErrorKind as IoErrorKind, Read};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signalfd::SignalFd;
+
+use super::clone::Sandbox;
+use super::Stream;
+use crate::channel::{Report, ReportReader};
+use crate::outcome::{ErrorKind, Outcome};
+use crate::spec::Spec;
+use crate::sys;
+use crate::units::{format_duration, format_size};
+
+/// How long to keep draining output after the init has exited. Every writer is dead by then,
+/// so EOF comes at once; the bound only guards against the impossible.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+struct Watch<'a> {
+    spec: &'a Spec,
+    sink: &'a mut dyn FnMut(Stream, &[u8]),
+    outcome: Outcome,
+    reports: ReportReader,
+    report: Option<Report>,
+    protocol_error: Option<String>,
+    killed_for: Option<ErrorKind>,
+}
+
+/// Supervises `sandbox` until its init is reaped and returns the Outcome. `start` is when
+/// the launch began; the timeout counts from there.
+pub fn supervise(
+    mut sandbox: Sandbox,
+    spec: &Spec,
+    start: Instant,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+    interrupt: Option<&SignalFd>,
+) -> Outcome {
+    let deadline = start + spec.timeout;
+    for fd in [sandbox.stdout.as_fd(), sandbox.stderr.as_fd(), sandbox.channel.as_fd()] {
+        let _ = set_nonblocking(fd);
+    }
+    let mut watch = Watch {
+        spec,
+        sink,
+        outcome: Outcome::default(),
+        reports: ReportReader::default(),
+        report: None,
+        protocol_error: None,
+        killed_for: None,
+    };
+    let (mut stdout_open, mut stderr_open, mut channel_open) = (true, true, true);
+    let mut exited_at: Option<Instant> = None;
+    let mut buf = vec![0u8; 64 * 1024];
+
+    loop {
+        let now = Instant::now();
+        if let Some(at) = exited_at {
+            if (!stdout_open && !stderr_open) || now >= at + DRAIN_GRACE {
+                break;
+            }
+        } else if now >= deadline && watch.killed_for.is_none() {
+            watch.kill(&sandbox, ErrorKind::Timeout);
+        }
+        let wait_until = match exited_at {
+            Some(at) => at + DRAIN_GRACE,
+            None if watch.killed_for.is_some() => now + Duration::from_secs(3600),
+            None => deadline,
+        };
+        let timeout = wait_until.saturating_duration_since(now);
+        let timeout = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::MAX);
+
+        // Poll order: stdout, stderr, channel, pidfd, interrupt; closed ones are skipped by
+        // giving them empty interest.
+        let interest = |open: bool| if open { PollFlags::POLLIN } else { PollFlags::empty() };
+        let mut fds = vec![
+            PollFd::new(sandbox.stdout.as_fd(), interest(stdout_open)),
+            PollFd::new(sandbox.stderr.as_fd(), interest(stderr_open)),
+            PollFd::new(sandbox.channel.as_fd(), interest(channel_open)),
+            PollFd::new(sandbox.pidfd.as_fd(), interest(exited_at.is_none())),
+        ];
+        if let Some(signals) = interrupt {
+            fds.push(PollFd::new(signals.as_fd(), interest(exited_at.is_none())));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                watch.protocol_error = Some(format!("poll failed while supervising the sandbox: {e}"));
+                watch.kill(&sandbox, ErrorKind::Setup);
+                break;
+            }
+        }
+        let ready: Vec<bool> = fds
+            .iter()
+            .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+
+        if ready[0] && stdout_open {
+            stdout_open = watch.drain(&mut sandbox, Stream::Stdout, &mut buf);
+        }
+        if ready[1] && stderr_open {
+            stderr_open = watch.drain(&mut sandbox, Stream::Stderr, &mut buf);
+        }
+        if watch.killed_for == Some(ErrorKind::OutputLimit) {
+            // Past the cap nothing more is read; the sandbox is already being killed.
+            (stdout_open, stderr_open) = (false, false);
+        }
+        if ready[2] && channel_open {
+            channel_open = watch.read_channel(&mut sandbox, &mut buf);
+        }
+        if ready[3] && exited_at.is_none() {
+            exited_at = Some(Instant::now());
+        }
+        if ready.get(4).copied().unwrap_or(false) {
+            if let Some(signals) = interrupt {
+                if let Ok(Some(info)) = signals.read_signal() {
+                    // Forwarded to the init, which passes it on to the payload.
+                    let _ = sys::pidfd_send_signal(sandbox.pidfd.as_fd(), info.ssi_signo as i32);
+                }
+            }
+        }
+    }
+
+    let reaped = sys::wait4(sandbox.pid);
+    watch.outcome.duration = start.elapsed();
+    // The init wrote its last report before exiting; collect what is still buffered.
+    while channel_open {
+        channel_open = watch.read_channel(&mut sandbox, &mut buf);
+    }
+    watch.finish(reaped)
+}
+
+impl Watch<'_> {
+    fn kill(&mut self, sandbox: &Sandbox, why: ErrorKind) {
+        if self.killed_for.is_none() {
+            self.killed_for = Some(why);
+        }
+        // ESRCH: it already exited, which is fine.
+        let _ = sys::pidfd_send_signal(sandbox.pidfd.as_fd(), libc::SIGKILL);
+    }
+
+    /// Reads what one output pipe holds now. Returns false at EOF.
+    fn drain(&mut self, sandbox: &mut Sandbox, stream: Stream, buf: &mut [u8]) -> bool {
+        loop {
+            let pipe = match stream {
+                Stream::Stdout => &mut sandbox.stdout,
+                Stream::Stderr => &mut sandbox.stderr,
+            };
+            match pipe.read(buf) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    if !self.take_output(sandbox, stream, &buf[..n]) {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == IoErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == IoErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Keeps `chunk` up to the output cap. Returns false once the cap is passed.
+    fn take_output(&mut self, sandbox: &Sandbox, stream: Stream, chunk: &[u8]) -> bool {
+        let used = (self.outcome.stdout.len() + self.outcome.stderr.len()) as u64;
+        let room = self.spec.output_limit.saturating_sub(used) as usize;
+        let kept = &chunk[..chunk.len().min(room)];
+        match stream {
+            Stream::Stdout => self.outcome.stdout.extend_from_slice(kept),
+            Stream::Stderr => self.outcome.stderr.extend_from_slice(kept),
+        }
+        if !kept.is_empty() {
+            (self.sink)(stream, kept);
+        }
+        if chunk.len() > room {
+            self.outcome.truncated = true;
+            self.kill(sandbox, ErrorKind::OutputLimit);
+            return false;
+        }
+        true
+    }
+
+    /// Reads reports from the channel. Returns false at EOF.
+    fn read_channel(&mut self, sandbox: &mut Sandbox, buf: &mut [u8]) -> bool {
+        let open = loop {
+            match sandbox.channel.read(buf) {
+                Ok(0) => break false,
+                Ok(n) => self.reports.feed(&buf[..n]),
+                Err(e) if e.kind() == IoErrorKind::WouldBlock => break true,
+                Err(e) if e.kind() == IoErrorKind::Interrupted => continue,
+                Err(_) => break false,
+            }
+        };
+        while let Some(report) = self.reports.next_report() {
+            match report {
+                // A setup failure stays the answer even if an exit report follows it.
+                Ok(report) if !matches!(self.report, Some(Report::SetupFailed(_))) => self.report = Some(report),
+                Ok(_) => {}
+                Err(e) => self.protocol_error = Some(e),
+            }
+        }
+        open
+    }
+
+    /// Turns what was seen into the Outcome.
+    fn finish(mut self, reaped: std::io::Result<(i32, libc::rusage)>) -> Outcome {
+        if let Ok((_, usage)) = &reaped {
+            self.outcome.cpu = timeval(usage.ru_utime) + timeval(usage.ru_stime);
+            // ru_maxrss is in KiB: the largest resident set of the init or any process it
+            // reaped. (The cgroup layer reports the whole sandbox's peak instead.)
+            self.outcome.peak_memory_bytes = Some(usage.ru_maxrss.max(0) as u64 * 1024);
+        }
+        let spec = self.spec;
+        let mut outcome = self.outcome;
+        match (self.killed_for, self.report) {
+            (Some(ErrorKind::Timeout), _) => {
+                outcome.error = Some(ErrorKind::Timeout);
+                outcome.message = Some(format!(
+                    "the code ran longer than the time limit of {} and was stopped, with every process \
+                     it started; the output up to that point is kept. Make it faster or do less per run, \
+                     or allow more time (--timeout).",
+                    format_duration(spec.timeout)
+                ));
+            }
+            (Some(ErrorKind::OutputLimit), _) => {
+                outcome.error = Some(ErrorKind::OutputLimit);
+                outcome.message = Some(format!(
+                    "the code wrote more than the output limit of {} (stdout and stderr together) and was \
+                     stopped there; the output is cut at the limit. Print less (a summary, the head of the \
+                     data), or write large results to a file under /work.",
+                    format_size(spec.output_limit)
+                ));
+            }
+            (_, Some(Report::SetupFailed(err))) => {
+                outcome.error = Some(ErrorKind::Setup);
+                outcome.message = Some(format!("{err}; the code did not run"));
+            }
+            (_, Some(Report::Exited { code, signal })) => {
+                outcome.exit_code = code;
+                outcome.signal = signal;
+            }
+            (killed, None) => {
+                outcome.error = Some(ErrorKind::Setup);
+                let status = match &reaped {
+                    Ok((status, _)) => describe_status(*status),
+                    Err(e) => format!("could not be reaped: {e}"),
+                };
+                let mut message = format!("the sandbox init ended without reporting a result ({status})");
+                if let Some(e) = self.protocol_error {
+                    message.push_str(&format!("; {e}"));
+                }
+                if killed == Some(ErrorKind::Setup) {
+                    message.push_str("; the launcher stopped it");
+                }
+                outcome.message = Some(message);
+            }
+        }
+        outcome
+    }
+}
+
+fn describe_status(status: i32) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("wait status {status:#x}")
+    }
+}
+
+fn timeval(tv: libc::timeval) -> Duration {
+    Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec.max(0) as u64)
+}
+
+fn set_nonblocking(fd: BorrowedFd<'_>) -> nix::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map(drop)
+}

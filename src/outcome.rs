@@ -1,0 +1,121 @@
+//! `Outcome`: what one run did, the same through every front end.
+
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+
+/// Why a run did not simply finish. Agents branch on this; `message` says what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The wall-clock limit passed; the whole sandbox was killed.
+    Timeout,
+    /// stdout plus stderr passed the output limit; the sandbox was stopped there.
+    OutputLimit,
+    /// The sandbox could not be built (or the launcher failed); the payload never ran.
+    Setup,
+    /// The request was malformed: a bad flag value, a missing argument.
+    InvalidRequest,
+}
+
+impl ErrorKind {
+    /// The CLI exit status for this kind (`timeout(1)` and `docker run` conventions).
+    pub fn exit_status(self) -> i32 {
+        match self {
+            ErrorKind::Timeout => 124,
+            ErrorKind::Setup | ErrorKind::InvalidRequest => 125,
+            // The sandbox was killed with SIGKILL.
+            ErrorKind::OutputLimit => 128 + libc::SIGKILL,
+        }
+    }
+}
+
+/// The result of one run. Partial output is always kept.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Outcome {
+    /// What the payload wrote to stdout, up to the output limit.
+    #[serde(serialize_with = "lossy_utf8")]
+    pub stdout: Vec<u8>,
+    /// What the payload wrote to stderr, up to the output limit.
+    #[serde(serialize_with = "lossy_utf8")]
+    pub stderr: Vec<u8>,
+    /// The payload's exit status, when it exited by itself.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the payload, when one did.
+    pub signal: Option<i32>,
+    /// Why the run did not simply finish, if it did not.
+    pub error: Option<ErrorKind>,
+    /// What happened and what to do, for a human or an agent; set with `error`.
+    pub message: Option<String>,
+    /// Output was cut at the output limit.
+    pub truncated: bool,
+    /// Wall time from launch to the end of the last sandbox process.
+    #[serde(rename = "duration_ms", serialize_with = "millis")]
+    pub duration: Duration,
+    /// CPU time (user + system) of every process of the sandbox.
+    #[serde(rename = "cpu_ms", serialize_with = "millis")]
+    pub cpu: Duration,
+    /// Peak memory, in bytes.
+    pub peak_memory_bytes: Option<u64>,
+}
+
+impl Outcome {
+    /// An outcome for a run that failed before or during setup.
+    pub fn failed(kind: ErrorKind, message: impl Into<String>) -> Outcome {
+        Outcome { error: Some(kind), message: Some(message.into()), ..Outcome::default() }
+    }
+
+    /// The exit status `codecage run` ends with: the payload's own, 124 on timeout, 125 when
+    /// the sandbox could not be built, 128+N when a signal N ended it.
+    pub fn exit_status(&self) -> i32 {
+        if let Some(kind) = self.error {
+            return kind.exit_status();
+        }
+        match (self.exit_code, self.signal) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => ErrorKind::Setup.exit_status(),
+        }
+    }
+}
+
+fn lossy_utf8<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(bytes))
+}
+
+fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1e6).round() / 1e3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_the_documented_fields() {
+        let outcome = Outcome {
+            stdout: b"hi\n".to_vec(),
+            exit_code: Some(0),
+            duration: Duration::from_micros(12_500),
+            ..Outcome::default()
+        };
+        let json: serde_json::Value = serde_json::to_value(&outcome).unwrap();
+        for key in [
+            "stdout", "stderr", "exit_code", "signal", "error", "message", "truncated",
+            "duration_ms", "cpu_ms", "peak_memory_bytes",
+        ] {
+            assert!(json.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(json["duration_ms"], 12.5);
+        assert_eq!(json["stdout"], "hi\n");
+    }
+
+    #[test]
+    fn exit_status_follows_timeout_and_docker_conventions() {
+        assert_eq!(Outcome { exit_code: Some(3), ..Outcome::default() }.exit_status(), 3);
+        assert_eq!(Outcome { signal: Some(15), ..Outcome::default() }.exit_status(), 143);
+        assert_eq!(Outcome::failed(ErrorKind::Timeout, "").exit_status(), 124);
+        assert_eq!(Outcome::failed(ErrorKind::Setup, "").exit_status(), 125);
+        assert_eq!(serde_json::to_value(ErrorKind::OutputLimit).unwrap(), "output_limit");
+    }
+}

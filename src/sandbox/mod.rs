@@ -1,0 +1,123 @@
+//! The sandbox side: codecage re-executed as pid 1 of the new namespaces. It is a fresh,
+//! single-threaded process, so unlike the raw child before it, it may allocate freely.
+//!
+//! The setup reads as a script (`build`): each step is a function, and its name is what a
+//! setup error reports. The order matters, and each step says why it stands where it does.
+
+mod init;
+mod mount;
+mod payload;
+mod rootfs;
+
+use std::fmt::Display;
+use std::os::unix::net::UnixStream;
+
+use nix::errno::Errno;
+use nix::sched::{unshare, CloneFlags};
+
+use crate::channel::{self, Report, SetupError};
+use crate::launcher::CHANNEL_FD;
+use crate::spec::Spec;
+
+/// The hidden subcommand that turns the codecage binary into a sandbox init.
+pub const INIT_ARG: &str = "__sandbox-init";
+
+/// Call first thing in `main`: if this process was started as a sandbox init, it runs the
+/// sandbox and never returns. Anything that runs before it (a tokio runtime, threads)
+/// would be inherited by every sandbox.
+pub fn dispatch_init() {
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == INIT_ARG) {
+        init_main()
+    }
+}
+
+fn init_main() -> ! {
+    let channel = match crate::sys::take_inherited_socket(CHANNEL_FD) {
+        Ok(fd) => UnixStream::from(fd),
+        Err(e) => {
+            eprintln!("codecage: {INIT_ARG} is internal to the launcher ({e})");
+            std::process::exit(125)
+        }
+    };
+    let report = match build(&channel) {
+        Ok(spec) => init::run_payload(&spec, &channel),
+        Err(err) => Report::SetupFailed(err),
+    };
+    let code = match &report {
+        Report::SetupFailed(_) => 125,
+        Report::Exited { .. } => 0,
+    };
+    // If the launcher is gone there is nobody to tell, and nothing else to do.
+    let _ = channel::write_message(&mut &channel, &report);
+    std::process::exit(code)
+}
+
+/// Builds the sandbox around this process, in order. Returns the Spec to run.
+fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
+    // Leave the launcher's session and process group: a terminal's ^C reaches the launcher,
+    // which forwards it once, and the payload cannot reach the terminal (CVE-2017-5226).
+    leave_session()?;
+    // Die with the launcher, and make sure it did not die before we asked.
+    die_with_launcher(channel)?;
+    let spec = receive_spec(channel)?;
+    // Only now: the launcher has placed us in our cgroup, so the new cgroup namespace is
+    // rooted there and not at the launcher's cgroup (research pitfall 18).
+    enter_cgroup_namespace()?;
+    // Mounts: a new root from tmpfs and read-only binds, then pivot_root (see mount.rs).
+    mount::build_root(&spec)?;
+    set_hostname(&spec.hostname)?;
+    bring_up_loopback()?;
+    // pid 1 holds the host binary open; other uids may not inspect it (CVE-2019-5736).
+    make_init_undumpable()?;
+    Ok(spec)
+}
+
+/// A setup error for `step`, from an errno.
+fn fail(step: &'static str, errno: Errno, detail: impl Display) -> SetupError {
+    SetupError { step: step.into(), errno: errno as i32, detail: detail.to_string() }
+}
+
+/// A setup error for `step`, from an io::Error.
+fn fail_io(step: &'static str, err: &std::io::Error, detail: impl Display) -> SetupError {
+    SetupError { step: step.into(), errno: err.raw_os_error().unwrap_or(0), detail: detail.to_string() }
+}
+
+fn leave_session() -> Result<(), SetupError> {
+    nix::unistd::setsid().map(drop).map_err(|e| fail("leave_session", e, "setsid"))
+}
+
+fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| fail("die_with_launcher", e, "PR_SET_PDEATHSIG"))?;
+    // The launcher may have died before the prctl: then its end of the channel is closed,
+    // which a unix stream socket reports as POLLHUP.
+    let mut fds = [PollFd::new(channel.as_fd(), PollFlags::empty())];
+    let _ = poll(&mut fds, PollTimeout::ZERO);
+    if fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLHUP)) {
+        // Data may still be buffered, but nobody is left to supervise the run.
+        std::process::exit(125);
+    }
+    Ok(())
+}
+
+fn receive_spec(channel: &UnixStream) -> Result<Spec, SetupError> {
+    channel::read_message(&mut &*channel).map_err(|e| fail_io("receive_spec", &e, "reading the Spec from the launcher"))
+}
+
+fn enter_cgroup_namespace() -> Result<(), SetupError> {
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail("enter_cgroup_namespace", e, "unshare(CLONE_NEWCGROUP)"))
+}
+
+fn set_hostname(name: &str) -> Result<(), SetupError> {
+    nix::unistd::sethostname(name).map_err(|e| fail("set_hostname", e, format!("sethostname({name:?})")))
+}
+
+fn bring_up_loopback() -> Result<(), SetupError> {
+    crate::sys::loopback_up().map_err(|e| fail_io("bring_up_loopback", &e, "setting lo up in the new network namespace"))
+}
+
+fn make_init_undumpable() -> Result<(), SetupError> {
+    nix::sys::prctl::set_dumpable(false).map_err(|e| fail("make_init_undumpable", e, "PR_SET_DUMPABLE 0"))
+}

@@ -1,0 +1,264 @@
+//! The sandbox's filesystem: a new root assembled from tmpfs and read-only binds, a fresh
+//! /proc, a minimal /dev, then `pivot_root` and the old root detached.
+//!
+//! The new root is assembled on `/tmp` *of this mount namespace only*: the host's /tmp is
+//! neither touched nor needed, and no host directory is ever created, so nothing can be left
+//! behind (bubblewrap uses the same trick). Every source path is resolved before that mount
+//! covers /tmp, or lies outside it.
+
+use std::fs;
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::statvfs::{statvfs, FsFlags};
+use nix::unistd::{chdir, pivot_root};
+
+use super::rootfs::{host_etc_entries, synthesized_etc, HOST_TOP};
+use super::{fail, fail_io};
+use crate::channel::SetupError;
+use crate::spec::{Rootfs, Spec};
+
+/// Where the new root is assembled before pivot_root.
+const NEW_ROOT: &str = "/tmp";
+
+/// Device nodes bound from the host's /dev (mknod is not allowed in a user namespace).
+const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// /proc entries made read-only: kernel knobs that even a namespaced root must not turn.
+const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus"];
+
+type Step = Result<(), SetupError>;
+
+fn at(rel: &str) -> PathBuf {
+    Path::new(NEW_ROOT).join(rel)
+}
+
+/// Builds the new root and enters it.
+pub fn build_root(spec: &Spec) -> Step {
+    // Our mounts must never propagate to the host's table (research pitfall 6).
+    stop_mount_propagation()?;
+    match &spec.rootfs {
+        Rootfs::Host => {
+            mount_root_tmpfs()?;
+            bind_host_dirs()?;
+            write_etc(&spec.hostname)?;
+            make_mount_points()?;
+        }
+        Rootfs::Dir(dir) => {
+            bind_image_root(dir)?;
+            check_mount_points(dir)?;
+        }
+    }
+    mount_tmp(spec.tmp_size)?;
+    mount_work(spec.work_size)?;
+    mount_dev(spec.tmp_size)?;
+    // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
+    // a new procfs in a user namespace otherwise (research pitfall 5).
+    mount_proc()?;
+    protect_proc()?;
+    remount_root_readonly()?;
+    enter_new_root()
+}
+
+fn stop_mount_propagation() -> Step {
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
+        .map_err(|e| fail("stop_mount_propagation", e, "making / a recursive slave mount"))
+}
+
+fn mount_root_tmpfs() -> Step {
+    tmpfs(NEW_ROOT, "mode=0755,size=4m,nr_inodes=4096", MsFlags::empty())
+        .map_err(|e| fail("mount_root_tmpfs", e, format!("mounting the root tmpfs on {NEW_ROOT}")))
+}
+
+/// /usr, /bin, /lib* of the host: read-only binds, or the same symlinks on merged-/usr.
+fn bind_host_dirs() -> Step {
+    for name in HOST_TOP {
+        copy_entry(Path::new("/"), Path::new(NEW_ROOT), name, "bind_host_dirs")?;
+    }
+    Ok(())
+}
+
+/// A synthesized /etc plus the harmless host entries (see rootfs.rs).
+fn write_etc(hostname: &str) -> Step {
+    let etc = at("etc");
+    mkdir(&etc, 0o755).map_err(|e| fail_io("write_etc", &e, format!("creating {}", etc.display())))?;
+    for (name, content) in synthesized_etc(hostname) {
+        let path = etc.join(name);
+        fs::write(&path, content).map_err(|e| fail_io("write_etc", &e, format!("writing {}", path.display())))?;
+    }
+    let present: Vec<String> = fs::read_dir("/etc")
+        .map_err(|e| fail_io("write_etc", &e, "listing the host's /etc"))?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .collect();
+    for name in host_etc_entries(&present) {
+        copy_entry(Path::new("/etc"), &etc, &name, "write_etc")?;
+    }
+    Ok(())
+}
+
+/// Recreates `from/name` under `to`: a symlink is copied, a directory or file is bound
+/// read-only onto a new mount point. A missing source is skipped.
+fn copy_entry(from: &Path, to: &Path, name: &str, step: &'static str) -> Step {
+    let src = from.join(name);
+    let dst = to.join(name);
+    let meta = match fs::symlink_metadata(&src) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(fail_io(step, &e, format!("inspecting {}", src.display()))),
+    };
+    if let Some(parent) = dst.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(|e| fail_io(step, &e, format!("creating {}", parent.display())))?;
+    }
+    if meta.file_type().is_symlink() {
+        let target = fs::read_link(&src).map_err(|e| fail_io(step, &e, format!("reading link {}", src.display())))?;
+        return symlink(&target, &dst).map_err(|e| fail_io(step, &e, format!("creating symlink {}", dst.display())));
+    }
+    let made = if meta.is_dir() { mkdir(&dst, 0o755) } else { fs::write(&dst, b"") };
+    made.map_err(|e| fail_io(step, &e, format!("creating mount point {}", dst.display())))?;
+    bind_readonly(&src, &dst).map_err(|e| fail(step, e, format!("binding {} read-only on {}", src.display(), dst.display())))
+}
+
+fn make_mount_points() -> Step {
+    for (name, mode) in [("tmp", 0o1777), ("work", 0o755), ("dev", 0o755), ("proc", 0o555)] {
+        let path = at(name);
+        mkdir(&path, mode).map_err(|e| fail_io("make_mount_points", &e, format!("creating {}", path.display())))?;
+    }
+    Ok(())
+}
+
+fn bind_image_root(dir: &Path) -> Step {
+    mount(Some(dir), NEW_ROOT, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(|e| fail("bind_image_root", e, format!("binding the rootfs {} on {NEW_ROOT}", dir.display())))
+}
+
+/// A prepared image cannot grow mount points: it is read-only, and it is the user's.
+fn check_mount_points(dir: &Path) -> Step {
+    for name in ["tmp", "work", "dev", "proc"] {
+        if !at(name).is_dir() {
+            return Err(fail(
+                "check_mount_points",
+                Errno::ENOENT,
+                format!(
+                    "the rootfs {} has no /{name} directory to mount on; every image needs /dev, /proc, \
+                     /tmp and /work (`cargo xtask rootfs` creates them)",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes to tmpfs options: the size, and as many inodes as 4 KiB files would fill, so that
+/// a flood of empty files meets the same wall as a flood of data.
+fn sized(size: u64) -> String {
+    format!("size={size},nr_inodes={}", (size / 4096).max(1024))
+}
+
+fn mount_tmp(size: u64) -> Step {
+    tmpfs(&at("tmp"), &format!("mode=1777,{}", sized(size)), MsFlags::empty())
+        .map_err(|e| fail("mount_tmp", e, "mounting the tmpfs on /tmp"))
+}
+
+fn mount_work(size: u64) -> Step {
+    let uid = crate::spec::SANDBOX_UID;
+    tmpfs(&at("work"), &format!("mode=0755,uid={uid},gid={uid},{}", sized(size)), MsFlags::empty())
+        .map_err(|e| fail("mount_work", e, "mounting the tmpfs on /work"))
+}
+
+/// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks and
+/// a /dev/shm tmpfs; then made read-only.
+fn mount_dev(shm_size: u64) -> Step {
+    let dev = at("dev");
+    tmpfs(&dev, "mode=0755,size=64k,nr_inodes=64", MsFlags::MS_NOEXEC)
+        .map_err(|e| fail("mount_dev", e, "mounting the tmpfs on /dev"))?;
+    for node in DEV_NODES {
+        let (src, dst) = (Path::new("/dev").join(node), dev.join(node));
+        if !src.exists() {
+            continue;
+        }
+        fs::write(&dst, b"").map_err(|e| fail_io("mount_dev", &e, format!("creating {}", dst.display())))?;
+        mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| fail("mount_dev", e, format!("binding {}", src.display())))?;
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        symlink(target, dev.join(name)).map_err(|e| fail_io("mount_dev", &e, format!("creating /dev/{name}")))?;
+    }
+    let shm = dev.join("shm");
+    mkdir(&shm, 0o1777).map_err(|e| fail_io("mount_dev", &e, "creating /dev/shm"))?;
+    tmpfs(&shm, &format!("mode=1777,{}", sized(shm_size)), MsFlags::empty())
+        .map_err(|e| fail("mount_dev", e, "mounting the tmpfs on /dev/shm"))?;
+    remount_readonly(&dev).map_err(|e| fail("mount_dev", e, "making /dev read-only"))
+}
+
+fn mount_proc() -> Step {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("proc"), &at("proc"), Some("proc"), flags, None::<&str>)
+        .map_err(|e| fail("mount_proc", e, "mounting a new proc on /proc"))
+}
+
+fn protect_proc() -> Step {
+    for name in PROC_READONLY {
+        let path = at("proc").join(name);
+        if !path.exists() {
+            continue;
+        }
+        bind_readonly(&path, &path).map_err(|e| fail("protect_proc", e, format!("making /proc/{name} read-only")))?;
+    }
+    Ok(())
+}
+
+fn remount_root_readonly() -> Step {
+    remount_readonly(Path::new(NEW_ROOT)).map_err(|e| fail("remount_root_readonly", e, "making / read-only"))
+}
+
+/// pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the new root
+/// alone, with no put_old directory to clean up (pivot_root(2), "NOTES").
+fn enter_new_root() -> Step {
+    chdir(NEW_ROOT).map_err(|e| fail("enter_new_root", e, format!("chdir {NEW_ROOT}")))?;
+    pivot_root(".", ".").map_err(|e| fail("enter_new_root", e, "pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| fail("enter_new_root", e, "detaching the old root"))?;
+    chdir("/").map_err(|e| fail("enter_new_root", e, "chdir /"))
+}
+
+fn tmpfs(target: impl AsRef<Path>, options: &str, extra: MsFlags) -> nix::Result<()> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra;
+    mount(Some("tmpfs"), target.as_ref(), Some("tmpfs"), flags, Some(options))
+}
+
+fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)?;
+    remount_readonly(dst)
+}
+
+/// Makes a mount read-only, nosuid, nodev. The first bind ignores these flags; a remount
+/// applies them (research pitfall 7). Flags the kernel locked when it copied the host's
+/// mount into our user namespace must be kept, or the remount fails with EPERM
+/// (mount_namespaces(7), "locked mounts"); atime flags are preserved by a remount anyway.
+fn remount_readonly(path: &Path) -> nix::Result<()> {
+    let current = statvfs(path)?.flags();
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if current.contains(FsFlags::ST_NOEXEC) {
+        flags |= MsFlags::MS_NOEXEC;
+    }
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
+}
+
+fn mkdir(path: &Path, mode: u32) -> std::io::Result<()> {
+    fs::DirBuilder::new().mode(mode).create(path)?;
+    // The umask must not narrow a mode we chose (1777 for /tmp).
+    if mode & 0o022 != 0 {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! `Spec`: one sandbox run, fully resolved. The launcher reads nothing else (no config
+//! files, no environment), which keeps the privileged part small and testable. Front ends
+//! (CLI, HTTP, MCP) build a `Spec`; later, profiles resolve requests into one.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// uid and gid of the unprivileged user the payload runs as, inside the sandbox.
+pub const SANDBOX_UID: u32 = 1000;
+/// Name of that user in the synthesized /etc/passwd.
+pub const SANDBOX_USER: &str = "sandbox";
+
+/// The filesystem the sandbox sees as `/`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rootfs {
+    /// Read-only binds of the host's /usr, /bin, /sbin and /lib*, plus a synthesized /etc.
+    Host,
+    /// A prepared image directory (`cargo xtask rootfs`), mounted read-only as `/`. It must
+    /// hold the mount points `dev`, `proc`, `tmp` and `work`.
+    Dir(PathBuf),
+}
+
+/// How sandbox ids map to host ids. Each run gets two host ids of its own, derived from the
+/// host pid of its init: `base + 2*pid` for uid/gid 0 and `base + 2*pid + 1` for the
+/// sandbox user. A pid is unique among live processes, and it cannot be reused before the
+/// launcher reaps the init, by which time the kernel has killed every process of the
+/// sandbox's pid namespace, so concurrent runs never share a host uid, without any lock or
+/// shared state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMapping {
+    /// First host id of the range codecage may use. The default, 0x7100_0000, lies above
+    /// the ranges systemd assigns to users, dynamic users and containers
+    /// (systemd's UIDS-GIDS.md) and leaves room for `2 * pid_max` ids.
+    pub host_base: u32,
+}
+
+impl Default for IdMapping {
+    fn default() -> Self {
+        IdMapping { host_base: 0x7100_0000 }
+    }
+}
+
+impl IdMapping {
+    /// Host uid (and gid) that sandbox root maps to for the init with host pid `pid`.
+    pub fn host_root(&self, pid: u32) -> u32 {
+        self.host_base + 2 * pid
+    }
+
+    /// The `uid_map`/`gid_map` content for the init with host pid `pid`.
+    pub fn map_lines(&self, pid: u32) -> String {
+        let root = self.host_root(pid);
+        format!("0 {root} 1\n{SANDBOX_UID} {} 1\n", root + 1)
+    }
+}
+
+/// Everything one run needs, resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Spec {
+    /// The program and its arguments; `argv[0]` is searched in the sandbox's `PATH` unless it
+    /// contains a `/`.
+    pub argv: Vec<String>,
+    /// The payload's whole environment (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// What `/` is.
+    pub rootfs: Rootfs,
+    /// Wall-clock limit from start to the end of the last process.
+    pub timeout: Duration,
+    /// Cap on stdout plus stderr, in bytes. Past it the sandbox is stopped.
+    pub output_limit: u64,
+    /// Size of the tmpfs on `/tmp` (and of `/dev/shm`), in bytes.
+    pub tmp_size: u64,
+    /// Size of the tmpfs on `/work`, the payload's working directory, in bytes.
+    pub work_size: u64,
+    /// Host name inside the sandbox.
+    pub hostname: String,
+    /// Host id allocation.
+    pub ids: IdMapping,
+    /// The binary to run as the sandbox's pid 1: a program whose `main` calls
+    /// [`crate::sandbox::dispatch_init`] first. `/proc/self/exe`, the default, is the
+    /// running program itself, which is right for the `codecage` binary.
+    pub init_exe: PathBuf,
+}
+
+/// The PATH the payload starts with.
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+impl Spec {
+    /// A spec for `argv` with the safe defaults: host rootfs, 30 s, 1 MiB of output, 64 MiB
+    /// tmpfs for /tmp and /work, and the base environment.
+    pub fn new(argv: Vec<String>) -> Spec {
+        Spec {
+            argv,
+            env: base_env(),
+            rootfs: Rootfs::Host,
+            timeout: Duration::from_secs(30),
+            output_limit: 1 << 20,
+            tmp_size: 64 << 20,
+            work_size: 64 << 20,
+            hostname: "sandbox".into(),
+            ids: IdMapping::default(),
+            init_exe: PathBuf::from("/proc/self/exe"),
+        }
+    }
+
+    /// Sets `key=value` in the environment, replacing an earlier value.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.into()));
+    }
+
+    /// Checks what the kernel would otherwise reject halfway through setup, with a message
+    /// that names the field and what is allowed.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err("argv is empty: give the program to run".into());
+        }
+        if let Some(arg) = self.argv.iter().find(|a| a.contains('\0')) {
+            return Err(format!("argument {arg:?} contains a NUL byte, which no program can receive"));
+        }
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(format!(
+                    "environment variable name {key:?} is invalid: use a non-empty name without '=' or NUL"
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!("environment variable {key} contains a NUL byte"));
+            }
+        }
+        if let Rootfs::Dir(dir) = &self.rootfs {
+            if !dir.is_absolute() {
+                return Err(format!("rootfs {} is not an absolute path", dir.display()));
+            }
+            if !dir.is_dir() {
+                return Err(format!(
+                    "rootfs {} is not a directory: build one with `cargo xtask rootfs`, or use the host rootfs",
+                    dir.display()
+                ));
+            }
+        }
+        if self.timeout.is_zero() {
+            return Err("timeout must be positive".into());
+        }
+        for (name, value) in [("output limit", self.output_limit), ("tmp size", self.tmp_size), ("work size", self.work_size)] {
+            if value == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        let h = &self.hostname;
+        if h.is_empty() || h.len() > 64 || !h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') {
+            return Err(format!("hostname {h:?} is invalid: use 1-64 letters, digits, '-' or '.'"));
+        }
+        Ok(())
+    }
+}
+
+/// The environment every payload starts with: PATH, HOME, LANG.
+pub fn base_env() -> Vec<(String, String)> {
+    vec![
+        ("PATH".into(), SANDBOX_PATH.into()),
+        ("HOME".into(), "/work".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_maps_are_distinct_per_pid_and_never_root() {
+        let ids = IdMapping::default();
+        assert_eq!(ids.map_lines(10), format!("0 {} 1\n1000 {} 1\n", 0x7100_0000 + 20, 0x7100_0000 + 21));
+        assert_ne!(ids.host_root(10) + 1, ids.host_root(11));
+        // pid_max can be at most 2^22: the range stays below u32::MAX and above root.
+        assert!(ids.host_root(1 << 22) + 1 < u32::MAX);
+    }
+
+    #[test]
+    fn validation_names_the_bad_field() {
+        let mut spec = Spec::new(vec![]);
+        assert!(spec.validate().unwrap_err().contains("argv"));
+        spec.argv = vec!["true".into()];
+        assert!(spec.validate().is_ok());
+        spec.set_env("A=B", "x");
+        assert!(spec.validate().unwrap_err().contains("\"A=B\""));
+        let mut spec = Spec::new(vec!["true".into()]);
+        spec.rootfs = Rootfs::Dir("/nonexistent/codecage".into());
+        assert!(spec.validate().unwrap_err().contains("cargo xtask rootfs"));
+        let mut spec = Spec::new(vec!["true".into()]);
+        spec.hostname = "a b".into();
+        assert!(spec.validate().unwrap_err().contains("hostname"));
+    }
+
+    #[test]
+    fn set_env_replaces() {
+        let mut spec = Spec::new(vec!["true".into()]);
+        spec.set_env("HOME", "/tmp");
+        assert_eq!(spec.env.iter().filter(|(k, _)| k == "HOME").count(), 1);
+        assert!(spec.env.contains(&("HOME".into(), "/tmp".into())));
+    }
+}

@@ -1,0 +1,343 @@
+//! The raw system calls that nix does not wrap, and the allocation-free calls the launcher's
+//! child makes between `clone3` and `execve`. Every `unsafe` block of the crate lives here,
+//! each with the reason it is sound.
+//!
+//! Why raw calls at all: the library may be called from a multi-threaded program (the HTTP
+//! server runs it on tokio). After `clone3` only the calling thread exists in the child, and
+//! any lock another thread held (the allocator's, stdio's, glibc's setxid machinery) stays
+//! locked forever. So the child runs nothing but the async-signal-safe calls below until it
+//! execs a fresh, single-threaded codecage (research pitfall 1; codex's `linux-sandbox`
+//! solves the same problem with a helper exec).
+
+use std::ffi::{c_char, c_int, CStr};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::unistd::Pid;
+
+/// `CLONE_PIDFD`: the kernel stores a pidfd for the child in `clone_args.pidfd`.
+pub const CLONE_PIDFD: u64 = 0x1000;
+/// `CLONE_CLEAR_SIGHAND` (Linux 5.5): the child starts with default signal dispositions, so a
+/// handler of the calling program never runs in the child before it execs. Defined here
+/// because libc 0.2 declares it as an overflowing `c_int`, i.e. 0.
+pub const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
+/// `CLONE_INTO_CGROUP` (Linux 5.7): the child is born inside the cgroup2 directory given by
+/// `clone_args.cgroup`. Same libc problem as above.
+pub const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `struct clone_args` of clone3(2), version 2 (with `cgroup`). Our own definition because
+/// libc's is missing on musl.
+#[repr(C, align(8))]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Which side of [`clone3`] we are on.
+pub enum Forked {
+    /// The new process. It must call only the async-signal-safe functions of this module and
+    /// end in [`execveat_empty_path`] or [`exit_now`].
+    Child,
+    /// The caller, with the child's pid and a pidfd for race-free signalling and polling.
+    Parent { pid: Pid, pidfd: OwnedFd },
+}
+
+/// clone3(2) without a new stack (fork-like), `exit_signal = SIGCHLD`, plus `CLONE_PIDFD`.
+/// `CLONE_CLEAR_SIGHAND` is dropped and retried once if the kernel rejects it (before 5.5).
+///
+/// # Safety
+///
+/// In the child, the call returns on a copy of the caller's stack in a process whose other
+/// threads are gone. Until it execs, the child may only make async-signal-safe calls: no
+/// allocation, no locks, no panics, no return into code that does any of these.
+pub unsafe fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Forked> {
+    let mut flags = flags | CLONE_PIDFD;
+    if cgroup_fd.is_some() {
+        flags |= CLONE_INTO_CGROUP;
+    }
+    loop {
+        let mut pidfd: c_int = -1;
+        let mut args = CloneArgs {
+            flags,
+            pidfd: &mut pidfd as *mut c_int as u64,
+            exit_signal: libc::SIGCHLD as u64,
+            cgroup: cgroup_fd.map_or(0, |fd| fd as u64),
+            ..CloneArgs::default()
+        };
+        // SAFETY: `args` is a valid, initialised clone_args of the size we pass; `pidfd`
+        // outlives the call. Without a stack the child continues like fork(2); the caller
+        // upholds the async-signal-safety contract documented above.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &mut args as *mut CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        match ret {
+            0 => return Ok(Forked::Child),
+            pid if pid > 0 => {
+                // SAFETY: with CLONE_PIDFD the kernel stored a new, owned fd in `pidfd`.
+                let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+                return Ok(Forked::Parent { pid: Pid::from_raw(pid as i32), pidfd });
+            }
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.raw_os_error() == Some(libc::EINVAL) && flags & CLONE_CLEAR_SIGHAND != 0 {
+                    flags &= !CLONE_CLEAR_SIGHAND;
+                    continue;
+                }
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// pidfd_send_signal(2): signal the process behind a pidfd. Unlike kill(2) it cannot hit a
+/// recycled pid.
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: c_int) -> io::Result<()> {
+    // SAFETY: plain syscall on a borrowed, open fd; a null siginfo is allowed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// F_DUPFD_CLOEXEC: a close-on-exec copy of `fd` numbered `min` or above.
+pub fn dup_above(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: plain fcntl on a borrowed, open fd.
+    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fcntl just returned this new fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Takes the channel the launcher's child placed on `fd` before it exec'd us. Refuses an fd
+/// that is not a socket (someone ran the internal init subcommand by hand).
+pub fn take_inherited_socket(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fstat into a local; an invalid fd just fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(io::Error::other(format!("fd {fd} is not the launcher's channel")));
+    }
+    // dup2 cleared CLOEXEC on it; the payload must not inherit the channel.
+    // SAFETY: fcntl with integer arguments on an open fd.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the fd is open, and by the launch protocol this process is its only user.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Which side of [`fork_in_init`] we are on.
+pub enum ForkedInit {
+    Child,
+    Parent(Pid),
+}
+
+/// fork(2) for the sandbox's init.
+pub fn fork_in_init() -> nix::Result<ForkedInit> {
+    // SAFETY: only the init calls this, and the init is single-threaded (a fresh exec of
+    // codecage that starts no threads), so the child may allocate and run normal code.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => Ok(ForkedInit::Child),
+        nix::unistd::ForkResult::Parent { child } => Ok(ForkedInit::Parent(child)),
+    }
+}
+
+/// Sets every signal's disposition back to SIG_DFL (SIGKILL and SIGSTOP cannot change).
+pub fn reset_signal_dispositions() -> nix::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for signal in Signal::iterator().filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP)) {
+        // SAFETY: installing SIG_DFL runs none of our code in signal context.
+        unsafe { sigaction(signal, &default) }?;
+    }
+    Ok(())
+}
+
+/// wait4(2): reap `pid` and return its raw wait status and resource usage. The usage covers
+/// the process and every descendant it reaped, which for our pid-1 init is the whole sandbox.
+pub fn wait4(pid: Pid) -> io::Result<(c_int, libc::rusage)> {
+    let mut status: c_int = 0;
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: both out-pointers are valid for writes for the duration of the call.
+        let ret = unsafe { libc::wait4(pid.as_raw(), &mut status, 0, &mut usage) };
+        if ret == pid.as_raw() {
+            return Ok((status, usage));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Brings the loopback interface of the current network namespace up (SIOCSIFFLAGS), which
+/// a new network namespace starts with down.
+pub fn loopback_up() -> io::Result<()> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data; all-zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as c_char;
+    }
+    // SAFETY: the fd is open and `req` is a valid ifreq naming "lo"; SIOCGIFFLAGS fills the
+    // flags member of the union.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS succeeded, so the union holds ifru_flags.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS reads the flags member.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+// ---- async-signal-safe calls for the child between clone3 and execve ----------------------
+//
+// Each returns the raw errno on failure and touches no memory it does not own. They use
+// `libc::syscall` rather than glibc's wrappers where the wrapper does more than the syscall
+// (setresuid(3) broadcasts to all threads through glibc's own locks).
+
+fn raw_result(ret: libc::c_long) -> Result<libc::c_long, i32> {
+    if ret < 0 {
+        Err(Errno::last_raw())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Reads exactly one byte; EOF is reported as `EPIPE`.
+pub fn child_read_byte(fd: RawFd) -> Result<u8, i32> {
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: reads at most one byte into a local.
+        let ret = unsafe { libc::syscall(libc::SYS_read, fd, &mut byte as *mut u8, 1usize) };
+        match raw_result(ret) {
+            Ok(1) => return Ok(byte),
+            Ok(_) => return Err(libc::EPIPE),
+            Err(libc::EINTR) => continue,
+            Err(errno) => return Err(errno),
+        }
+    }
+}
+
+/// Writes all of `buf`, retrying on EINTR.
+pub fn child_write_all(fd: RawFd, mut buf: &[u8]) -> Result<(), i32> {
+    while !buf.is_empty() {
+        // SAFETY: writes from a live slice.
+        let ret = unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), buf.len()) };
+        match raw_result(ret) {
+            Ok(n) => buf = &buf[n as usize..],
+            Err(libc::EINTR) => continue,
+            Err(errno) => return Err(errno),
+        }
+    }
+    Ok(())
+}
+
+/// setresgid(0,0,0) then setresuid(0,0,0) for this thread only: after the launcher wrote the
+/// id maps, this turns the host credentials the child was cloned with into the sandbox's
+/// root, so that its execve keeps the capabilities of the new user namespace.
+pub fn child_become_root() -> Result<(), i32> {
+    // SAFETY: plain syscalls without pointers.
+    raw_result(unsafe { libc::syscall(libc::SYS_setresgid, 0, 0, 0) })?;
+    // SAFETY: as above.
+    raw_result(unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) })?;
+    Ok(())
+}
+
+/// PR_SET_PDEATHSIG = SIGKILL: if the launcher thread dies, so does the sandbox.
+pub fn child_set_pdeathsig() -> Result<(), i32> {
+    // SAFETY: prctl with integer arguments only.
+    let ret = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
+    raw_result(ret as libc::c_long).map(drop)
+}
+
+/// dup2(2), which clears CLOEXEC on the copy.
+pub fn child_dup2(from: RawFd, to: RawFd) -> Result<(), i32> {
+    // SAFETY: plain syscall on integers; an invalid fd just fails.
+    raw_result(unsafe { libc::syscall(libc::SYS_dup3, from, to, 0) }).map(drop)
+}
+
+/// close_range(first, ~0, CLOSE_RANGE_CLOEXEC) (Linux 5.11): every fd from `first` up is
+/// closed at execve, whatever the calling program left open without O_CLOEXEC
+/// (CVE-2024-21626). Falls back to closing fds one by one up to the rlimit.
+pub fn child_cloexec_from(first: RawFd, keep: RawFd) -> Result<(), i32> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: plain syscall on integers.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC)
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    // Old kernel: close everything but `keep`, which must survive until execveat.
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: writes into a local rlimit.
+    raw_result(unsafe { libc::syscall(libc::SYS_getrlimit, libc::RLIMIT_NOFILE, &mut limit) })?;
+    let max = limit.rlim_cur.min(1 << 20) as RawFd;
+    for fd in first..max {
+        if fd != keep {
+            // SAFETY: closing an fd we may or may not own is harmless in a child about to exec.
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+        }
+    }
+    Ok(())
+}
+
+/// execveat(fd, "", argv, envp, AT_EMPTY_PATH): runs the program open at `fd`. Returns only
+/// on failure, with the errno. `argv` and `envp` are NULL-terminated arrays built before
+/// clone3.
+pub fn child_execveat(fd: RawFd, argv: *const *const c_char, envp: *const *const c_char) -> i32 {
+    const EMPTY: &CStr = c"";
+    // SAFETY: `argv`/`envp` point to NULL-terminated arrays of C strings that the parent
+    // built before clone3 and that live on in this child's copy of its memory.
+    unsafe {
+        libc::syscall(libc::SYS_execveat, fd, EMPTY.as_ptr(), argv, envp, libc::AT_EMPTY_PATH);
+    }
+    Errno::last_raw()
+}
+
+/// _exit(2): leave without running destructors or atexit handlers.
+pub fn exit_now(code: c_int) -> ! {
+    // SAFETY: _exit never returns and is async-signal-safe.
+    unsafe { libc::_exit(code) }
+}

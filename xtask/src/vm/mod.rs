@@ -1,0 +1,409 @@
+//! The cgroup-v2 VM test lane.
+//!
+//! Build machines of this project run a *hybrid* cgroup layout (v1
+//! controllers, a controller-less cgroup2 mount), and a kernel binds each
+//! controller to one hierarchy for its whole life, so codecage's cgroup v2
+//! backend cannot be exercised there. Instead we boot a small Debian bookworm
+//! VM under QEMU whose kernel runs with `cgroup_no_v1=all`, mount a pure
+//! cgroup2 hierarchy the way systemd does, and run the project's integration
+//! tests inside it, in one boot.
+//!
+//! * [`build`]: `cargo xtask vm-build`, the image (kernel, initramfs, ext4
+//!   root disk) in a cache directory keyed by a hash of the recipe.
+//! * [`run`]: `cargo xtask vm-run`, boot, run one command with the project
+//!   directory shared at the same absolute path, stream its output, return
+//!   its exit status.
+//! * [`lane`]: `cargo xtask vm-test` and `cargo xtask vm-check`.
+//!
+//! The recipe and its measurements are in `xtask/vm/README.md`.
+
+pub mod build;
+pub mod lane;
+pub mod run;
+
+use anyhow::{bail, Context, Result};
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Exit status when the command ran into its timeout (like coreutils' `timeout`).
+pub const EXIT_TIMEOUT: i32 = 124;
+/// Exit status when the VM failed before the command could report a status.
+pub const EXIT_VM_FAILED: i32 = 125;
+
+/// The directory of the workspace (the repository root): the default share.
+///
+/// `cargo run` sets `CARGO_MANIFEST_DIR` to xtask's directory at run time;
+/// the compile-time value is the fallback for a directly started binary.
+pub fn workspace_root() -> PathBuf {
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or(manifest)
+}
+
+/// Where built images live: `$CODECAGE_VM_CACHE`, else `/var/cache/codecage/vm`.
+pub fn cache_root() -> PathBuf {
+    std::env::var_os("CODECAGE_VM_CACHE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/codecage/vm"))
+}
+
+/// A complete, built image.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub dir: PathBuf,
+    pub vmlinux: PathBuf,
+    pub initrd: PathBuf,
+    pub rootfs: PathBuf,
+}
+
+impl Image {
+    /// The image for the current recipe, if it was built completely.
+    pub fn current() -> Option<Image> {
+        let dir = cache_root().join(build::recipe_hash());
+        dir.join(build::COMPLETE_MARKER).is_file().then(|| Image {
+            vmlinux: dir.join("vmlinux"),
+            initrd: dir.join("initrd.cpio"),
+            rootfs: dir.join("rootfs.img"),
+            dir,
+        })
+    }
+}
+
+/// The image for the current recipe, built first if needed (which needs root).
+pub fn ensure_image() -> Result<Image> {
+    if let Some(image) = Image::current() {
+        run::require_qemu()?;
+        return Ok(image);
+    }
+    eprintln!("[vm] no image for the current recipe yet: building it first");
+    build::build()
+}
+
+// ---------------------------------------------------------------------------
+// Interrupts
+// ---------------------------------------------------------------------------
+
+/// The signal (SIGINT, SIGTERM, SIGHUP) that asked us to stop, 0 if none.
+static INTERRUPT: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    INTERRUPT.store(sig, Ordering::SeqCst);
+}
+
+/// Turn SIGINT/SIGTERM/SIGHUP into a flag that the wait loops poll, so that
+/// an interrupted xtask still kills the processes it started (QEMU,
+/// mmdebstrap) and removes its temporary files instead of dying on the spot.
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler
+        // only performs an atomic store, which is async-signal-safe.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The signal that interrupted us, if any.
+pub fn interrupted() -> Option<i32> {
+    match INTERRUPT.load(Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Child processes
+// ---------------------------------------------------------------------------
+
+/// Make `cmd` start in its own process group and die with us.
+///
+/// Its own group lets us kill it together with its children (mmdebstrap runs
+/// apt and dpkg; QEMU has threads only, but is killed the same way).
+/// `PR_SET_PDEATHSIG` is the backstop for when xtask itself is SIGKILLed and
+/// cannot run any cleanup.
+pub fn own_group_and_die_with_parent(cmd: &mut Command) {
+    cmd.process_group(0);
+    // SAFETY: getpid before the fork; in the child only async-signal-safe
+    // calls (prctl, getppid, _exit) are made.
+    unsafe {
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Send `sig` to the process group led by `child` (started with
+/// [`own_group_and_die_with_parent`], so the group is ours alone).
+pub fn signal_group(child: &Child, sig: libc::c_int) {
+    let pgid = child.id() as libc::pid_t;
+    if pgid > 1 {
+        // SAFETY: plain syscall; the group id is that of our own child, whose
+        // group exists at least until we reap it.
+        unsafe {
+            libc::kill(-pgid, sig);
+        }
+    }
+}
+
+/// Stop a child's process group: SIGTERM, then SIGKILL after `grace`, and reap it.
+pub fn stop_group(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        // Already reaped; its group may still hold stragglers.
+        signal_group(child, libc::SIGKILL);
+        return;
+    }
+    signal_group(child, libc::SIGTERM);
+    let until = Instant::now() + grace;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            signal_group(child, libc::SIGKILL);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal_group(child, libc::SIGKILL);
+    let _ = child.wait();
+}
+
+/// Run a command to completion with its stdout+stderr appended to `log`,
+/// polling for interrupts. Returns its exit status.
+pub fn run_logged(cmd: &mut Command, log: &Path) -> Result<ExitStatus> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    {
+        let mut f = &file;
+        let _ = writeln!(f, "\n$ {}", display_command(cmd));
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file);
+    own_group_and_die_with_parent(cmd);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", display_command(cmd)))?;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if let Some(sig) = interrupted() {
+            stop_group(&mut child, Duration::from_secs(10));
+            bail!("interrupted by signal {sig}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A command line for messages.
+pub fn display_command(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&shell_quote(arg));
+    }
+    s
+}
+
+/// Quote a string for a POSIX shell (single quotes; `'` becomes `'\''`).
+pub fn shell_quote(s: impl AsRef<OsStr>) -> String {
+    let s = s.as_ref().to_string_lossy();
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        return s.into_owned();
+    }
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// Is `name` an executable in `$PATH`?
+pub fn have_command(name: &str) -> bool {
+    find_command(name).is_some()
+}
+
+/// The full path of an executable in `$PATH` (plus the sbin directories,
+/// which are not in a non-root `$PATH` on Debian).
+pub fn find_command(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The last `n` lines of a file (lossy UTF-8), for failure reports.
+pub fn tail_lines(path: &Path, n: usize) -> String {
+    let Ok(bytes) = fs::read(path) else {
+        return format!("({} is missing)\n", path.display());
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(n);
+    let mut out = String::new();
+    if start > 0 {
+        let _ = writeln!(out, "... ({start} earlier lines in {})", path.display());
+    }
+    for l in &lines[start..] {
+        let _ = writeln!(out, "{l}");
+    }
+    out
+}
+
+/// Seconds as `12.3s`.
+pub fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+// ---------------------------------------------------------------------------
+// Removing directory trees safely
+// ---------------------------------------------------------------------------
+
+/// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let digit = |c: u8| u32::from(c - b'0');
+            let v = digit(b[i + 1]) * 64 + digit(b[i + 2]) * 8 + digit(b[i + 3]);
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `rm -rf dir`, but never through a mount point.
+///
+/// A chroot build leaves /proc, /sys and /dev mounted inside the tree if the
+/// tool doing it is killed; deleting "through" such a bind mount would delete
+/// the host's own files. mmdebstrap runs in a private mount namespace, so this
+/// should never find anything, but removing a tree is too dangerous to rely
+/// on that: detach what is there, and refuse if anything stays.
+pub fn remove_tree(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    for m in mounts_below(dir) {
+        if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) {
+            // SAFETY: plain syscall with a valid NUL-terminated path.
+            unsafe {
+                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+            }
+        }
+    }
+    let left = mounts_below(dir);
+    if !left.is_empty() {
+        bail!(
+            "not removing {}: still mounted below it: {:?}",
+            dir.display(),
+            left
+        );
+    }
+    fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
+}
+
+/// A temporary directory removed (safely) when dropped.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Create `parent/<prefix><pid>-<n>` (unique within this process).
+    pub fn new_in(parent: &Path, prefix: &str) -> Result<TempDir> {
+        use std::sync::atomic::AtomicU32;
+        static N: AtomicU32 = AtomicU32::new(0);
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        let path = parent.join(format!(
+            "{prefix}{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        if path.exists() {
+            remove_tree(&path)?;
+        }
+        fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(TempDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Err(e) = remove_tree(&self.path) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! `cargo xtask vm-run`: boot the VM, run one command in it, stream its
+//! output, return its exit status.
+//!
+//! Each run gets a fresh *control directory* on the host, shared with the
+//! guest over 9p (tag `codecage.ctl`). It carries the per-run init script
+//! (`guest-init.sh`), its `config`, the job (`cmd.sh`), and brings back the
+//! `started` marker and the job's `rc`. The project directory is a second 9p
+//! share (tag `codecage.share`) mounted at the *same absolute path* in the
+//! guest, so absolute paths baked into test binaries
+//! (`env!("CARGO_BIN_EXE_codecage")`) work unchanged.
+//!
+//! The job's stdout+stderr leave the guest through a virtio-serial port that
+//! QEMU writes to a file, which we poll and copy to our stdout. A 16550 UART
+//! is ~4x slower than that under TCG; the kernel console (ttyS0) goes to a
+//! separate file, shown only when something fails.
+//!
+//! Exit status: the job's; 124 when it timed out; 125 when the VM failed
+//! before the job could report one. A boot that dies before the job started
+//! is retried (up to twice); once the job has started it is never run again.
+
+use super::{
+    find_command, interrupted, own_group_and_die_with_parent, secs, shell_quote, signal_group,
+    tail_lines, Image, TempDir, EXIT_TIMEOUT, EXIT_VM_FAILED,
+};
+use anyhow::{bail, ensure, Context, Result};
+use std::fs;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GUEST_INIT_SH: &str = include_str!("../../vm/guest-init.sh");
+
+/// Name of the virtio-serial port carrying the job's output.
+const OUT_PORT: &str = "codecage.out";
+
+/// Boots in total when the job never started: the first plus two retries.
+/// (A rare early-boot oops under multi-threaded TCG was seen with newer
+/// kernels; a retry is cheaper than a red CI run.)
+const BOOT_ATTEMPTS: u32 = 3;
+
+/// How long the host waits after the guest's own timeout fired before it
+/// kills QEMU (time for the guest to record the status and power off).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// What to run in the VM.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Time limit of the command itself (boot time not included).
+    pub timeout: Duration,
+    /// Host directory shared at the same path in the guest.
+    pub share: PathBuf,
+    /// Working directory of the command (inside `share`).
+    pub cwd: PathBuf,
+    /// Extra environment for the command.
+    pub env: Vec<(String, String)>,
+    /// The command and its arguments.
+    pub command: Vec<String>,
+}
+
+impl RunOptions {
+    /// Defaults: share the workspace root, run in the current directory when
+    /// that is inside the share (else in the share), 10 minutes.
+    pub fn new(command: Vec<String>) -> RunOptions {
+        RunOptions {
+            timeout: Duration::from_secs(600),
+            share: super::workspace_root(),
+            cwd: PathBuf::new(),
+            env: Vec::new(),
+            command,
+        }
+    }
+}
+
+pub const USAGE: &str = "\
+usage: cargo xtask vm-run [--timeout SECS] [--share DIR] [--env K=V|K]... -- CMD [ARGS...]
+
+Boots the cgroup-v2 VM (building its image first if needed), runs CMD as root
+in DIR (default: the workspace root, shared at the same absolute path), with
+its output streamed to stdout, and exits with CMD's status (124: timeout,
+125: the VM failed). `--env K` passes the host's value of K.";
+
+/// Parse `vm-run`'s arguments.
+pub fn parse_args(args: &[String]) -> Result<RunOptions> {
+    let mut opts = RunOptions::new(Vec::new());
+    let mut share = None;
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        let mut value = || -> Result<&String> {
+            i += 1;
+            args.get(i)
+                .with_context(|| format!("{arg} needs a value\n\n{USAGE}"))
+        };
+        match arg {
+            "--" => {
+                opts.command = args[i + 1..].to_vec();
+                break;
+            }
+            "--timeout" => opts.timeout = parse_timeout(value()?)?,
+            "--share" => share = Some(PathBuf::from(value()?)),
+            "--env" => opts.env.push(parse_env(value()?)?),
+            "-h" | "--help" => bail!("{USAGE}"),
+            a if a.starts_with('-') => bail!("unknown option {a}\n\n{USAGE}"),
+            _ => {
+                opts.command = args[i..].to_vec();
+                break;
+            }
+        }
+        i += 1;
+    }
+    ensure!(!opts.command.is_empty(), "no command given\n\n{USAGE}");
+    if let Some(share) = share {
+        opts.share = share;
+    }
+    Ok(opts)
+}
+
+pub fn parse_timeout(s: &str) -> Result<Duration> {
+    let secs: u64 = s
+        .parse()
+        .with_context(|| format!("bad timeout {s:?}: want whole seconds"))?;
+    ensure!(secs > 0, "timeout must be positive");
+    Ok(Duration::from_secs(secs))
+}
+
+/// `K=V`, or `K` for the host's value of K.
+pub fn parse_env(s: &str) -> Result<(String, String)> {
+    let (k, v) = match s.split_once('=') {
+        Some((k, v)) => (k.to_string(), v.to_string()),
+        None => (
+            s.to_string(),
+            std::env::var(s).with_context(|| format!("--env {s}: not set on the host"))?,
+        ),
+    };
+    ensure!(
+        !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+        "bad environment variable name {k:?}"
+    );
+    Ok((k, v))
+}
+
+/// The QEMU binary, or an error saying how to get it.
+pub fn require_qemu() -> Result<PathBuf> {
+    find_command("qemu-system-x86_64")
+        .context("qemu-system-x86_64 not found: run `cargo xtask vm-build` as root (it installs it)")
+}
+
+/// Run the command in the VM and return its exit status (see module docs).
+pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
+    let qemu = require_qemu()?;
+    let share = check_share(&opts.share)?;
+    let cwd = if opts.cwd.as_os_str().is_empty() {
+        std::env::current_dir()
+            .ok()
+            .filter(|d| d.starts_with(&share))
+            .unwrap_or_else(|| share.clone())
+    } else {
+        opts.cwd.clone()
+    };
+    for attempt in 1..=BOOT_ATTEMPTS {
+        match boot(&qemu, image, opts, &share, &cwd, attempt)? {
+            Outcome::Status(rc) => return Ok(rc),
+            Outcome::NotStarted(why) => {
+                eprintln!("[vm] boot {attempt}/{BOOT_ATTEMPTS} failed before the command started: {why}");
+            }
+        }
+    }
+    eprintln!("[vm] giving up after {BOOT_ATTEMPTS} boots");
+    Ok(EXIT_VM_FAILED)
+}
+
+enum Outcome {
+    /// The exit status to report (the job's, or 124/125/128+signal).
+    Status(i32),
+    /// The job never started: a new boot may be tried.
+    NotStarted(String),
+}
+
+/// The share must be an existing directory that does not hide a part of the
+/// guest's own system when mounted at the same path.
+fn check_share(share: &Path) -> Result<PathBuf> {
+    let share = share
+        .canonicalize()
+        .with_context(|| format!("share {}", share.display()))?;
+    ensure!(share.is_dir(), "share {} is not a directory", share.display());
+    let system = [
+        "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
+        "/sys", "/tmp", "/usr", "/var",
+    ];
+    for dir in system {
+        ensure!(
+            !Path::new(dir).starts_with(&share),
+            "cannot share {}: it would hide the guest's {dir}",
+            share.display()
+        );
+    }
+    for dir in ["/dev", "/proc", "/run", "/sys"] {
+        ensure!(
+            !share.starts_with(dir),
+            "cannot share {}: {dir} is the guest's own",
+            share.display()
+        );
+    }
+    Ok(share)
+}
+
+/// QEMU option values escape a comma by doubling it.
+fn qemu_path(p: &Path) -> String {
+    p.to_string_lossy().replace(',', ",,")
+}
+
+/// KVM only when it can really run a stock kernel: /dev/kvm usable *and* the
+/// CPU shows vmx/svm. (On PVM-backed hosts /dev/kvm exists, but a stock
+/// kernel crawls there; TCG is much faster.) `CODECAGE_VM_ACCEL=kvm|tcg`
+/// overrides, `CODECAGE_VM_CPU` sets the CPU model.
+fn accel_args() -> (&'static str, Vec<String>) {
+    let forced = std::env::var("CODECAGE_VM_ACCEL").unwrap_or_default();
+    let kvm = match forced.as_str() {
+        "kvm" => true,
+        "tcg" => false,
+        _ => {
+            let usable = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm")
+                .is_ok();
+            let flags = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+            let virt = flags
+                .lines()
+                .filter(|l| l.starts_with("flags"))
+                .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+            usable && virt
+        }
+    };
+    let (name, accel, cpu) = if kvm {
+        ("kvm", "kvm", "host")
+    } else {
+        // -cpu max: every ISA extension TCG can emulate, so host-built
+        // binaries targeting newer x86-64 levels still run.
+        ("tcg", "tcg,thread=multi", "max")
+    };
+    let cpu = std::env::var("CODECAGE_VM_CPU").unwrap_or_else(|_| cpu.to_string());
+    (
+        name,
+        vec!["-accel".into(), accel.into(), "-cpu".into(), cpu],
+    )
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The job script: environment, working directory, exec of the command.
+fn job_script(opts: &RunOptions, cwd: &Path) -> String {
+    let mut s = String::from("# written by cargo xtask vm-run\n");
+    let term = std::env::var("TERM").unwrap_or_else(|_| "dumb".into());
+    let defaults = [
+        ("HOME", "/root".to_string()),
+        ("USER", "root".to_string()),
+        ("LOGNAME", "root".to_string()),
+        ("SHELL", "/bin/bash".to_string()),
+        ("LANG", "C.UTF-8".to_string()),
+        ("TERM", term),
+    ];
+    for (k, v) in defaults.iter().map(|(k, v)| (*k, v.as_str())).chain(
+        opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    ) {
+        s.push_str(&format!("export {k}={}\n", shell_quote(v)));
+    }
+    s.push_str(&format!("cd {} || exit 125\n", shell_quote(cwd)));
+    s.push_str("exec");
+    for a in &opts.command {
+        s.push(' ');
+        s.push_str(&shell_quote(a));
+    }
+    s.push('\n');
+    s
+}
+
+/// One boot of the VM.
+fn boot(
+    qemu: &Path,
+    image: &Image,
+    opts: &RunOptions,
+    share: &Path,
+    cwd: &Path,
+    attempt: u32,
+) -> Result<Outcome> {
+    let ctl = TempDir::new_in(&std::env::temp_dir(), "codecage-vm-")?;
+    let ctl_dir = ctl.path();
+    let output_log = ctl_dir.join("output.log");
+    let console_log = ctl_dir.join("console.log");
+    let qemu_log = ctl_dir.join("qemu.log");
+    let started_file = ctl_dir.join("started");
+    let rc_file = ctl_dir.join("rc");
+    fs::write(ctl_dir.join("guest-init.sh"), GUEST_INIT_SH)?;
+    fs::write(
+        ctl_dir.join("config"),
+        format!(
+            "SHARE={}\nTIMEOUT={}\nOUT_PORT={}\n",
+            shell_quote(share),
+            opts.timeout.as_secs(),
+            OUT_PORT
+        ),
+    )?;
+    fs::write(ctl_dir.join("cmd.sh"), job_script(opts, cwd))?;
+    // Created before QEMU opens it (which truncates an empty file: harmless),
+    // so the reader can open it right away.
+    fs::write(&output_log, b"")?;
+    let mut output = fs::File::open(&output_log)?;
+
+    let (accel, accel_args) = accel_args();
+    let mem = env_u64("CODECAGE_VM_MEM", 2048);
+    let host_cpus = std::thread::available_parallelism().map_or(2, |n| n.get() as u64);
+    let cpus = env_u64("CODECAGE_VM_CPUS", host_cpus.min(4));
+    let boot_timeout = Duration::from_secs(env_u64("CODECAGE_VM_BOOT_TIMEOUT", 120));
+    let append = format!(
+        "console=ttyS0 panic=-1 oops=panic quiet loglevel=3 mitigations=off \
+         cgroup_no_v1=all random.trust_cpu=on {}",
+        std::env::var("CODECAGE_VM_APPEND").unwrap_or_default()
+    );
+
+    let mut cmd = Command::new(qemu);
+    cmd.args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
+        .args(["-machine", "q35"])
+        .args(&accel_args)
+        .args(["-m", &mem.to_string(), "-smp", &cpus.to_string()])
+        .arg("-kernel")
+        .arg(&image.vmlinux)
+        .arg("-initrd")
+        .arg(&image.initrd)
+        .args(["-append", append.trim_end()])
+        .arg("-drive")
+        .arg(format!(
+            "file={},format=raw,if=virtio,snapshot=on,cache=unsafe",
+            qemu_path(&image.rootfs)
+        ))
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=codecage.ctl,security_model=none",
+            qemu_path(ctl_dir)
+        ))
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=codecage.share,security_model=none,multidevs=remap",
+            qemu_path(share)
+        ))
+        .args(["-device", "virtio-rng-pci"])
+        .args(["-device", "virtio-serial-pci,id=vser"])
+        .arg("-chardev")
+        .arg(format!("file,id=out,path={}", qemu_path(&output_log)))
+        .args([
+            "-device",
+            &format!("virtserialport,bus=vser.0,chardev=out,name={OUT_PORT}"),
+        ])
+        .arg("-serial")
+        .arg(format!("file:{}", qemu_path(&console_log)))
+        .stdin(Stdio::null());
+    // stdout and stderr share one open file (and so its offset).
+    let qlog = fs::File::create(&qemu_log)?;
+    cmd.stdout(qlog.try_clone()?).stderr(qlog);
+    own_group_and_die_with_parent(&mut cmd);
+
+    eprintln!(
+        "[vm] boot {attempt}: {accel}, {cpus} vCPUs, {mem} MiB; share {}; timeout {}s",
+        share.display(),
+        opts.timeout.as_secs()
+    );
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().context("cannot start qemu-system-x86_64")?;
+    let mut started: Option<Instant> = None;
+    let mut stdout = std::io::stdout();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut pump = |output: &mut fs::File| {
+        // Copy whatever the guest wrote since the last poll. A closed stdout
+        // (e.g. piped into `head`) must not stop the run.
+        while let Ok(n) = output.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let _ = stdout.write_all(&buf[..n]);
+        }
+        let _ = stdout.flush();
+    };
+
+    let verdict: Option<Outcome> = loop {
+        pump(&mut output);
+        if started.is_none() && started_file.exists() {
+            started = Some(Instant::now());
+            eprintln!("[vm] command started after {} of boot", secs(t0.elapsed()));
+        }
+        if child.try_wait()?.is_some() {
+            break None;
+        }
+        if let Some(sig) = interrupted() {
+            signal_group(&child, libc::SIGKILL);
+            let _ = child.wait();
+            pump(&mut output);
+            eprintln!("[vm] interrupted by signal {sig}: VM killed");
+            break Some(Outcome::Status(128 + sig));
+        }
+        match started {
+            None if t0.elapsed() > boot_timeout => {
+                signal_group(&child, libc::SIGKILL);
+                let _ = child.wait();
+                show_failure(&console_log, &qemu_log);
+                break Some(Outcome::NotStarted(format!(
+                    "no command start within {} (CODECAGE_VM_BOOT_TIMEOUT)",
+                    secs(boot_timeout)
+                )));
+            }
+            Some(s) if s.elapsed() > opts.timeout + SHUTDOWN_GRACE => {
+                signal_group(&child, libc::SIGKILL);
+                let _ = child.wait();
+                pump(&mut output);
+                eprintln!(
+                    "[vm] timeout: the command ran over {}s and the guest did not stop it; VM killed",
+                    opts.timeout.as_secs()
+                );
+                break Some(Outcome::Status(EXIT_TIMEOUT));
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    // QEMU has exited (or was killed): nothing more will be written, so this
+    // last read gets the complete tail of the output.
+    pump(&mut output);
+    if let Some(outcome) = verdict {
+        return Ok(outcome);
+    }
+    let rc = fs::read_to_string(&rc_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    match (rc, started) {
+        (Some(rc), Some(s)) => {
+            eprintln!(
+                "[vm] exit status {rc} (command {}, total {})",
+                secs(s.elapsed()),
+                secs(t0.elapsed())
+            );
+            Ok(Outcome::Status(rc))
+        }
+        (_, Some(_)) => {
+            eprintln!("[vm] the VM stopped while the command was running, without a status");
+            show_failure(&console_log, &qemu_log);
+            Ok(Outcome::Status(EXIT_VM_FAILED))
+        }
+        (_, None) => {
+            show_failure(&console_log, &qemu_log);
+            Ok(Outcome::NotStarted(format!(
+                "the VM exited after {}",
+                secs(t0.elapsed())
+            )))
+        }
+    }
+}
+
+fn show_failure(console_log: &Path, qemu_log: &Path) {
+    eprintln!("----- guest console (tail) -----");
+    eprint!("{}", tail_lines(console_log, 40));
+    let q = fs::read_to_string(qemu_log).unwrap_or_default();
+    if !q.trim().is_empty() {
+        eprintln!("----- qemu -----");
+        eprint!("{}", tail_lines(qemu_log, 20));
+    }
+    eprintln!("--------------------------------");
+}
