@@ -51,7 +51,11 @@ pub struct SetupError {
 
 impl fmt::Display for SetupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sandbox setup failed at step {}: {}", self.step, self.detail)?;
+        write!(
+            f,
+            "sandbox setup failed at step {}: {}",
+            self.step, self.detail
+        )?;
         if self.errno != 0 {
             let errno = nix::errno::Errno::from_raw(self.errno);
             write!(f, ": {errno} ({})", errno.desc())?;
@@ -68,7 +72,10 @@ pub enum Report {
     /// A setup step failed; the payload never ran.
     SetupFailed(SetupError),
     /// The payload ended: with an exit status, or by a signal.
-    Exited { code: Option<i32>, signal: Option<i32> },
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
 }
 
 /// Writes one length-prefixed JSON message.
@@ -87,7 +94,10 @@ pub fn read_message<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<T> {
     let mut head = [0u8; 5];
     r.read_exact(&mut head)?;
     if head[0] != TAG_MESSAGE {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected frame tag {:#x}", head[0])));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected frame tag {:#x}", head[0]),
+        ));
     }
     let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
     let mut body = vec![0u8; len];
@@ -114,7 +124,8 @@ impl ReportReader {
         match tag {
             TAG_RAW_ERROR if self.buf.len() >= 6 => {
                 let step = self.buf[1] as usize;
-                let errno = i32::from_le_bytes([self.buf[2], self.buf[3], self.buf[4], self.buf[5]]);
+                let errno =
+                    i32::from_le_bytes([self.buf[2], self.buf[3], self.buf[4], self.buf[5]]);
                 self.buf.drain(..6);
                 let name = RAW_STEPS.get(step).copied().unwrap_or("unknown");
                 Some(Ok(Report::SetupFailed(SetupError {
@@ -124,18 +135,22 @@ impl ReportReader {
                 })))
             }
             TAG_MESSAGE if self.buf.len() >= 5 => {
-                let len = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+                let len = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
                 if self.buf.len() < 5 + len {
                     return None;
                 }
-                let report = serde_json::from_slice(&self.buf[5..5 + len]).map_err(|e| e.to_string());
+                let report =
+                    serde_json::from_slice(&self.buf[5..5 + len]).map_err(|e| e.to_string());
                 self.buf.drain(..5 + len);
                 Some(report)
             }
             TAG_RAW_ERROR | TAG_MESSAGE => None,
             other => {
                 self.buf.clear();
-                Some(Err(format!("unexpected frame tag {other:#x} from the sandbox")))
+                Some(Err(format!(
+                    "unexpected frame tag {other:#x} from the sandbox"
+                )))
             }
         }
     }
@@ -160,7 +175,14 @@ mod tests {
     #[test]
     fn frames_reassemble_across_partial_reads() {
         let mut wire = Vec::new();
-        write_message(&mut wire, &Report::Exited { code: Some(3), signal: None }).unwrap();
+        write_message(
+            &mut wire,
+            &Report::Exited {
+                code: Some(3),
+                signal: None,
+            },
+        )
+        .unwrap();
         wire.extend_from_slice(&raw_error_frame(5, libc::ENOENT));
         let mut reader = ReportReader::default();
         let mut reports = Vec::new();
@@ -170,11 +192,22 @@ mod tests {
                 reports.push(r.unwrap());
             }
         }
-        assert_eq!(reports[0], Report::Exited { code: Some(3), signal: None });
-        let Report::SetupFailed(err) = &reports[1] else { panic!("{reports:?}") };
+        assert_eq!(
+            reports[0],
+            Report::Exited {
+                code: Some(3),
+                signal: None
+            }
+        );
+        let Report::SetupFailed(err) = &reports[1] else {
+            panic!("{reports:?}")
+        };
         assert_eq!(err.step, "exec_init");
         assert_eq!(err.errno, libc::ENOENT);
-        assert!(err.to_string().contains("exec_init") && err.to_string().contains("ENOENT"), "{err}");
+        assert!(
+            err.to_string().contains("exec_init") && err.to_string().contains("ENOENT"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -187,7 +220,11 @@ mod tests {
     #[test]
     fn messages_round_trip() {
         let mut wire = Vec::new();
-        let msg = Report::SetupFailed(SetupError { step: "mount_proc".into(), errno: 1, detail: "d".into() });
+        let msg = Report::SetupFailed(SetupError {
+            step: "mount_proc".into(),
+            errno: 1,
+            detail: "d".into(),
+        });
         write_message(&mut wire, &msg).unwrap();
         let back: Report = read_message(&mut wire.as_slice()).unwrap();
         assert_eq!(back, msg);

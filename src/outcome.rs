@@ -62,7 +62,11 @@ pub struct Outcome {
 impl Outcome {
     /// An outcome for a run that failed before or during setup.
     pub fn failed(kind: ErrorKind, message: impl Into<String>) -> Outcome {
-        Outcome { error: Some(kind), message: Some(message.into()), ..Outcome::default() }
+        Outcome {
+            error: Some(kind),
+            message: Some(message.into()),
+            ..Outcome::default()
+        }
     }
 
     /// The exit status `codecage run` ends with: the payload's own, 124 on timeout, 125 when
@@ -101,8 +105,16 @@ mod tests {
         };
         let json: serde_json::Value = serde_json::to_value(&outcome).unwrap();
         for key in [
-            "stdout", "stderr", "exit_code", "signal", "error", "message", "truncated",
-            "duration_ms", "cpu_ms", "peak_memory_bytes",
+            "stdout",
+            "stderr",
+            "exit_code",
+            "signal",
+            "error",
+            "message",
+            "truncated",
+            "duration_ms",
+            "cpu_ms",
+            "peak_memory_bytes",
         ] {
             assert!(json.get(key).is_some(), "missing {key}");
         }
@@ -112,10 +124,27 @@ mod tests {
 
     #[test]
     fn exit_status_follows_timeout_and_docker_conventions() {
-        assert_eq!(Outcome { exit_code: Some(3), ..Outcome::default() }.exit_status(), 3);
-        assert_eq!(Outcome { signal: Some(15), ..Outcome::default() }.exit_status(), 143);
+        assert_eq!(
+            Outcome {
+                exit_code: Some(3),
+                ..Outcome::default()
+            }
+            .exit_status(),
+            3
+        );
+        assert_eq!(
+            Outcome {
+                signal: Some(15),
+                ..Outcome::default()
+            }
+            .exit_status(),
+            143
+        );
         assert_eq!(Outcome::failed(ErrorKind::Timeout, "").exit_status(), 124);
         assert_eq!(Outcome::failed(ErrorKind::Setup, "").exit_status(), 125);
-        assert_eq!(serde_json::to_value(ErrorKind::OutputLimit).unwrap(), "output_limit");
+        assert_eq!(
+            serde_json::to_value(ErrorKind::OutputLimit).unwrap(),
+            "output_limit"
+        );
     }
 }

@@ -39,7 +39,9 @@ pub struct IdMapping {
 
 impl Default for IdMapping {
     fn default() -> Self {
-        IdMapping { host_base: 0x7100_0000 }
+        IdMapping {
+            host_base: 0x7100_0000,
+        }
     }
 }
 
@@ -118,7 +120,9 @@ impl Spec {
             return Err("argv is empty: give the program to run".into());
         }
         if let Some(arg) = self.argv.iter().find(|a| a.contains('\0')) {
-            return Err(format!("argument {arg:?} contains a NUL byte, which no program can receive"));
+            return Err(format!(
+                "argument {arg:?} contains a NUL byte, which no program can receive"
+            ));
         }
         for (key, value) in &self.env {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
@@ -144,14 +148,25 @@ impl Spec {
         if self.timeout.is_zero() {
             return Err("timeout must be positive".into());
         }
-        for (name, value) in [("output limit", self.output_limit), ("tmp size", self.tmp_size), ("work size", self.work_size)] {
+        for (name, value) in [
+            ("output limit", self.output_limit),
+            ("tmp size", self.tmp_size),
+            ("work size", self.work_size),
+        ] {
             if value == 0 {
                 return Err(format!("{name} must be positive"));
             }
         }
         let h = &self.hostname;
-        if h.is_empty() || h.len() > 64 || !h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') {
-            return Err(format!("hostname {h:?} is invalid: use 1-64 letters, digits, '-' or '.'"));
+        if h.is_empty()
+            || h.len() > 64
+            || !h
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        {
+            return Err(format!(
+                "hostname {h:?} is invalid: use 1-64 letters, digits, '-' or '.'"
+            ));
         }
         Ok(())
     }
@@ -173,7 +188,10 @@ mod tests {
     #[test]
     fn id_maps_are_distinct_per_pid_and_never_root() {
         let ids = IdMapping::default();
-        assert_eq!(ids.map_lines(10), format!("0 {} 1\n1000 {} 1\n", 0x7100_0000 + 20, 0x7100_0000 + 21));
+        assert_eq!(
+            ids.map_lines(10),
+            format!("0 {} 1\n1000 {} 1\n", 0x7100_0000 + 20, 0x7100_0000 + 21)
+        );
         assert_ne!(ids.host_root(10) + 1, ids.host_root(11));
         // pid_max can be at most 2^22: the range stays below u32::MAX and above root.
         assert!(ids.host_root(1 << 22) + 1 < u32::MAX);

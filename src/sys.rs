@@ -90,7 +90,10 @@ pub unsafe fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Forked>
             pid if pid > 0 => {
                 // SAFETY: with CLONE_PIDFD the kernel stored a new, owned fd in `pidfd`.
                 let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-                return Ok(Forked::Parent { pid: Pid::from_raw(pid as i32), pidfd });
+                return Ok(Forked::Parent {
+                    pid: Pid::from_raw(pid as i32),
+                    pidfd,
+                });
             }
             _ => {
                 let err = io::Error::last_os_error();
@@ -145,7 +148,9 @@ pub fn take_inherited_socket(fd: RawFd) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-        return Err(io::Error::other(format!("fd {fd} is not the launcher's channel")));
+        return Err(io::Error::other(format!(
+            "fd {fd} is not the launcher's channel"
+        )));
     }
     // dup2 cleared CLOEXEC on it; the payload must not inherit the channel.
     // SAFETY: fcntl with integer arguments on an open fd.
@@ -304,13 +309,21 @@ pub fn child_cloexec_from(first: RawFd, keep: RawFd) -> Result<(), i32> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: plain syscall on integers.
     let ret = unsafe {
-        libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC)
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
     };
     if ret == 0 {
         return Ok(());
     }
     // Old kernel: close everything but `keep`, which must survive until execveat.
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: writes into a local rlimit.
     raw_result(unsafe { libc::syscall(libc::SYS_getrlimit, libc::RLIMIT_NOFILE, &mut limit) })?;
     let max = limit.rlim_cur.min(1 << 20) as RawFd;
@@ -331,7 +344,14 @@ pub fn child_execveat(fd: RawFd, argv: *const *const c_char, envp: *const *const
     // SAFETY: `argv`/`envp` point to NULL-terminated arrays of C strings that the parent
     // built before clone3 and that live on in this child's copy of its memory.
     unsafe {
-        libc::syscall(libc::SYS_execveat, fd, EMPTY.as_ptr(), argv, envp, libc::AT_EMPTY_PATH);
+        libc::syscall(
+            libc::SYS_execveat,
+            fd,
+            EMPTY.as_ptr(),
+            argv,
+            envp,
+            libc::AT_EMPTY_PATH,
+        );
     }
     Errno::last_raw()
 }

@@ -19,7 +19,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     } else {
         (t, 1.0)
     };
-    let value: f64 = number.trim().parse().map_err(|_| format!("{text:?} is not a duration: use {form}"))?;
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration: use {form}"))?;
     let secs = value * scale;
     if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
         return Err(format!("{text:?} is out of range: use {form}"));
@@ -32,7 +35,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let form = "a positive number of bytes, or a number with K, M, G or T (268435456, 256M, 1G)";
     let t = text.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
     let (number, shift) = match t.chars().last() {
         Some('k' | 'K') => (&t[..t.len() - 1], 10),
         Some('m' | 'M') => (&t[..t.len() - 1], 20),
@@ -40,7 +46,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         Some('t' | 'T') => (&t[..t.len() - 1], 40),
         _ => (t, 0),
     };
-    let value: f64 = number.trim().parse().map_err(|_| format!("{text:?} is not a size: use {form}"))?;
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: use {form}"))?;
     let bytes = value * (1u64 << shift) as f64;
     if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 / 2.0 {
         return Err(format!("{text:?} is out of range: use {form}"));

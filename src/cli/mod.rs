@@ -35,11 +35,20 @@ pub fn main() -> i32 {
 /// `docker run` ends when its own arguments are wrong, and one JSON object with `--json`.
 fn usage_error(err: clap::Error) -> i32 {
     use clap::error::ErrorKind as Kind;
-    if matches!(err.kind(), Kind::DisplayHelp | Kind::DisplayVersion | Kind::DisplayHelpOnMissingArgumentOrSubcommand) {
+    if matches!(
+        err.kind(),
+        Kind::DisplayHelp | Kind::DisplayVersion | Kind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
         let _ = err.print();
-        return if err.kind() == Kind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 };
+        return if err.kind() == Kind::DisplayHelpOnMissingArgumentOrSubcommand {
+            2
+        } else {
+            0
+        };
     }
-    let wants_json = std::env::args().take_while(|a| a != "--").any(|a| a == "--json");
+    let wants_json = std::env::args()
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
     if wants_json {
         let message = err.render().to_string();
         let message = message.trim().trim_start_matches("error: ").to_string();

@@ -150,12 +150,16 @@ fn build_spec(args: RunArgs) -> Result<Spec, String> {
         }
         (None, None, false) => {
             if args.lang.is_some() {
-                return Err("--lang applies to -c CODE or FILE, not to a program given after --".into());
+                return Err(
+                    "--lang applies to -c CODE or FILE, not to a program given after --".into(),
+                );
             }
             args.argv
         }
         (None, None, true) => {
-            return Err("nothing to run: give --lang LANG -c CODE, a FILE, or -- PROGRAM [ARGS]".into())
+            return Err(
+                "nothing to run: give --lang LANG -c CODE, a FILE, or -- PROGRAM [ARGS]".into(),
+            )
         }
         _ => return Err("give only one of -c CODE, FILE, or -- PROGRAM [ARGS]".into()),
     };
@@ -175,8 +179,9 @@ fn build_spec(args: RunArgs) -> Result<Spec, String> {
         let (key, value) = match item.split_once('=') {
             Some((key, value)) => (key.to_string(), value.to_string()),
             None => {
-                let value = std::env::var(item)
-                    .map_err(|_| format!("--env {item}: use K=V, or a bare K that is set on the host"))?;
+                let value = std::env::var(item).map_err(|_| {
+                    format!("--env {item}: use K=V, or a bare K that is set on the host")
+                })?;
                 (item.clone(), value)
             }
         };
@@ -185,7 +190,8 @@ fn build_spec(args: RunArgs) -> Result<Spec, String> {
         }
         spec.set_env(&key, &value);
     }
-    spec.validate().map_err(|e| format!("invalid request: {e}"))?;
+    spec.validate()
+        .map_err(|e| format!("invalid request: {e}"))?;
     Ok(spec)
 }
 

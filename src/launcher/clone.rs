@@ -61,12 +61,27 @@ fn namespaces() -> u64 {
 /// the Spec. Returns once the init is on its way; setup errors from inside arrive later on
 /// the channel.
 pub fn spawn(spec: &Spec) -> Result<Sandbox, String> {
-    let exe = open(&spec.init_exe, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(|e| format!("cannot open the sandbox init binary {}: {e}", spec.init_exe.display()))?;
-    let stdin = open("/dev/null", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(|e| format!("cannot open /dev/null for the payload's stdin: {e}"))?;
-    let (stdout_r, stdout_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stdout pipe: {e}"))?;
-    let (stderr_r, stderr_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stderr pipe: {e}"))?;
+    let exe = open(
+        &spec.init_exe,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        format!(
+            "cannot open the sandbox init binary {}: {e}",
+            spec.init_exe.display()
+        )
+    })?;
+    let stdin = open(
+        "/dev/null",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open /dev/null for the payload's stdin: {e}"))?;
+    let (stdout_r, stdout_w) =
+        pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stdout pipe: {e}"))?;
+    let (stderr_r, stderr_w) =
+        pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stderr pipe: {e}"))?;
     let (channel, channel_child) =
         UnixStream::pair().map_err(|e| format!("cannot create the sandbox channel: {e}"))?;
     // The child dup2s these onto 0..=3; a source already sitting in that range (the calling
@@ -118,7 +133,9 @@ fn handshake(spec: &Spec, sandbox: &mut Sandbox) -> Result<(), String> {
     for file in ["uid_map", "gid_map"] {
         let path = format!("/proc/{pid}/{file}");
         std::fs::write(&path, &lines).map_err(|e| {
-            format!("cannot write {path} (mapping sandbox ids to unprivileged host ids {lines:?}): {e}")
+            format!(
+                "cannot write {path} (mapping sandbox ids to unprivileged host ids {lines:?}): {e}"
+            )
         })?;
     }
     // A stuck child must not hang the launcher past the run's own deadline.
@@ -195,7 +212,12 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
         fail(2, errno)
     }
     // 3. stdin (/dev/null), stdout and stderr pipes, the channel on fd 3.
-    for (from, to) in [(plan.stdin, 0), (plan.stdout, 1), (plan.stderr, 2), (plan.channel, CHANNEL_FD)] {
+    for (from, to) in [
+        (plan.stdin, 0),
+        (plan.stdout, 1),
+        (plan.stderr, 2),
+        (plan.channel, CHANNEL_FD),
+    ] {
         if let Err(errno) = sys::child_dup2(from, to) {
             fail(3, errno)
         }

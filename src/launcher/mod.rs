@@ -42,7 +42,11 @@ pub fn run(spec: &Spec) -> Outcome {
 /// Runs `spec`, also passing each chunk of output to `sink` as it arrives (within the output
 /// cap). Signals read from `interrupt` are forwarded to the sandbox's init, which passes them
 /// on to the payload: a CLI blocks SIGINT/SIGTERM and hands their signalfd here.
-pub fn run_with(spec: &Spec, sink: &mut dyn FnMut(Stream, &[u8]), interrupt: Option<&SignalFd>) -> Outcome {
+pub fn run_with(
+    spec: &Spec,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+    interrupt: Option<&SignalFd>,
+) -> Outcome {
     let start = Instant::now();
     if let Err(message) = spec.validate() {
         return Outcome::failed(ErrorKind::InvalidRequest, message);
@@ -50,7 +54,8 @@ pub fn run_with(spec: &Spec, sink: &mut dyn FnMut(Stream, &[u8]), interrupt: Opt
     let sandbox = match clone::spawn(spec) {
         Ok(sandbox) => sandbox,
         Err(message) => {
-            let mut outcome = Outcome::failed(ErrorKind::Setup, format!("{message}; the code did not run"));
+            let mut outcome =
+                Outcome::failed(ErrorKind::Setup, format!("{message}; the code did not run"));
             outcome.duration = start.elapsed();
             return outcome;
         }

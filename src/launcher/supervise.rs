@@ -45,7 +45,11 @@ pub fn supervise(
     interrupt: Option<&SignalFd>,
 ) -> Outcome {
     let deadline = start + spec.timeout;
-    for fd in [sandbox.stdout.as_fd(), sandbox.stderr.as_fd(), sandbox.channel.as_fd()] {
+    for fd in [
+        sandbox.stdout.as_fd(),
+        sandbox.stderr.as_fd(),
+        sandbox.channel.as_fd(),
+    ] {
         let _ = set_nonblocking(fd);
     }
     let mut watch = Watch {
@@ -76,11 +80,18 @@ pub fn supervise(
             None => deadline,
         };
         let timeout = wait_until.saturating_duration_since(now);
-        let timeout = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::MAX);
+        let timeout = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32 + 1)
+            .unwrap_or(PollTimeout::MAX);
 
         // Poll order: stdout, stderr, channel, pidfd, interrupt; closed ones are skipped by
         // giving them empty interest.
-        let interest = |open: bool| if open { PollFlags::POLLIN } else { PollFlags::empty() };
+        let interest = |open: bool| {
+            if open {
+                PollFlags::POLLIN
+            } else {
+                PollFlags::empty()
+            }
+        };
         let mut fds = vec![
             PollFd::new(sandbox.stdout.as_fd(), interest(stdout_open)),
             PollFd::new(sandbox.stderr.as_fd(), interest(stderr_open)),
@@ -94,7 +105,8 @@ pub fn supervise(
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => {
-                watch.protocol_error = Some(format!("poll failed while supervising the sandbox: {e}"));
+                watch.protocol_error =
+                    Some(format!("poll failed while supervising the sandbox: {e}"));
                 watch.kill(&sandbox, ErrorKind::Setup);
                 break;
             }
@@ -204,7 +216,9 @@ impl Watch<'_> {
         while let Some(report) = self.reports.next_report() {
             match report {
                 // A setup failure stays the answer even if an exit report follows it.
-                Ok(report) if !matches!(self.report, Some(Report::SetupFailed(_))) => self.report = Some(report),
+                Ok(report) if !matches!(self.report, Some(Report::SetupFailed(_))) => {
+                    self.report = Some(report)
+                }
                 Ok(_) => {}
                 Err(e) => self.protocol_error = Some(e),
             }
@@ -255,7 +269,8 @@ impl Watch<'_> {
                     Ok((status, _)) => describe_status(*status),
                     Err(e) => format!("could not be reaped: {e}"),
                 };
-                let mut message = format!("the sandbox init ended without reporting a result ({status})");
+                let mut message =
+                    format!("the sandbox init ended without reporting a result ({status})");
                 if let Some(e) = self.protocol_error {
                     message.push_str(&format!("; {e}"));
                 }

@@ -55,9 +55,18 @@ pub fn run_payload(spec: &Spec, channel: &UnixStream) -> Report {
     // payload started outlives it, double-forked, setsid'd or not.
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
     match status {
-        WaitStatus::Signaled(_, signal, _) => Report::Exited { code: None, signal: Some(signal as i32) },
-        WaitStatus::Exited(_, code) => Report::Exited { code: Some(code), signal: None },
-        _ => Report::Exited { code: None, signal: None },
+        WaitStatus::Signaled(_, signal, _) => Report::Exited {
+            code: None,
+            signal: Some(signal as i32),
+        },
+        WaitStatus::Exited(_, code) => Report::Exited {
+            code: Some(code),
+            signal: None,
+        },
+        _ => Report::Exited {
+            code: None,
+            signal: None,
+        },
     }
 }
 
@@ -67,7 +76,9 @@ fn reap_all(payload: Pid) -> Option<WaitStatus> {
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return payload_status,
-            Ok(status @ (WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _))) if pid == payload => {
+            Ok(status @ (WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)))
+                if pid == payload =>
+            {
                 payload_status = Some(status);
             }
             Ok(_) | Err(Errno::EINTR) => {}

@@ -26,7 +26,10 @@ pub const INIT_ARG: &str = "__sandbox-init";
 /// sandbox and never returns. Anything that runs before it (a tokio runtime, threads)
 /// would be inherited by every sandbox.
 pub fn dispatch_init() {
-    if std::env::args_os().nth(1).is_some_and(|arg| arg == INIT_ARG) {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == INIT_ARG)
+    {
         init_main()
     }
 }
@@ -74,16 +77,26 @@ fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
 
 /// A setup error for `step`, from an errno.
 fn fail(step: &'static str, errno: Errno, detail: impl Display) -> SetupError {
-    SetupError { step: step.into(), errno: errno as i32, detail: detail.to_string() }
+    SetupError {
+        step: step.into(),
+        errno: errno as i32,
+        detail: detail.to_string(),
+    }
 }
 
 /// A setup error for `step`, from an io::Error.
 fn fail_io(step: &'static str, err: &std::io::Error, detail: impl Display) -> SetupError {
-    SetupError { step: step.into(), errno: err.raw_os_error().unwrap_or(0), detail: detail.to_string() }
+    SetupError {
+        step: step.into(),
+        errno: err.raw_os_error().unwrap_or(0),
+        detail: detail.to_string(),
+    }
 }
 
 fn leave_session() -> Result<(), SetupError> {
-    nix::unistd::setsid().map(drop).map_err(|e| fail("leave_session", e, "setsid"))
+    nix::unistd::setsid()
+        .map(drop)
+        .map_err(|e| fail("leave_session", e, "setsid"))
 }
 
 fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
@@ -95,7 +108,10 @@ fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
     // which a unix stream socket reports as POLLHUP.
     let mut fds = [PollFd::new(channel.as_fd(), PollFlags::empty())];
     let _ = poll(&mut fds, PollTimeout::ZERO);
-    if fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLHUP)) {
+    if fds[0]
+        .revents()
+        .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    {
         // Data may still be buffered, but nobody is left to supervise the run.
         std::process::exit(125);
     }
@@ -103,21 +119,31 @@ fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
 }
 
 fn receive_spec(channel: &UnixStream) -> Result<Spec, SetupError> {
-    channel::read_message(&mut &*channel).map_err(|e| fail_io("receive_spec", &e, "reading the Spec from the launcher"))
+    channel::read_message(&mut &*channel)
+        .map_err(|e| fail_io("receive_spec", &e, "reading the Spec from the launcher"))
 }
 
 fn enter_cgroup_namespace() -> Result<(), SetupError> {
-    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail("enter_cgroup_namespace", e, "unshare(CLONE_NEWCGROUP)"))
+    unshare(CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| fail("enter_cgroup_namespace", e, "unshare(CLONE_NEWCGROUP)"))
 }
 
 fn set_hostname(name: &str) -> Result<(), SetupError> {
-    nix::unistd::sethostname(name).map_err(|e| fail("set_hostname", e, format!("sethostname({name:?})")))
+    nix::unistd::sethostname(name)
+        .map_err(|e| fail("set_hostname", e, format!("sethostname({name:?})")))
 }
 
 fn bring_up_loopback() -> Result<(), SetupError> {
-    crate::sys::loopback_up().map_err(|e| fail_io("bring_up_loopback", &e, "setting lo up in the new network namespace"))
+    crate::sys::loopback_up().map_err(|e| {
+        fail_io(
+            "bring_up_loopback",
+            &e,
+            "setting lo up in the new network namespace",
+        )
+    })
 }
 
 fn make_init_undumpable() -> Result<(), SetupError> {
-    nix::sys::prctl::set_dumpable(false).map_err(|e| fail("make_init_undumpable", e, "PR_SET_DUMPABLE 0"))
+    nix::sys::prctl::set_dumpable(false)
+        .map_err(|e| fail("make_init_undumpable", e, "PR_SET_DUMPABLE 0"))
 }

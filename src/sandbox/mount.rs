@@ -62,13 +62,35 @@ pub fn build_root(spec: &Spec) -> Step {
 }
 
 fn stop_mount_propagation() -> Step {
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
-        .map_err(|e| fail("stop_mount_propagation", e, "making / a recursive slave mount"))
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        fail(
+            "stop_mount_propagation",
+            e,
+            "making / a recursive slave mount",
+        )
+    })
 }
 
 fn mount_root_tmpfs() -> Step {
-    tmpfs(NEW_ROOT, "mode=0755,size=4m,nr_inodes=4096", MsFlags::empty())
-        .map_err(|e| fail("mount_root_tmpfs", e, format!("mounting the root tmpfs on {NEW_ROOT}")))
+    tmpfs(
+        NEW_ROOT,
+        "mode=0755,size=4m,nr_inodes=4096",
+        MsFlags::empty(),
+    )
+    .map_err(|e| {
+        fail(
+            "mount_root_tmpfs",
+            e,
+            format!("mounting the root tmpfs on {NEW_ROOT}"),
+        )
+    })
 }
 
 /// /usr, /bin, /lib* of the host: read-only binds, or the same symlinks on merged-/usr.
@@ -82,10 +104,12 @@ fn bind_host_dirs() -> Step {
 /// A synthesized /etc plus the harmless host entries (see rootfs.rs).
 fn write_etc(hostname: &str) -> Step {
     let etc = at("etc");
-    mkdir(&etc, 0o755).map_err(|e| fail_io("write_etc", &e, format!("creating {}", etc.display())))?;
+    mkdir(&etc, 0o755)
+        .map_err(|e| fail_io("write_etc", &e, format!("creating {}", etc.display())))?;
     for (name, content) in synthesized_etc(hostname) {
         let path = etc.join(name);
-        fs::write(&path, content).map_err(|e| fail_io("write_etc", &e, format!("writing {}", path.display())))?;
+        fs::write(&path, content)
+            .map_err(|e| fail_io("write_etc", &e, format!("writing {}", path.display())))?;
     }
     let present: Vec<String> = fs::read_dir("/etc")
         .map_err(|e| fail_io("write_etc", &e, "listing the host's /etc"))?
@@ -115,25 +139,60 @@ fn copy_entry(from: &Path, to: &Path, name: &str, step: &'static str) -> Step {
             .map_err(|e| fail_io(step, &e, format!("creating {}", parent.display())))?;
     }
     if meta.file_type().is_symlink() {
-        let target = fs::read_link(&src).map_err(|e| fail_io(step, &e, format!("reading link {}", src.display())))?;
-        return symlink(&target, &dst).map_err(|e| fail_io(step, &e, format!("creating symlink {}", dst.display())));
+        let target = fs::read_link(&src)
+            .map_err(|e| fail_io(step, &e, format!("reading link {}", src.display())))?;
+        return symlink(&target, &dst)
+            .map_err(|e| fail_io(step, &e, format!("creating symlink {}", dst.display())));
     }
-    let made = if meta.is_dir() { mkdir(&dst, 0o755) } else { fs::write(&dst, b"") };
+    let made = if meta.is_dir() {
+        mkdir(&dst, 0o755)
+    } else {
+        fs::write(&dst, b"")
+    };
     made.map_err(|e| fail_io(step, &e, format!("creating mount point {}", dst.display())))?;
-    bind_readonly(&src, &dst).map_err(|e| fail(step, e, format!("binding {} read-only on {}", src.display(), dst.display())))
+    bind_readonly(&src, &dst).map_err(|e| {
+        fail(
+            step,
+            e,
+            format!("binding {} read-only on {}", src.display(), dst.display()),
+        )
+    })
 }
 
 fn make_mount_points() -> Step {
-    for (name, mode) in [("tmp", 0o1777), ("work", 0o755), ("dev", 0o755), ("proc", 0o555)] {
+    for (name, mode) in [
+        ("tmp", 0o1777),
+        ("work", 0o755),
+        ("dev", 0o755),
+        ("proc", 0o555),
+    ] {
         let path = at(name);
-        mkdir(&path, mode).map_err(|e| fail_io("make_mount_points", &e, format!("creating {}", path.display())))?;
+        mkdir(&path, mode).map_err(|e| {
+            fail_io(
+                "make_mount_points",
+                &e,
+                format!("creating {}", path.display()),
+            )
+        })?;
     }
     Ok(())
 }
 
 fn bind_image_root(dir: &Path) -> Step {
-    mount(Some(dir), NEW_ROOT, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(|e| fail("bind_image_root", e, format!("binding the rootfs {} on {NEW_ROOT}", dir.display())))
+    mount(
+        Some(dir),
+        NEW_ROOT,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        fail(
+            "bind_image_root",
+            e,
+            format!("binding the rootfs {} on {NEW_ROOT}", dir.display()),
+        )
+    })
 }
 
 /// A prepared image cannot grow mount points: it is read-only, and it is the user's.
@@ -161,14 +220,22 @@ fn sized(size: u64) -> String {
 }
 
 fn mount_tmp(size: u64) -> Step {
-    tmpfs(&at("tmp"), &format!("mode=1777,{}", sized(size)), MsFlags::empty())
-        .map_err(|e| fail("mount_tmp", e, "mounting the tmpfs on /tmp"))
+    tmpfs(
+        at("tmp"),
+        &format!("mode=1777,{}", sized(size)),
+        MsFlags::empty(),
+    )
+    .map_err(|e| fail("mount_tmp", e, "mounting the tmpfs on /tmp"))
 }
 
 fn mount_work(size: u64) -> Step {
     let uid = crate::spec::SANDBOX_UID;
-    tmpfs(&at("work"), &format!("mode=0755,uid={uid},gid={uid},{}", sized(size)), MsFlags::empty())
-        .map_err(|e| fail("mount_work", e, "mounting the tmpfs on /work"))
+    tmpfs(
+        at("work"),
+        &format!("mode=0755,uid={uid},gid={uid},{}", sized(size)),
+        MsFlags::empty(),
+    )
+    .map_err(|e| fail("mount_work", e, "mounting the tmpfs on /work"))
 }
 
 /// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks and
@@ -182,9 +249,16 @@ fn mount_dev(shm_size: u64) -> Step {
         if !src.exists() {
             continue;
         }
-        fs::write(&dst, b"").map_err(|e| fail_io("mount_dev", &e, format!("creating {}", dst.display())))?;
-        mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .map_err(|e| fail("mount_dev", e, format!("binding {}", src.display())))?;
+        fs::write(&dst, b"")
+            .map_err(|e| fail_io("mount_dev", &e, format!("creating {}", dst.display())))?;
+        mount(
+            Some(&src),
+            &dst,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| fail("mount_dev", e, format!("binding {}", src.display())))?;
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -192,12 +266,17 @@ fn mount_dev(shm_size: u64) -> Step {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        symlink(target, dev.join(name)).map_err(|e| fail_io("mount_dev", &e, format!("creating /dev/{name}")))?;
+        symlink(target, dev.join(name))
+            .map_err(|e| fail_io("mount_dev", &e, format!("creating /dev/{name}")))?;
     }
     let shm = dev.join("shm");
     mkdir(&shm, 0o1777).map_err(|e| fail_io("mount_dev", &e, "creating /dev/shm"))?;
-    tmpfs(&shm, &format!("mode=1777,{}", sized(shm_size)), MsFlags::empty())
-        .map_err(|e| fail("mount_dev", e, "mounting the tmpfs on /dev/shm"))?;
+    tmpfs(
+        &shm,
+        &format!("mode=1777,{}", sized(shm_size)),
+        MsFlags::empty(),
+    )
+    .map_err(|e| fail("mount_dev", e, "mounting the tmpfs on /dev/shm"))?;
     remount_readonly(&dev).map_err(|e| fail("mount_dev", e, "making /dev read-only"))
 }
 
@@ -213,13 +292,15 @@ fn protect_proc() -> Step {
         if !path.exists() {
             continue;
         }
-        bind_readonly(&path, &path).map_err(|e| fail("protect_proc", e, format!("making /proc/{name} read-only")))?;
+        bind_readonly(&path, &path)
+            .map_err(|e| fail("protect_proc", e, format!("making /proc/{name} read-only")))?;
     }
     Ok(())
 }
 
 fn remount_root_readonly() -> Step {
-    remount_readonly(Path::new(NEW_ROOT)).map_err(|e| fail("remount_root_readonly", e, "making / read-only"))
+    remount_readonly(Path::new(NEW_ROOT))
+        .map_err(|e| fail("remount_root_readonly", e, "making / read-only"))
 }
 
 /// pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the new root
@@ -227,17 +308,30 @@ fn remount_root_readonly() -> Step {
 fn enter_new_root() -> Step {
     chdir(NEW_ROOT).map_err(|e| fail("enter_new_root", e, format!("chdir {NEW_ROOT}")))?;
     pivot_root(".", ".").map_err(|e| fail("enter_new_root", e, "pivot_root"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| fail("enter_new_root", e, "detaching the old root"))?;
+    umount2(".", MntFlags::MNT_DETACH)
+        .map_err(|e| fail("enter_new_root", e, "detaching the old root"))?;
     chdir("/").map_err(|e| fail("enter_new_root", e, "chdir /"))
 }
 
 fn tmpfs(target: impl AsRef<Path>, options: &str, extra: MsFlags) -> nix::Result<()> {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra;
-    mount(Some("tmpfs"), target.as_ref(), Some("tmpfs"), flags, Some(options))
+    mount(
+        Some("tmpfs"),
+        target.as_ref(),
+        Some("tmpfs"),
+        flags,
+        Some(options),
+    )
 }
 
 fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
-    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)?;
+    mount(
+        Some(src),
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )?;
     remount_readonly(dst)
 }
 
@@ -247,7 +341,11 @@ fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
 /// (mount_namespaces(7), "locked mounts"); atime flags are preserved by a remount anyway.
 fn remount_readonly(path: &Path) -> nix::Result<()> {
     let current = statvfs(path)?.flags();
-    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let mut flags = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV;
     if current.contains(FsFlags::ST_NOEXEC) {
         flags |= MsFlags::MS_NOEXEC;
     }

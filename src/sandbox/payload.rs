@@ -38,8 +38,11 @@ fn prepare() -> Result<(), SetupError> {
 }
 
 fn reset_signals() -> Result<(), SetupError> {
-    crate::sys::reset_signal_dispositions().map_err(|e| fail("reset_signals", e, "sigaction SIG_DFL"))?;
-    SigSet::all().thread_unblock().map_err(|e| fail("reset_signals", e, "sigprocmask"))
+    crate::sys::reset_signal_dispositions()
+        .map_err(|e| fail("reset_signals", e, "sigaction SIG_DFL"))?;
+    SigSet::all()
+        .thread_unblock()
+        .map_err(|e| fail("reset_signals", e, "sigprocmask"))
 }
 
 /// setgroups first (it needs the privilege the uid change drops), then gid, then uid.
@@ -47,8 +50,10 @@ fn reset_signals() -> Result<(), SetupError> {
 fn drop_to_sandbox_user() -> Result<(), SetupError> {
     let (uid, gid) = (Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_UID));
     setgroups(&[]).map_err(|e| fail("drop_to_sandbox_user", e, "setgroups([])"))?;
-    setresgid(gid, gid, gid).map_err(|e| fail("drop_to_sandbox_user", e, format!("setresgid({gid})")))?;
-    setresuid(uid, uid, uid).map_err(|e| fail("drop_to_sandbox_user", e, format!("setresuid({uid})")))
+    setresgid(gid, gid, gid)
+        .map_err(|e| fail("drop_to_sandbox_user", e, format!("setresgid({gid})")))?;
+    setresuid(uid, uid, uid)
+        .map_err(|e| fail("drop_to_sandbox_user", e, format!("setresuid({uid})")))
 }
 
 /// execve through the payload's own PATH, like execvp(3) but with the sandbox's PATH rather
@@ -57,16 +62,29 @@ fn exec_in_path(spec: &Spec) -> (i32, String) {
     let program = &spec.argv[0];
     let to_c = |s: &str| CString::new(s).unwrap_or_default();
     let argv: Vec<CString> = spec.argv.iter().map(|a| to_c(a)).collect();
-    let envp: Vec<CString> = spec.env.iter().map(|(k, v)| to_c(&format!("{k}={v}"))).collect();
-    let path = spec.env.iter().find(|(k, _)| k == "PATH").map_or(SANDBOX_PATH, |(_, v)| v.as_str());
+    let envp: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect();
+    let path = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or(SANDBOX_PATH, |(_, v)| v.as_str());
     let candidates: Vec<PathBuf> = if program.contains('/') {
         vec![PathBuf::from(program)]
     } else {
-        path.split(':').filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join(program)).collect()
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| PathBuf::from(d).join(program))
+            .collect()
     };
     let mut denied = None;
     for candidate in &candidates {
-        let Ok(path) = CString::new(candidate.as_os_str().as_encoded_bytes()) else { continue };
+        let Ok(path) = CString::new(candidate.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
         match execve(&path, &argv, &envp) {
             Err(Errno::ENOENT | Errno::ENOTDIR) => continue,
             Err(Errno::EACCES) => denied = Some(Errno::EACCES),
@@ -77,6 +95,9 @@ fn exec_in_path(spec: &Spec) -> (i32, String) {
     match denied {
         Some(e) => (126, format!("{program}: cannot execute: {}", e.desc())),
         None if program.contains('/') => (127, format!("{program}: No such file or directory")),
-        None => (127, format!("{program}: command not found in PATH ({path})")),
+        None => (
+            127,
+            format!("{program}: command not found in PATH ({path})"),
+        ),
     }
 }

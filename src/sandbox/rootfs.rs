@@ -70,7 +70,11 @@ pub fn host_etc_entries(present: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     for pattern in HOST_ETC {
         if let Some(prefix) = pattern.strip_suffix('*') {
-            let mut matched: Vec<_> = present.iter().filter(|n| n.starts_with(prefix)).cloned().collect();
+            let mut matched: Vec<_> = present
+                .iter()
+                .filter(|n| n.starts_with(prefix))
+                .cloned()
+                .collect();
             matched.sort();
             out.extend(matched);
         } else if pattern.contains('/') || present.iter().any(|n| n == pattern) {
@@ -99,7 +103,10 @@ mod tests {
 
     #[test]
     fn prefix_patterns_expand() {
-        let present: Vec<String> = ["python3", "python3.11", "passwd", "alternatives"].iter().map(|s| s.to_string()).collect();
+        let present: Vec<String> = ["python3", "python3.11", "passwd", "alternatives"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let got = host_etc_entries(&present);
         assert!(got.contains(&"python3".into()) && got.contains(&"python3.11".into()));
         assert!(got.contains(&"alternatives".into()));

@@ -37,6 +37,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+pub const USAGE: &str = "\
+usage: cargo xtask vm-build
+
+Builds the cgroup-v2 VM image (needs root: it installs missing host packages
+with apt-get and bootstraps a Debian root filesystem). Instant when the image
+for the current recipe exists already.
+
+environment:
+  CODECAGE_VM_CACHE   image cache directory (default /var/cache/codecage/vm)
+  CODECAGE_VM_MIRROR  mmdebstrap mirror argument (default: the host's bookworm
+                      sources, else deb.debian.org)";
+
 /// Written last into a finished image directory.
 pub const COMPLETE_MARKER: &str = "complete";
 
@@ -222,7 +234,10 @@ pub fn build() -> Result<Image> {
         logs,
         failed_log: cache.join("last-failed-build.log"),
     };
-    steps.run("host tools (apt-get install when missing)", install_host_tools)?;
+    steps.run(
+        "host tools (apt-get install when missing)",
+        install_host_tools,
+    )?;
 
     let rootfs = dir.join("rootfs");
     let kernel = dir.join("kernel");
@@ -409,10 +424,7 @@ fn extract_vmlinux(bzimage: &Path, out: &Path, log: &Path) -> Result<()> {
     };
     let start = (setup_sects + 1) * 512 + u32_at(0x248);
     let len = u32_at(0x24c);
-    ensure!(
-        start + len <= data.len(),
-        "bzImage payload out of bounds"
-    );
+    ensure!(start + len <= data.len(), "bzImage payload out of bounds");
     let payload = &data[start..start + len];
     // The kernel build appends the uncompressed size (4 bytes) to xz and zstd
     // payloads; zstd refuses trailing bytes, xz is told to ignore them.
@@ -462,13 +474,19 @@ fn install_modules(kernel: &Path, rootfs: &Path, release: &str, log: &Path) -> R
             }
         }
     }
-    for file in ["modules.order", "modules.builtin", "modules.builtin.modinfo"] {
+    for file in [
+        "modules.order",
+        "modules.builtin",
+        "modules.builtin.modinfo",
+    ] {
         if from.join(file).is_file() {
             fs::copy(from.join(file), to.join(file))?;
         }
     }
     run_ok(
-        Command::new("chroot").arg(rootfs).args(["depmod", "-a", release]),
+        Command::new("chroot")
+            .arg(rootfs)
+            .args(["depmod", "-a", release]),
         log,
     )
 }
@@ -604,7 +622,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }
@@ -637,7 +655,10 @@ fn customize_rootfs(rootfs: &Path) -> Result<()> {
         rootfs.join("etc/hosts"),
         "127.0.0.1\tlocalhost\n127.0.1.1\tvm\n::1\tlocalhost ip6-localhost ip6-loopback\n",
     )?;
-    fs::write(rootfs.join("etc/fstab"), "# filesystems are mounted by /sbin/codecage-vm-init\n")?;
+    fs::write(
+        rootfs.join("etc/fstab"),
+        "# filesystems are mounted by /sbin/codecage-vm-init\n",
+    )?;
     // No name resolution in the guest (it has no network but loopback).
     let _ = fs::remove_file(rootfs.join("etc/resolv.conf"));
     fs::write(rootfs.join("etc/resolv.conf"), "")?;
@@ -655,7 +676,16 @@ fn make_disk(rootfs: &Path, out: &Path, log: &Path) -> Result<()> {
     let size_mib = (used + DISK_SLACK).div_ceil(1 << 20);
     run_ok(
         Command::new(find_command("mke2fs").context("mke2fs not found")?)
-            .args(["-q", "-F", "-t", "ext4", "-O", "^has_journal", "-L", "codecage-vm"])
+            .args([
+                "-q",
+                "-F",
+                "-t",
+                "ext4",
+                "-O",
+                "^has_journal",
+                "-L",
+                "codecage-vm",
+            ])
             .args(["-E", "root_owner=0:0", "-d"])
             .arg(rootfs)
             .arg(out)

@@ -45,10 +45,7 @@ pub fn workspace_root() -> PathBuf {
     let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or(manifest)
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
 /// Where built images live: `$CODECAGE_VM_CACHE`, else `/var/cache/codecage/vm`.

@@ -144,8 +144,9 @@ pub fn parse_env(s: &str) -> Result<(String, String)> {
 
 /// The QEMU binary, or an error saying how to get it.
 pub fn require_qemu() -> Result<PathBuf> {
-    find_command("qemu-system-x86_64")
-        .context("qemu-system-x86_64 not found: run `cargo xtask vm-build` as root (it installs it)")
+    find_command("qemu-system-x86_64").context(
+        "qemu-system-x86_64 not found: run `cargo xtask vm-build` as root (it installs it)",
+    )
 }
 
 /// Run the command in the VM and return its exit status (see module docs).
@@ -164,7 +165,9 @@ pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
         match boot(&qemu, image, opts, &share, &cwd, attempt)? {
             Outcome::Status(rc) => return Ok(rc),
             Outcome::NotStarted(why) => {
-                eprintln!("[vm] boot {attempt}/{BOOT_ATTEMPTS} failed before the command started: {why}");
+                eprintln!(
+                    "[vm] boot {attempt}/{BOOT_ATTEMPTS} failed before the command started: {why}"
+                );
             }
         }
     }
@@ -185,7 +188,11 @@ fn check_share(share: &Path) -> Result<PathBuf> {
     let share = share
         .canonicalize()
         .with_context(|| format!("share {}", share.display()))?;
-    ensure!(share.is_dir(), "share {} is not a directory", share.display());
+    ensure!(
+        share.is_dir(),
+        "share {} is not a directory",
+        share.display()
+    );
     let system = [
         "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
         "/sys", "/tmp", "/usr", "/var",
@@ -268,9 +275,11 @@ fn job_script(opts: &RunOptions, cwd: &Path) -> String {
         ("LANG", "C.UTF-8".to_string()),
         ("TERM", term),
     ];
-    for (k, v) in defaults.iter().map(|(k, v)| (*k, v.as_str())).chain(
-        opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-    ) {
+    for (k, v) in defaults
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    {
         s.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
     s.push_str(&format!("cd {} || exit 125\n", shell_quote(cwd)));
@@ -327,41 +336,47 @@ fn boot(
     );
 
     let mut cmd = Command::new(qemu);
-    cmd.args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
-        .args(["-machine", "q35"])
-        .args(&accel_args)
-        .args(["-m", &mem.to_string(), "-smp", &cpus.to_string()])
-        .arg("-kernel")
-        .arg(&image.vmlinux)
-        .arg("-initrd")
-        .arg(&image.initrd)
-        .args(["-append", append.trim_end()])
-        .arg("-drive")
-        .arg(format!(
-            "file={},format=raw,if=virtio,snapshot=on,cache=unsafe",
-            qemu_path(&image.rootfs)
-        ))
-        .arg("-virtfs")
-        .arg(format!(
-            "local,path={},mount_tag=codecage.ctl,security_model=none",
-            qemu_path(ctl_dir)
-        ))
-        .arg("-virtfs")
-        .arg(format!(
-            "local,path={},mount_tag=codecage.share,security_model=none,multidevs=remap",
-            qemu_path(share)
-        ))
-        .args(["-device", "virtio-rng-pci"])
-        .args(["-device", "virtio-serial-pci,id=vser"])
-        .arg("-chardev")
-        .arg(format!("file,id=out,path={}", qemu_path(&output_log)))
-        .args([
-            "-device",
-            &format!("virtserialport,bus=vser.0,chardev=out,name={OUT_PORT}"),
-        ])
-        .arg("-serial")
-        .arg(format!("file:{}", qemu_path(&console_log)))
-        .stdin(Stdio::null());
+    cmd.args([
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ])
+    .args(["-machine", "q35"])
+    .args(&accel_args)
+    .args(["-m", &mem.to_string(), "-smp", &cpus.to_string()])
+    .arg("-kernel")
+    .arg(&image.vmlinux)
+    .arg("-initrd")
+    .arg(&image.initrd)
+    .args(["-append", append.trim_end()])
+    .arg("-drive")
+    .arg(format!(
+        "file={},format=raw,if=virtio,snapshot=on,cache=unsafe",
+        qemu_path(&image.rootfs)
+    ))
+    .arg("-virtfs")
+    .arg(format!(
+        "local,path={},mount_tag=codecage.ctl,security_model=none",
+        qemu_path(ctl_dir)
+    ))
+    .arg("-virtfs")
+    .arg(format!(
+        "local,path={},mount_tag=codecage.share,security_model=none,multidevs=remap",
+        qemu_path(share)
+    ))
+    .args(["-device", "virtio-rng-pci"])
+    .args(["-device", "virtio-serial-pci,id=vser"])
+    .arg("-chardev")
+    .arg(format!("file,id=out,path={}", qemu_path(&output_log)))
+    .args([
+        "-device",
+        &format!("virtserialport,bus=vser.0,chardev=out,name={OUT_PORT}"),
+    ])
+    .arg("-serial")
+    .arg(format!("file:{}", qemu_path(&console_log)))
+    .stdin(Stdio::null());
     // stdout and stderr share one open file (and so its offset).
     let qlog = fs::File::create(&qemu_log)?;
     cmd.stdout(qlog.try_clone()?).stderr(qlog);

@@ -1,0 +1,105 @@
+//! Nothing is left behind on any path: setup failure, SIGKILL of the payload, SIGKILL of
+//! the launcher itself.
+
+use std::time::Duration;
+
+use super::common::*;
+
+#[test]
+fn a_setup_failure_is_typed_and_leaves_nothing() {
+    if !require_root() {
+        return;
+    }
+    let host = HostState::take();
+    let dir = TempDir::new("badroot");
+    minimal_rootfs(dir.path(), false);
+    let run = run_json(&[
+        "--rootfs",
+        dir.path().to_str().unwrap(),
+        "--",
+        "/bin/bash",
+        "-c",
+        "echo never",
+    ]);
+    assert_eq!(run.error(), Some("setup"), "{}", run.json);
+    assert_eq!(run.status, 125);
+    let message = run.json["message"].as_str().unwrap();
+    assert!(
+        message.contains("check_mount_points") && message.contains("ENOENT"),
+        "{message}"
+    );
+    assert!(message.contains("/work"), "{message}");
+    assert_eq!(run.stdout(), "");
+    host.assert_clean("never");
+    // The image directory is untouched: no mount point was created in it.
+    assert!(!dir.path().join("work").exists());
+}
+
+#[test]
+fn a_missing_rootfs_is_refused_before_anything_is_built() {
+    let run = run_json(&["--rootfs", "/nonexistent/codecage-image", "--", "true"]);
+    assert_eq!(run.error(), Some("invalid_request"), "{}", run.json);
+    assert!(run.json["message"]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/codecage-image"));
+    assert_eq!(run.status, 125);
+}
+
+#[test]
+fn sigkill_of_the_payload_leaves_nothing() {
+    if !require_root() {
+        return;
+    }
+    let host = HostState::take();
+    let mark = marker("kill9");
+    let child = codecage()
+        .args(["run", "--json", "--timeout", "20", "--", "bash", "-c"])
+        .arg(format!(
+            "(exec -a {mark}-child sleep 100) & exec -a {mark} sleep 100"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || host_pids_with(&mark)
+        .len()
+        == 2));
+    // The payload itself is the one named exactly `mark`; its child is `mark-child`.
+    let target = host_pids_with(&format!("{mark}\0"))[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(target as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let run = parse(child.wait_with_output().unwrap());
+    assert_eq!(run.json["signal"], 9, "{}", run.json);
+    assert_eq!(run.status, 137);
+    host.assert_clean(&mark);
+}
+
+#[test]
+fn sigkill_of_the_launcher_takes_the_sandbox_with_it() {
+    if !require_root() {
+        return;
+    }
+    let host = HostState::take();
+    let mark = marker("launcher");
+    let mut child = codecage()
+        .args(["run", "--timeout", "60", "--", "bash", "-c"])
+        .arg(format!(
+            "(setsid bash -c 'exec -a {mark} sleep 100' &); exec -a {mark} sleep 100"
+        ))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || host_pids_with(&mark)
+        .len()
+        == 2));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || host_pids_with(&mark).is_empty()),
+        "sandbox processes survived their launcher: {:?}",
+        host_pids_with(&mark)
+    );
+    host.assert_clean(&mark);
+}

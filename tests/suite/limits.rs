@@ -1,0 +1,99 @@
+//! Wall-clock timeout, output cap and signal forwarding.
+
+use std::time::{Duration, Instant};
+
+use super::common::*;
+
+#[test]
+fn a_timeout_kills_a_double_forked_setsid_child_that_ignores_sigterm() {
+    if !require_root() {
+        return;
+    }
+    let host = HostState::take();
+    let mark = marker("timeout");
+    let script = format!(
+        "echo before; (setsid bash -c 'trap \"\" TERM; exec -a {mark} sleep 1000' &); \
+         trap '' TERM; exec -a {mark}-parent sleep 1000"
+    );
+    let start = Instant::now();
+    let run = bash(&["--timeout", "1"], &script);
+    let took = start.elapsed();
+    assert_eq!(run.error(), Some("timeout"), "{}", run.json);
+    assert_eq!(run.status, 124);
+    assert_eq!(run.stdout(), "before\n", "partial output is kept");
+    assert!(
+        run.json["message"].as_str().unwrap().contains("1s"),
+        "{}",
+        run.json
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // Dead when codecage returned, not merely later.
+    host.assert_clean(&mark);
+}
+
+#[test]
+fn the_output_cap_stops_yes_at_exactly_the_limit() {
+    if !require_root() {
+        return;
+    }
+    let run = run_json(&["--", "yes"]);
+    assert_eq!(
+        run.error(),
+        Some("output_limit"),
+        "{}",
+        &run.json["message"]
+    );
+    assert_eq!(run.json["truncated"], true);
+    assert_eq!(run.stdout().len(), 1 << 20);
+    assert!(run.stdout().starts_with("y\ny\n"));
+    assert_eq!(run.status, 137);
+    // stdout and stderr share the cap.
+    let run = bash(&["--output-limit", "64K"], "yes out & yes err >&2");
+    assert_eq!(run.error(), Some("output_limit"));
+    assert_eq!(run.stdout().len() + run.stderr_field().len(), 64 << 10);
+    // Exactly at the limit is not over it.
+    let run = bash(&["--output-limit", "4"], "printf abcd");
+    assert_eq!(
+        (run.stdout(), run.error(), run.json["truncated"].as_bool()),
+        ("abcd", None, Some(false))
+    );
+}
+
+#[test]
+fn output_flows_without_blocking_the_payload() {
+    if !require_root() {
+        return;
+    }
+    // 512 KiB on each stream at once: more than a pipe buffer, so a launcher that drained
+    // one stream at a time would deadlock.
+    let run = bash(&["--output-limit", "2M"], "head -c 524288 /dev/zero | tr '\\0' o & head -c 524288 /dev/zero | tr '\\0' e >&2; wait; echo");
+    assert_eq!(run.error(), None, "{}", run.json["message"]);
+    assert_eq!(run.stdout().len(), 524288 + 1);
+    assert_eq!(run.stderr_field().len(), 524288);
+}
+
+#[test]
+fn sigterm_to_codecage_reaches_the_payload() {
+    if !require_root() {
+        return;
+    }
+    let mark = marker("term");
+    let child = codecage()
+        .args(["run", "--json", "--timeout", "20", "--", "bash", "-c"])
+        .arg(format!(
+            "trap 'echo got-term; exit 7' TERM; echo ready; exec -a {mark} sleep 100 & wait"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
+        .is_empty()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let run = parse(child.wait_with_output().unwrap());
+    assert_eq!(run.stdout(), "ready\ngot-term\n", "{}", run.json);
+    assert_eq!(run.exit_code(), Some(7));
+}

@@ -1,0 +1,7 @@
+mod common;
+
+mod basic;
+mod cleanup;
+mod fs;
+mod isolation;
+mod limits;

@@ -1,0 +1,301 @@
+//! `cargo xtask vm-test` and `cargo xtask vm-check`: the test lane on top of
+//! [`super::run`].
+
+use super::run::{self, parse_env, parse_timeout, RunOptions};
+use super::{ensure_image, workspace_root};
+use anyhow::{bail, ensure, Context, Result};
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// The package whose integration tests the lane runs.
+const PACKAGE: &str = "codecage";
+
+/// Host variables passed on to the tests when set (they steer libtest and
+/// logging, and a developer expects them to work in the VM too).
+const FORWARDED_ENV: &[&str] = &[
+    "RUST_BACKTRACE",
+    "RUST_LIB_BACKTRACE",
+    "RUST_LOG",
+    "RUST_MIN_STACK",
+    "RUST_TEST_THREADS",
+    "RUST_TEST_NOCAPTURE",
+];
+
+pub const TEST_USAGE: &str = "\
+usage: cargo xtask vm-test [--release] [--timeout SECS] [--env K=V|K]... [-- TEST-ARGS...]
+
+Builds codecage's binary and integration tests on the host, then runs every
+integration test executable in ONE boot of the cgroup-v2 VM, each with
+TEST-ARGS (libtest filters and flags, e.g. `-- limits:: --test-threads 1`),
+with CODECAGE_TEST_LAYOUT=v2 and CODECAGE_IN_VM=1 set. Exits 0 when all
+passed, else with the first failing executable's status (124: timeout,
+125: the VM failed). Default timeout: 1800 s for all executables together.";
+
+/// Runs the test executables given before `--` in turn, each with the
+/// arguments after it; reports every failure and exits with the first one's
+/// status (all executables run, like `cargo test --no-fail-fast`).
+const TEST_RUNNER_SH: &str = r#"
+bins=()
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do bins+=("$1"); shift; done
+[ "$#" -gt 0 ] && shift
+status=0
+failed=()
+for bin in "${bins[@]}"; do
+    echo "     Running ${bin#"$PWD"/} (in the cgroup-v2 VM)"
+    "$bin" "$@"
+    rc=$?
+    if [ "$rc" -ne 0 ]; then
+        failed+=("${bin##*/} (status $rc)")
+        [ "$status" -eq 0 ] && status=$rc
+    fi
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "error: ${#failed[@]} of ${#bins[@]} test executables failed in the VM:"
+    printf '    %s\n' "${failed[@]}"
+fi
+exit "$status"
+"#;
+
+/// `cargo xtask vm-test`.
+pub fn vm_test(args: &[String]) -> Result<i32> {
+    let mut release = false;
+    let mut timeout = Duration::from_secs(1800);
+    let mut extra_env = Vec::new();
+    let mut test_args = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--" => {
+                test_args = args[i + 1..].to_vec();
+                break;
+            }
+            "--release" => release = true,
+            "--timeout" => {
+                i += 1;
+                timeout = parse_timeout(args.get(i).context("--timeout needs a value")?)?;
+            }
+            "--env" => {
+                i += 1;
+                extra_env.push(parse_env(args.get(i).context("--env needs a value")?)?);
+            }
+            "-h" | "--help" => bail!("{TEST_USAGE}"),
+            a => bail!("unknown argument {a:?} (test filters go after `--`)\n\n{TEST_USAGE}"),
+        }
+        i += 1;
+    }
+
+    let image = ensure_image()?;
+    let root = workspace_root();
+    let built = build_tests(&root, release)?;
+    if built.tests.is_empty() {
+        bail!(
+            "package `{PACKAGE}` has no integration test executables (tests/*.rs) yet: \
+             nothing to run in the VM"
+        );
+    }
+    let share = root.canonicalize()?;
+    for exe in built.tests.iter().chain(&built.bin) {
+        ensure!(
+            exe.starts_with(&share),
+            "{} is outside the shared directory {}: the VM cannot see it \
+             (is CARGO_TARGET_DIR pointing elsewhere?)",
+            exe.display(),
+            share.display()
+        );
+    }
+    eprintln!(
+        "[vm-test] {} test executables: {}",
+        built.tests.len(),
+        built
+            .tests
+            .iter()
+            .map(|p| p.file_name().unwrap_or_default().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+
+    let mut command = vec![
+        "bash".to_string(),
+        "-c".to_string(),
+        TEST_RUNNER_SH.to_string(),
+        "vm-test".to_string(),
+    ];
+    command.extend(built.tests.iter().map(|p| p.display().to_string()));
+    command.push("--".to_string());
+    command.extend(test_args);
+
+    let mut opts = RunOptions::new(command);
+    opts.share = share.clone();
+    opts.cwd = share.clone();
+    opts.timeout = timeout;
+    opts.env = test_env(&share, built.bin.as_deref());
+    opts.env.extend(extra_env);
+    run::run(&image, &opts)
+}
+
+/// The environment of the test executables in the guest.
+///
+/// `CODECAGE_TEST_LAYOUT=v2` tells the tests which cgroup layout to expect,
+/// `CODECAGE_IN_VM=1` that they run in this lane. `CARGO_MANIFEST_DIR` and
+/// `CARGO_BIN_EXE_codecage` are what `cargo test` itself would set at run
+/// time (the compile-time `env!` values are baked in already).
+fn test_env(root: &Path, bin: Option<&Path>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("CODECAGE_TEST_LAYOUT".to_string(), "v2".to_string()),
+        ("CODECAGE_IN_VM".to_string(), "1".to_string()),
+        ("CARGO_MANIFEST_DIR".to_string(), root.display().to_string()),
+    ];
+    if let Some(bin) = bin {
+        env.push((
+            format!("CARGO_BIN_EXE_{PACKAGE}"),
+            bin.display().to_string(),
+        ));
+    }
+    for name in FORWARDED_ENV {
+        if let Ok(v) = std::env::var(name) {
+            env.push((name.to_string(), v));
+        }
+    }
+    env
+}
+
+struct Built {
+    /// Integration test executables.
+    tests: Vec<PathBuf>,
+    /// The `codecage` binary.
+    bin: Option<PathBuf>,
+}
+
+/// Build the binary and the test executables on the host; the guest has the
+/// same glibc (bookworm), so host-built executables run there.
+fn build_tests(root: &Path, release: bool) -> Result<Built> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let profile: &[&str] = if release { &["--release"] } else { &[] };
+
+    eprintln!("[vm-test] cargo build --bins -p {PACKAGE}");
+    let status = Command::new(&cargo)
+        .current_dir(root)
+        .args(["build", "--bins", "-p", PACKAGE])
+        .args(profile)
+        .stdout(Stdio::inherit())
+        .status()
+        .context("running cargo build")?;
+    ensure!(status.success(), "cargo build --bins failed ({status})");
+
+    eprintln!("[vm-test] cargo test -p {PACKAGE} --no-run");
+    let mut child = Command::new(&cargo)
+        .current_dir(root)
+        .args(["test", "-p", PACKAGE, "--no-run", "--message-format=json"])
+        .args(profile)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test --no-run")?;
+    let mut built = Built {
+        tests: Vec::new(),
+        bin: None,
+    };
+    let stdout = child.stdout.take().context("no stdout from cargo")?;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let kinds = msg["target"]["kind"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let is = |k: &str| kinds.iter().any(|v| v == k);
+        let is_test = msg["profile"]["test"] == true;
+        if is_test && is("test") {
+            built.tests.push(PathBuf::from(exe));
+        } else if !is_test && is("bin") && msg["target"]["name"] == PACKAGE {
+            built.bin = Some(PathBuf::from(exe));
+        }
+    }
+    let status = child.wait()?;
+    ensure!(status.success(), "cargo test --no-run failed ({status})");
+    built.tests.sort();
+    built.tests.dedup();
+    if built.bin.is_none() {
+        // `cargo test` reports the binary only when it builds it for the
+        // integration tests; it is where `cargo build` put it.
+        let dir = if release { "release" } else { "debug" };
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let candidate = target.join(dir).join(PACKAGE);
+        if candidate.is_file() {
+            built.bin = Some(candidate.canonicalize()?);
+        }
+    }
+    Ok(built)
+}
+
+pub const CHECK_USAGE: &str = "\
+usage: cargo xtask vm-check
+
+Boots the cgroup-v2 VM once and prints what the tests will find there: kernel,
+cgroup mounts, controllers of the root and of the job's cgroup, Landlock ABI.
+Fails if the layout is not the expected one.";
+
+/// The smoke test, run by bash in the guest.
+const CHECK_SH: &str = r#"
+set -u
+cg=$(sed -n 's/^0:://p' /proc/self/cgroup)
+job=/sys/fs/cgroup$cg
+abi=$(python3 -c '
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+# landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+print(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))')
+echo "kernel:               $(uname -r)"
+echo "hostname:             $(hostname)"
+echo "cgroup mounts:        $(grep -E '^[^ ]+ [^ ]+ cgroup2? ' /proc/self/mounts)"
+echo "root controllers:     $(cat /sys/fs/cgroup/cgroup.controllers)"
+echo "root subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
+echo "job cgroup:           $cg"
+echo "job controllers:      $(cat "$job/cgroup.controllers")"
+echo "job subtree_control:  $(cat "$job/cgroup.subtree_control")"
+echo "job processes:        $(wc -l < "$job/cgroup.procs")"
+echo "landlock ABI:         $abi"
+echo "lsm:                  $(cat /sys/kernel/security/lsm 2>/dev/null)"
+echo "mounts:               $(awk '$2 ~ /^\/(proc|sys|dev|dev\/shm|dev\/pts|tmp)$/ {printf "%s(%s) ", $2, $3}' /proc/self/mounts)"
+echo "loopback:             $(ip -br addr show lo | tr -s ' ')"
+echo "tools:                bash $BASH_VERSION; $(python3 --version); node $(node --version); $(ps --version)"
+ok=1
+[ "$cg" != "/" ] || { echo "FAIL: the job runs in the root cgroup"; ok=0; }
+for c in cpu cpuset io memory pids; do
+    grep -qw "$c" "$job/cgroup.controllers" || { echo "FAIL: $c not available to the job"; ok=0; }
+done
+grep -q ' cgroup ' /proc/self/mounts && { echo "FAIL: a cgroup v1 hierarchy is mounted"; ok=0; }
+[ "$abi" -ge 1 ] 2>/dev/null || { echo "FAIL: no Landlock"; ok=0; }
+[ "$ok" = 1 ] && echo "vm-check: OK"
+[ "$ok" = 1 ]
+"#;
+
+/// `cargo xtask vm-check`.
+pub fn vm_check(args: &[String]) -> Result<i32> {
+    if let Some(a) = args.first() {
+        if a == "-h" || a == "--help" {
+            bail!("{CHECK_USAGE}");
+        }
+        bail!("unknown argument {a:?}\n\n{CHECK_USAGE}");
+    }
+    let image = ensure_image()?;
+    let mut opts = RunOptions::new(vec![
+        "bash".to_string(),
+        "-c".to_string(),
+        CHECK_SH.to_string(),
+    ]);
+    opts.timeout = Duration::from_secs(120);
+    run::run(&image, &opts)
+}
