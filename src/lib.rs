@@ -9,6 +9,7 @@
 //! assert_eq!(outcome.stdout, b"hi\n");
 //! ```
 
+pub mod cgroup;
 pub mod channel;
 pub mod cli;
 pub mod launcher;

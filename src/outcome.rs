@@ -12,6 +12,8 @@ pub enum ErrorKind {
     Timeout,
     /// stdout plus stderr passed the output limit; the sandbox was stopped there.
     OutputLimit,
+    /// The kernel's OOM killer killed a process of the sandbox: it hit the memory limit.
+    Oom,
     /// The sandbox could not be built (or the launcher failed); the payload never ran.
     Setup,
     /// The request was malformed: a bad flag value, a missing argument.
@@ -24,8 +26,8 @@ impl ErrorKind {
         match self {
             ErrorKind::Timeout => 124,
             ErrorKind::Setup | ErrorKind::InvalidRequest => 125,
-            // The sandbox was killed with SIGKILL.
-            ErrorKind::OutputLimit => 128 + libc::SIGKILL,
+            // The sandbox, or a process of it, was killed with SIGKILL.
+            ErrorKind::OutputLimit | ErrorKind::Oom => 128 + libc::SIGKILL,
         }
     }
 }
@@ -55,8 +57,10 @@ pub struct Outcome {
     /// CPU time (user + system) of every process of the sandbox.
     #[serde(rename = "cpu_ms", serialize_with = "millis")]
     pub cpu: Duration,
-    /// Peak memory, in bytes.
+    /// Peak memory of the whole sandbox, in bytes (processes and the tmpfs pages they wrote).
     pub peak_memory_bytes: Option<u64>,
+    /// A fork or thread creation failed because the sandbox reached its process limit.
+    pub pids_limit_hit: bool,
 }
 
 impl Outcome {

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cgroup::Limits;
+
 /// uid and gid of the unprivileged user the payload runs as, inside the sandbox.
 pub const SANDBOX_UID: u32 = 1000;
 /// Name of that user in the synthesized /etc/passwd.
@@ -76,6 +78,9 @@ pub struct Spec {
     pub tmp_size: u64,
     /// Size of the tmpfs on `/work`, the payload's working directory, in bytes.
     pub work_size: u64,
+    /// Memory, CPU and process limits, enforced through a cgroup of the run's own. `None`
+    /// runs without a cgroup (for measuring what the layer costs; never the default).
+    pub limits: Option<Limits>,
     /// Host name inside the sandbox.
     pub hostname: String,
     /// Host id allocation.
@@ -86,12 +91,17 @@ pub struct Spec {
     pub init_exe: PathBuf,
 }
 
+/// The smallest memory limit a sandbox can start with: its init and the payload's
+/// interpreter must fit.
+pub const MIN_MEMORY: u64 = 8 << 20;
+
 /// The PATH the payload starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Spec {
     /// A spec for `argv` with the safe defaults: host rootfs, 30 s, 1 MiB of output, 64 MiB
-    /// tmpfs for /tmp and /work, and the base environment.
+    /// tmpfs for /tmp and /work, 256 MiB of memory, half a CPU, 64 processes, and the base
+    /// environment.
     pub fn new(argv: Vec<String>) -> Spec {
         Spec {
             argv,
@@ -101,6 +111,7 @@ impl Spec {
             output_limit: 1 << 20,
             tmp_size: 64 << 20,
             work_size: 64 << 20,
+            limits: Some(Limits::default()),
             hostname: "sandbox".into(),
             ids: IdMapping::default(),
             init_exe: PathBuf::from("/proc/self/exe"),
@@ -155,6 +166,21 @@ impl Spec {
         ] {
             if value == 0 {
                 return Err(format!("{name} must be positive"));
+            }
+        }
+        if let Some(limits) = &self.limits {
+            if limits.memory < MIN_MEMORY {
+                return Err(format!(
+                    "memory limit {} is too small: use at least {}",
+                    crate::units::format_size(limits.memory),
+                    crate::units::format_size(MIN_MEMORY)
+                ));
+            }
+            if limits.cpu_quota_us < 1000 {
+                return Err("CPU limit is too small: use at least 0.01 CPUs".into());
+            }
+            if limits.pids == 0 {
+                return Err("process limit must be at least 1".into());
             }
         }
         let h = &self.hostname;

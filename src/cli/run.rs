@@ -9,6 +9,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::print_json;
+use crate::cgroup::Limits;
 use crate::outcome::{ErrorKind, Outcome};
 use crate::spec::{Rootfs, Spec};
 use crate::units::{parse_duration, parse_size};
@@ -63,7 +64,7 @@ pub struct RunArgs {
     #[arg(last = true, value_name = "PROGRAM")]
     argv: Vec<String>,
     /// Wall-clock limit: seconds, or with a unit (500ms, 30s, 2m).
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
     timeout: Duration,
     /// Print one JSON object with the outcome instead of passing output through.
     #[arg(long)]
@@ -75,13 +76,22 @@ pub struct RunArgs {
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
     /// Cap on stdout plus stderr; past it the sandbox is stopped (bytes, or 512K, 1M).
-    #[arg(long, default_value = "1M", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "1M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
     output_limit: u64,
+    /// Memory limit, RAM and swap together (bytes, or 256M, 1G).
+    #[arg(long, default_value = "256M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
+    memory: u64,
+    /// CPU limit, in CPUs (0.5 = half of one CPU's time).
+    #[arg(long, default_value = "0.5", value_parser = parse_cpus, allow_hyphen_values = true, value_name = "CPUS")]
+    cpus: f64,
+    /// Limit on processes and threads.
+    #[arg(long, default_value = "64", value_parser = parse_pids, allow_hyphen_values = true, value_name = "N")]
+    pids: u64,
     /// Size of the tmpfs on /tmp.
-    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
     tmp_size: u64,
     /// Size of the tmpfs on /work, the working directory.
-    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
     work_size: u64,
 }
 
@@ -168,6 +178,11 @@ fn build_spec(args: RunArgs) -> Result<Spec, String> {
     spec.output_limit = args.output_limit;
     spec.tmp_size = args.tmp_size;
     spec.work_size = args.work_size;
+    spec.limits = Some(Limits {
+        memory: args.memory,
+        cpu_quota_us: Limits::quota_for_cpus(args.cpus),
+        pids: args.pids,
+    });
     spec.rootfs = match args.rootfs.as_str() {
         "host" => Rootfs::Host,
         dir => {
@@ -193,6 +208,26 @@ fn build_spec(args: RunArgs) -> Result<Spec, String> {
     spec.validate()
         .map_err(|e| format!("invalid request: {e}"))?;
     Ok(spec)
+}
+
+fn parse_cpus(text: &str) -> Result<f64, String> {
+    let form = "a number of CPUs from 0.01 up (0.5, 1, 2)";
+    match text.trim().parse::<f64>() {
+        Ok(cpus) if cpus.is_finite() && cpus >= 0.01 && cpus <= 4096.0 => Ok(cpus),
+        Ok(_) => Err(format!("{text:?} is out of range: use {form}")),
+        Err(_) => Err(format!("{text:?} is not a number: use {form}")),
+    }
+}
+
+fn parse_pids(text: &str) -> Result<u64, String> {
+    let form = "a whole number of processes from 1 up (64)";
+    match text.trim().parse::<u64>() {
+        Ok(0) => Err(format!(
+            "0 processes could not even start the program: use {form}"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{text:?} is not a whole number: use {form}")),
+    }
 }
 
 fn read_code(file: &std::path::Path) -> Result<String, String> {

@@ -12,6 +12,7 @@ use nix::sched::CloneFlags;
 use nix::sys::stat::Mode;
 use nix::unistd::{pipe2, Pid};
 
+use crate::cgroup::RunCgroup;
 use crate::channel::{self, raw_error_frame, GO};
 use crate::spec::Spec;
 use crate::sys::{self, Forked};
@@ -57,10 +58,10 @@ fn namespaces() -> u64 {
         .bits() as u64
 }
 
-/// Clones the sandbox's init into new namespaces, writes its id maps, and sends it "go" and
-/// the Spec. Returns once the init is on its way; setup errors from inside arrive later on
-/// the channel.
-pub fn spawn(spec: &Spec) -> Result<Sandbox, String> {
+/// Clones the sandbox's init into new namespaces (and into its cgroup), writes its id maps,
+/// and sends it "go" and the Spec. Returns once the init is on its way; setup errors from
+/// inside arrive later on the channel.
+pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String> {
     let exe = open(
         &spec.init_exe,
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
@@ -100,10 +101,24 @@ pub fn spawn(spec: &Spec) -> Result<Sandbox, String> {
         envp: [std::ptr::null()],
     };
     let flags = namespaces() | sys::CLONE_CLEAR_SIGHAND;
+    let target = cgroup
+        .and_then(|c| c.clone_target())
+        .map(|fd| fd.as_raw_fd());
     // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
     // calls on data prepared above and ends in execveat or _exit.
-    let forked = unsafe { sys::clone3(flags, None) }.map_err(|e| clone_error(&e))?;
-    let (pid, pidfd) = match forked {
+    let mut forked = unsafe { sys::clone3(flags, target) };
+    let mut born_inside = target.is_some();
+    if born_inside
+        && forked
+            .as_ref()
+            .is_err_and(|e| matches!(e.raw_os_error(), Some(libc::E2BIG | libc::EINVAL)))
+    {
+        // A kernel before 5.7 knows no CLONE_INTO_CGROUP: clone, then attach by pid.
+        born_inside = false;
+        // SAFETY: as above.
+        forked = unsafe { sys::clone3(flags, None) };
+    }
+    let (pid, pidfd) = match forked.map_err(|e| clone_error(&e))? {
         Forked::Child => child_pre_exec(&plan),
         Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
@@ -116,6 +131,14 @@ pub fn spawn(spec: &Spec) -> Result<Sandbox, String> {
         stderr: File::from(stderr_r),
         channel,
     };
+    // In its cgroups before it may run: its limits hold from its first instruction, and its
+    // cgroup namespace (created after "go") is rooted at its own cgroup.
+    if let Some(cgroup) = cgroup {
+        if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside) {
+            abort(&sandbox);
+            return Err(e.to_string());
+        }
+    }
     if let Err(message) = handshake(spec, &mut sandbox) {
         abort(&sandbox);
         return Err(message);

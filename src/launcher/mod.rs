@@ -22,8 +22,10 @@ use std::time::Instant;
 
 use nix::sys::signalfd::SignalFd;
 
+use crate::cgroup::{self, Limits, RunCgroup, Usage};
 use crate::outcome::{ErrorKind, Outcome};
 use crate::spec::Spec;
+use crate::units::format_size;
 
 pub use clone::CHANNEL_FD;
 
@@ -51,14 +53,57 @@ pub fn run_with(
     if let Err(message) = spec.validate() {
         return Outcome::failed(ErrorKind::InvalidRequest, message);
     }
-    let sandbox = match clone::spawn(spec) {
-        Ok(sandbox) => sandbox,
-        Err(message) => {
-            let mut outcome =
-                Outcome::failed(ErrorKind::Setup, format!("{message}; the code did not run"));
-            outcome.duration = start.elapsed();
-            return outcome;
-        }
+    let failed = |message: String| {
+        let mut outcome =
+            Outcome::failed(ErrorKind::Setup, format!("{message}; the code did not run"));
+        outcome.duration = start.elapsed();
+        outcome
     };
-    supervise::supervise(sandbox, spec, start, sink, interrupt)
+    let cgroup = match &spec.limits {
+        Some(limits) => match RunCgroup::create(cgroup::layout(), limits) {
+            Ok(cgroup) => Some(cgroup),
+            Err(e) => return failed(e.to_string()),
+        },
+        None => None,
+    };
+    let sandbox = match clone::spawn(spec, cgroup.as_ref()) {
+        Ok(sandbox) => sandbox,
+        Err(message) => return failed(message),
+    };
+    let mut outcome = supervise::supervise(sandbox, spec, start, sink, interrupt);
+    if let (Some(cgroup), Some(limits)) = (cgroup, &spec.limits) {
+        account(&mut outcome, cgroup.usage(), limits);
+        if let Err(e) = cgroup.remove() {
+            let note = format!("codecage could not remove the run's cgroup: {e}");
+            outcome.message = Some(match outcome.message.take() {
+                Some(message) => format!("{message}; {note}"),
+                None => note,
+            });
+        }
+    }
+    outcome
+}
+
+/// Puts what the cgroup measured into the Outcome: the whole sandbox's figures replace the
+/// init's rusage, and an OOM kill anywhere in the sandbox becomes the run's error.
+fn account(outcome: &mut Outcome, usage: Usage, limits: &Limits) {
+    if let Some(peak) = usage.peak_memory {
+        outcome.peak_memory_bytes = Some(peak);
+    }
+    if let Some(cpu) = usage.cpu {
+        outcome.cpu = cpu;
+    }
+    outcome.pids_limit_hit = usage.pids_limit_hits > 0;
+    if usage.oom_kills > 0 && outcome.error != Some(ErrorKind::Setup) {
+        outcome.error = Some(ErrorKind::Oom);
+        let who = match outcome.signal {
+            Some(libc::SIGKILL) => "the program".to_string(),
+            _ => format!("{} process(es) of the sandbox", usage.oom_kills),
+        };
+        outcome.message = Some(format!(
+            "the code reached the memory limit of {} and the kernel's OOM killer killed {who}; the output up to \
+             then is kept. Use less memory (process data in chunks, free large objects), or allow more (--memory).",
+            format_size(limits.memory)
+        ));
+    }
 }

@@ -17,6 +17,8 @@ ctl=/run/codecage-ctl
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 say() { echo "guest-init: $*" >/dev/console; }
+# With CODECAGE_VM_DEBUG set on the host, stage timestamps go to the console.
+stamp() { [ -n "${DEBUG:-}" ] && read -r up _ </proc/uptime && say "$up s: $*"; }
 die() {
 	say "$*"
 	$bb sync
@@ -24,6 +26,7 @@ die() {
 }
 
 . $ctl/config || die "cannot read config"
+stamp "init started"
 
 # --- the usual early mounts (what systemd would do) ---------------------
 $bb mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
@@ -69,6 +72,7 @@ done
 [ -n "$out" ] && [ -c "$out" ] || die "virtio-serial port $OUT_PORT not found"
 
 # --- run the job ----------------------------------------------------------
+stamp "starting the job"
 echo started >$ctl/started
 # Watchdog in the root cgroup: after TIMEOUT s kill the whole job cgroup
 # (cgroup.kill reaches every descendant, including sub-cgroups the job made).
@@ -85,6 +89,7 @@ watchdog=$!
 	exec $bb sh $ctl/cmd.sh
 ) </dev/null >"$out" 2>&1
 rc=$?
+stamp "job exited with $rc"
 kill $watchdog 2>/dev/null
 if [ -e /run/timed-out ]; then
 	echo "codecage-vm: command timed out after ${TIMEOUT}s" >"$out"

@@ -270,6 +270,7 @@ pub fn build() -> Result<Image> {
     let final_dir = cache.join(&hash);
     steps.run("finish", |_| {
         remove_tree(&rootfs)?;
+        fs::remove_file(dir.join("fetch-kernel.sh"))?;
         let manifest = format!(
             "codecage cgroup-v2 VM image\nrecipe: {hash}\nsuite: {SUITE}\nkernel: {release}\n\
              packages: {}\nbuilt in: {}\n",

@@ -1,0 +1,636 @@
+//! Resource limits: one cgroup per run, under one `codecage` parent, on v2, v1 and hybrid
+//! hosts, behind one interface: create with limits, attach, kill, read usage, remove.
+//!
+//! Why not the cgroups-rs crate: it drives a hybrid host as plain v1 and ignores the
+//! unified tree (so no `cgroup.kill`, `cgroup.events` or `CLONE_INTO_CGROUP` there), it does
+//! not parse `memory.events` on v2 (its OOM counter is always 0), it drops the errors of
+//! `cgroup.subtree_control` writes (the EBUSY of the no-internal-process rule goes unseen),
+//! it exposes no directory fd for `CLONE_INTO_CGROUP`, and it brings nix 0.25 and zbus
+//! (91 crates). What codecage needs is a few dozen file reads and writes, done here with
+//! errors that name the file and say what to configure
+//! (../shared/research/codebases-and-crates.md §2.1).
+//!
+//! Layout per backend (`<run>` is `run-<launcher pid>-<launcher start time>-<n>`):
+//! - v2: `<root>/codecage/<run>` with memory.max, memory.swap.max, cpu.max, pids.max; the
+//!   init is born in it (`CLONE_INTO_CGROUP`).
+//! - v1: `<controller>/codecage/<run>` in memory, cpu, cpuacct and pids; the launcher writes
+//!   the init's pid into each `cgroup.procs` before it lets the init go.
+//! - hybrid: the v1 directories for limits and usage, plus `<unified>/codecage/<run>` for
+//!   `CLONE_INTO_CGROUP` and `cgroup.kill`.
+
+pub mod detect;
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub use detect::{Controller, Layout};
+
+/// The name of the parent cgroup every sandbox cgroup lives under.
+pub const PARENT: &str = "codecage";
+/// The CFS period codecage uses, in microseconds.
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// The limits of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory (RAM plus swap: no swap beyond it), in bytes.
+    pub memory: u64,
+    /// CPU time per 100 ms period, in microseconds (0.5 CPU = 50 000).
+    pub cpu_quota_us: u64,
+    /// Processes and threads.
+    pub pids: u64,
+}
+
+impl Default for Limits {
+    /// 256 MiB, half a CPU, 64 processes.
+    fn default() -> Self {
+        Limits {
+            memory: 256 << 20,
+            cpu_quota_us: CPU_PERIOD_US / 2,
+            pids: 64,
+        }
+    }
+}
+
+impl Limits {
+    /// The quota for `cpus` CPUs.
+    pub fn quota_for_cpus(cpus: f64) -> u64 {
+        (cpus * CPU_PERIOD_US as f64).round() as u64
+    }
+
+    /// The limits as CPUs, for messages.
+    pub fn cpus(&self) -> f64 {
+        self.cpu_quota_us as f64 / CPU_PERIOD_US as f64
+    }
+}
+
+/// What a run's cgroup measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Peak memory of the whole sandbox (processes and the tmpfs pages they wrote).
+    pub peak_memory: Option<u64>,
+    /// CPU time of every process of the sandbox.
+    pub cpu: Option<Duration>,
+    /// Processes the kernel's OOM killer killed in the sandbox.
+    pub oom_kills: u64,
+    /// Times a fork failed because of the pids limit.
+    pub pids_limit_hits: u64,
+}
+
+/// A cgroup operation that failed, with the file and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("cgroup setup failed: {op} {path}: {source}{hint}")]
+pub struct CgroupError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+    pub hint: String,
+}
+
+fn err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
+    let hint = match source.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => {
+            "; codecage must run as root (or own a delegated cgroup subtree) to create cgroups"
+                .to_string()
+        }
+        _ => String::new(),
+    };
+    CgroupError {
+        op,
+        path: path.to_path_buf(),
+        source,
+        hint,
+    }
+}
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(|e| err("writing", path, e))
+}
+
+fn read(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok()
+}
+
+/// The host's layout, detected once per process.
+pub fn layout() -> &'static Layout {
+    static LAYOUT: OnceLock<Layout> = OnceLock::new();
+    LAYOUT.get_or_init(detect::detect)
+}
+
+/// One run's cgroups. Dropping it removes them (best effort); [`RunCgroup::remove`] reports
+/// what could not be removed.
+pub struct RunCgroup {
+    /// v2, or the controller-less unified tree of a hybrid host: the directory and an fd
+    /// of it for `CLONE_INTO_CGROUP`.
+    unified: Option<(PathBuf, OwnedFd)>,
+    /// v2 holds the controllers in the unified directory.
+    v2: bool,
+    /// v1 directories, one per distinct hierarchy, with the controllers each serves.
+    v1: Vec<(Vec<Controller>, PathBuf)>,
+    limits: Limits,
+    removed: bool,
+}
+
+/// A name unique to this run: the launcher's pid and start time identify the launcher
+/// (a recycled pid has another start time), the counter the run within it.
+fn run_name() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let (pid, start) = launcher_identity();
+    format!("run-{pid}-{start}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn launcher_identity() -> (u32, u64) {
+    static ID: OnceLock<(u32, u64)> = OnceLock::new();
+    *ID.get_or_init(|| {
+        let pid = std::process::id();
+        (pid, process_start_time(pid).unwrap_or(0))
+    })
+}
+
+/// Field 22 of /proc/<pid>/stat: the start time in clock ticks since boot.
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = read(Path::new(&format!("/proc/{pid}/stat")))?;
+    // The command name (field 2) may hold spaces; fields resume after its ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+impl RunCgroup {
+    /// Creates this run's cgroups with `limits` on `layout`. Fails closed: a missing
+    /// controller is an error naming it.
+    pub fn create(layout: &Layout, limits: &Limits) -> Result<RunCgroup, CgroupError> {
+        sweep_leftovers_once(layout);
+        let name = run_name();
+        let mut run = RunCgroup {
+            unified: None,
+            v2: false,
+            v1: Vec::new(),
+            limits: *limits,
+            removed: false,
+        };
+        match layout {
+            Layout::V2 { root } => {
+                let mut attempts = 0;
+                let dir = loop {
+                    let dir = v2_parent(root)?.join(&name);
+                    match fs::create_dir(&dir) {
+                        // The parent went away with a concurrent run: make it again.
+                        Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 8 => attempts += 1,
+                        Err(e) => return Err(err("creating", &dir, e)),
+                        Ok(()) => break dir,
+                    }
+                };
+                run.open_unified(dir)?;
+                run.v2 = true;
+                run.write_v2_limits()?;
+            }
+            Layout::V1 { .. } => run.make_v1(layout, &name)?,
+            Layout::Hybrid { unified, .. } => {
+                run.make_v1(layout, &name)?;
+                let dir = unified.join(PARENT).join(&name);
+                create_run_dir(&dir)?;
+                run.open_unified(dir)?;
+            }
+            Layout::None => {
+                return Err(CgroupError {
+                    op: "finding",
+                    path: "/sys/fs/cgroup".into(),
+                    source: io::Error::from(io::ErrorKind::NotFound),
+                    hint: "; no cgroup filesystem is mounted, so memory, CPU and process limits cannot be enforced"
+                        .into(),
+                })
+            }
+        }
+        Ok(run)
+    }
+
+    /// Keeps the unified directory and an fd of it for `CLONE_INTO_CGROUP`.
+    fn open_unified(&mut self, dir: PathBuf) -> Result<(), CgroupError> {
+        let fd = nix::fcntl::open(
+            &dir,
+            nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| err("opening", &dir, e.into()));
+        match fd {
+            Ok(fd) => {
+                self.unified = Some((dir, fd));
+                Ok(())
+            }
+            Err(e) => {
+                let _ = fs::remove_dir(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn make_v1(&mut self, layout: &Layout, name: &str) -> Result<(), CgroupError> {
+        for controller in Controller::ALL {
+            let Some(mount) = layout.v1(controller) else {
+                return Err(missing_controller(layout, controller));
+            };
+            if let Some((served, _)) = self.v1.iter_mut().find(|(_, dir)| dir.starts_with(mount)) {
+                served.push(controller);
+                continue;
+            }
+            let dir = mount.join(PARENT).join(name);
+            create_run_dir(&dir)?;
+            self.v1.push((vec![controller], dir));
+        }
+        self.write_v1_limits()
+    }
+
+    fn v1_dir(&self, controller: Controller) -> Option<&Path> {
+        self.v1
+            .iter()
+            .find(|(served, _)| served.contains(&controller))
+            .map(|(_, dir)| dir.as_path())
+    }
+
+    fn write_v2_limits(&self) -> Result<(), CgroupError> {
+        let Some((dir, _)) = &self.unified else {
+            return Ok(());
+        };
+        let l = &self.limits;
+        write(&dir.join("memory.max"), &l.memory.to_string())?;
+        // No swap beyond the memory limit. Absent when the kernel has no swap support.
+        let swap = dir.join("memory.swap.max");
+        if swap.exists() {
+            write(&swap, "0")?;
+        }
+        write(
+            &dir.join("cpu.max"),
+            &format!("{} {CPU_PERIOD_US}", l.cpu_quota_us),
+        )?;
+        write(&dir.join("pids.max"), &l.pids.to_string())
+    }
+
+    fn write_v1_limits(&self) -> Result<(), CgroupError> {
+        let l = &self.limits;
+        if let Some(dir) = self.v1_dir(Controller::Memory) {
+            write(&dir.join("memory.limit_in_bytes"), &l.memory.to_string())?;
+            // memory+swap, after the memory limit (it may not be below it). Without swap
+            // accounting, swappiness 0 keeps the sandbox out of swap instead.
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(&memsw, &l.memory.to_string())?;
+            } else {
+                let _ = write(&dir.join("memory.swappiness"), "0");
+            }
+        }
+        if let Some(dir) = self.v1_dir(Controller::Cpu) {
+            write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?;
+        }
+        if let Some(dir) = self.v1_dir(Controller::Pids) {
+            write(&dir.join("pids.max"), &l.pids.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The directory fd to clone the init into (`CLONE_INTO_CGROUP`), on v2 and hybrid.
+    pub fn clone_target(&self) -> Option<BorrowedFd<'_>> {
+        self.unified.as_ref().map(|(_, fd)| fd.as_fd())
+    }
+
+    /// Puts `pid` into every cgroup it was not born in. Called before the init may run.
+    /// `born_inside`: the clone used `CLONE_INTO_CGROUP`.
+    pub fn attach(&self, pid: u32, born_inside: bool) -> Result<(), CgroupError> {
+        if !born_inside {
+            if let Some((dir, _)) = &self.unified {
+                write(&dir.join("cgroup.procs"), &pid.to_string())?;
+            }
+        }
+        for (_, dir) in &self.v1 {
+            write(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Kills every process of the run's cgroup at once, where the kernel offers
+    /// `cgroup.kill` (v2, and the unified tree of a hybrid host; Linux 5.14).
+    pub fn kill(&self) -> bool {
+        match &self.unified {
+            Some((dir, _)) => fs::write(dir.join("cgroup.kill"), "1").is_ok(),
+            None => false,
+        }
+    }
+
+    /// What the cgroup measured. Read before [`RunCgroup::remove`].
+    pub fn usage(&self) -> Usage {
+        let mut usage = Usage::default();
+        if self.v2 {
+            let Some((dir, _)) = &self.unified else {
+                return usage;
+            };
+            usage.peak_memory = read_u64(&dir.join("memory.peak"));
+            usage.oom_kills = keyed(&dir.join("memory.events"), "oom_kill").unwrap_or(0);
+            usage.cpu = keyed(&dir.join("cpu.stat"), "usage_usec").map(Duration::from_micros);
+            usage.pids_limit_hits = keyed(&dir.join("pids.events"), "max").unwrap_or(0);
+            return usage;
+        }
+        if let Some(dir) = self.v1_dir(Controller::Memory) {
+            usage.peak_memory = read_u64(&dir.join("memory.max_usage_in_bytes"));
+            // The OOM signal on v1 is this counter: failcnt stays 0 when memsw fails first
+            // (research, cgroup-v2-vm.md §1).
+            usage.oom_kills = keyed(&dir.join("memory.oom_control"), "oom_kill").unwrap_or(0);
+        }
+        if let Some(dir) = self.v1_dir(Controller::Cpuacct) {
+            usage.cpu = read_u64(&dir.join("cpuacct.usage")).map(Duration::from_nanos);
+        }
+        if let Some(dir) = self.v1_dir(Controller::Pids) {
+            usage.pids_limit_hits = keyed(&dir.join("pids.events"), "max").unwrap_or(0);
+        }
+        usage
+    }
+
+    /// Removes the run's cgroups. The launcher calls it after reaping the init, when the
+    /// kernel has already killed every process of the sandbox; a cgroup that still shows
+    /// members (a zombie not yet released) is retried for a while.
+    pub fn remove(mut self) -> Result<(), CgroupError> {
+        self.removed = true;
+        self.remove_dirs()
+    }
+
+    fn dirs(&self) -> Vec<PathBuf> {
+        let unified = self.unified.as_ref().map(|(dir, _)| dir.clone());
+        self.v1
+            .iter()
+            .map(|(_, dir)| dir.clone())
+            .chain(unified)
+            .collect()
+    }
+
+    /// Removes the run's directories, then the `codecage` parents if no other run uses
+    /// them: nothing of codecage stays in the host's cgroup tree between runs.
+    fn remove_dirs(&self) -> Result<(), CgroupError> {
+        let mut first_error = None;
+        for dir in self.dirs() {
+            if let Err(e) = remove_dir_patiently(&dir, Duration::from_secs(2)) {
+                first_error.get_or_insert(e);
+            }
+            // EBUSY while another run lives there: that run removes it.
+            if let Some(parent) = dir.parent() {
+                let _ = fs::remove_dir(parent);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        if !self.removed {
+            self.kill();
+            let _ = self.remove_dirs();
+        }
+    }
+}
+
+/// Creates `<parent>/<run>`, and the `codecage` parent when missing. A concurrent run may
+/// remove the parent between the two mkdirs (it does when it was the last one): retry.
+fn create_run_dir(dir: &Path) -> Result<(), CgroupError> {
+    let parent = dir.parent().unwrap_or(dir);
+    for _ in 0..8 {
+        mkdir_if_missing(parent)?;
+        match fs::create_dir(dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            other => return other.map_err(|e| err("creating", dir, e)),
+        }
+    }
+    fs::create_dir(dir).map_err(|e| err("creating", dir, e))
+}
+
+/// rmdir, retrying on EBUSY: after a kill, tasks leave the cgroup only once they are reaped.
+fn remove_dir_patiently(dir: &Path, patience: Duration) -> Result<(), CgroupError> {
+    let end = Instant::now() + patience;
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(err("removing", dir, e)),
+        }
+    }
+}
+
+fn mkdir_if_missing(dir: &Path) -> Result<(), CgroupError> {
+    match fs::create_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(err("creating", dir, e)),
+        _ => Ok(()),
+    }
+}
+
+fn missing_controller(layout: &Layout, controller: Controller) -> CgroupError {
+    CgroupError {
+        op: "finding the v1 hierarchy of",
+        path: PathBuf::from(controller.name()),
+        source: io::Error::from(io::ErrorKind::NotFound),
+        hint: format!(
+            "; this host's cgroups are {layout}, without the {} controller, so its limit cannot be enforced \
+             (mount it, e.g. `mount -t cgroup -o {0} cgroup /sys/fs/cgroup/{0}`)",
+            controller.name()
+        ),
+    }
+}
+
+/// The v2 parent `<root>/codecage`, with the memory, cpu and pids controllers enabled for
+/// its children. The root is exempt from the no-internal-process rule; `codecage` itself
+/// never holds a process, so enabling controllers in it cannot meet EBUSY.
+fn v2_parent(root: &Path) -> Result<PathBuf, CgroupError> {
+    let wanted = ["memory", "cpu", "pids"];
+    let available = read(&root.join("cgroup.controllers")).unwrap_or_default();
+    let missing: Vec<&str> = wanted
+        .iter()
+        .copied()
+        .filter(|c| !available.split_whitespace().any(|a| a == *c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(CgroupError {
+            op: "checking controllers in",
+            path: root.join("cgroup.controllers"),
+            source: io::Error::from(io::ErrorKind::Unsupported),
+            hint: format!(
+                "; the {} controller(s) are not available in this cgroup (they may be bound to a v1 \
+                 hierarchy, or not delegated to this cgroup namespace); give codecage a cgroup with them \
+                 delegated, e.g. a systemd unit with Delegate=memory cpu pids",
+                missing.join(", ")
+            ),
+        });
+    }
+    enable_controllers(root, &wanted)?;
+    let parent = root.join(PARENT);
+    for _ in 0..8 {
+        mkdir_if_missing(&parent)?;
+        match enable_controllers(&parent, &wanted) {
+            // Removed by a concurrent run that was the last one: recreate it.
+            Err(e) if e.source.kind() == io::ErrorKind::NotFound => continue,
+            other => return other.map(|()| parent),
+        }
+    }
+    Err(err(
+        "creating",
+        &parent,
+        io::Error::from(io::ErrorKind::NotFound),
+    ))
+}
+
+/// Enables controllers for the children of `dir`, checking each write (cgroups-rs does
+/// not: research pitfall 17).
+fn enable_controllers(dir: &Path, controllers: &[&str]) -> Result<(), CgroupError> {
+    let file = dir.join("cgroup.subtree_control");
+    let enabled = read(&file).unwrap_or_default();
+    let todo: Vec<String> = controllers
+        .iter()
+        .filter(|c| !enabled.split_whitespace().any(|e| e == **c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    fs::write(&file, todo.join(" ")).map_err(|e| {
+        let mut error = err("writing", &file, e);
+        if error.source.raw_os_error() == Some(libc::EBUSY) {
+            error.hint = format!(
+                "; cgroup v2 enables controllers only in a cgroup without processes of its own, and {} holds \
+                 some. Run codecage where it may create cgroups: as root on the host's cgroup root, or in a \
+                 systemd unit with Delegate=yes whose own processes sit in a child cgroup",
+                dir.display()
+            );
+        }
+        error
+    })
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    read(path)?.trim().parse().ok()
+}
+
+/// The value of `key` in a "key value" per line file (memory.events, cpu.stat, ...).
+fn keyed(path: &Path, key: &str) -> Option<u64> {
+    read(path)?.lines().find_map(|line| {
+        let mut parts = line.split_whitespace();
+        (parts.next()? == key)
+            .then(|| parts.next()?.parse().ok())
+            .flatten()
+    })
+}
+
+/// Removes the cgroups of launchers that died without cleaning up: a run cgroup whose
+/// launcher (pid plus start time) is gone. Its processes died with the launcher
+/// (PR_SET_PDEATHSIG); any left are killed first. Runs once per process.
+fn sweep_leftovers_once(layout: &Layout) {
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| sweep_leftovers(layout));
+}
+
+/// See [`sweep_leftovers_once`].
+pub fn sweep_leftovers(layout: &Layout) {
+    let mut parents: Vec<PathBuf> = Vec::new();
+    match layout {
+        Layout::V2 { root } => parents.push(root.join(PARENT)),
+        Layout::V1 { controllers } | Layout::Hybrid { controllers, .. } => {
+            parents.extend(controllers.iter().map(|(_, mount)| mount.join(PARENT)));
+            if let Layout::Hybrid { unified, .. } = layout {
+                parents.push(unified.join(PARENT));
+            }
+        }
+        Layout::None => {}
+    }
+    parents.dedup();
+    let mut leftovers: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    for parent in parents {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if is_leftover(&name) {
+                leftovers.entry(name).or_default().push(entry.path());
+            }
+        }
+    }
+    for dirs in leftovers.values() {
+        // Only processes of that run's own cgroup are killed: cgroup.kill where the
+        // kernel has it, else each member by pid.
+        for dir in dirs {
+            if fs::write(dir.join("cgroup.kill"), "1").is_err() {
+                for pid in read(&dir.join("cgroup.procs")).unwrap_or_default().lines() {
+                    if let Ok(pid) = pid.trim().parse::<i32>() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+        for dir in dirs {
+            let _ = remove_dir_patiently(dir, Duration::from_millis(500));
+        }
+    }
+}
+
+/// A `run-<pid>-<start>-<n>` directory whose launcher no longer exists.
+fn is_leftover(name: &str) -> bool {
+    let mut parts = name
+        .strip_prefix("run-")
+        .map(|rest| rest.split('-'))
+        .into_iter()
+        .flatten();
+    let (Some(pid), Some(start)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    process_start_time(pid) != Some(start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_files_parse() {
+        let dir = std::env::temp_dir().join(format!("codecage-unit-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("memory.events");
+        fs::write(
+            &file,
+            "low 0\nhigh 0\nmax 70\noom 1\noom_kill 1\noom_group_kill 0\n",
+        )
+        .unwrap();
+        assert_eq!(keyed(&file, "oom_kill"), Some(1));
+        assert_eq!(keyed(&file, "max"), Some(70));
+        assert_eq!(keyed(&file, "nope"), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn our_own_runs_are_not_leftovers_but_dead_launchers_are() {
+        let (pid, start) = launcher_identity();
+        assert!(!is_leftover(&format!("run-{pid}-{start}-0")));
+        assert!(is_leftover(&format!("run-{pid}-{}-0", start + 1)));
+        assert!(is_leftover("run-4194304-1-0"));
+        assert!(!is_leftover("something-else"));
+        assert!(run_name().starts_with(&format!("run-{pid}-{start}-")));
+    }
+
+    #[test]
+    fn cpu_quota_is_per_100ms() {
+        assert_eq!(Limits::quota_for_cpus(0.5), 50_000);
+        assert_eq!(Limits::default().cpus(), 0.5);
+        assert_eq!(Limits::default().memory, 256 << 20);
+    }
+}
