@@ -12,6 +12,7 @@
 pub mod cgroup;
 pub mod channel;
 pub mod cli;
+pub mod doctor;
 pub mod launcher;
 pub mod outcome;
 pub mod sandbox;

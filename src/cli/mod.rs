@@ -18,6 +18,12 @@ struct Cli {
 enum Command {
     /// Run code or a program in a new sandbox and wait for it.
     Run(run::RunArgs),
+    /// Show what this host supports, layer by layer (creates and removes one cgroup).
+    Doctor {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the CLI; returns the process exit status.
@@ -28,6 +34,27 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Command::Run(args) => run::main(args),
+        Command::Doctor { json } => doctor(json),
+    }
+}
+
+fn doctor(json: bool) -> i32 {
+    let report = crate::doctor::probe();
+    if json {
+        use std::io::Write;
+        let text = serde_json::to_string(&report).unwrap_or_default();
+        let _ = writeln!(std::io::stdout(), "{text}");
+    } else {
+        println!("kernel           {}", report.kernel);
+        for check in &report.checks {
+            let mark = if check.ok { "ok " } else { "NO " };
+            println!("{mark} {:<20} {}", check.name, check.detail);
+        }
+    }
+    if report.ok() {
+        0
+    } else {
+        1
     }
 }
 

@@ -213,7 +213,7 @@ fn build_spec(args: RunArgs) -> Result<Spec, String> {
 fn parse_cpus(text: &str) -> Result<f64, String> {
     let form = "a number of CPUs from 0.01 up (0.5, 1, 2)";
     match text.trim().parse::<f64>() {
-        Ok(cpus) if cpus.is_finite() && cpus >= 0.01 && cpus <= 4096.0 => Ok(cpus),
+        Ok(cpus) if (0.01..=4096.0).contains(&cpus) => Ok(cpus),
         Ok(_) => Err(format!("{text:?} is out of range: use {form}")),
         Err(_) => Err(format!("{text:?} is not a number: use {form}")),
     }

@@ -1,6 +1,7 @@
 mod common;
 
 mod basic;
+mod bombs;
 mod cleanup;
 mod fs;
 mod isolation;

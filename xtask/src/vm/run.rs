@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 
 const GUEST_INIT_SH: &str = include_str!("../../vm/guest-init.sh");
 
+/// Control directories are `$TMPDIR/codecage-vm-<pid>-<n>`.
+const CONTROL_DIR_PREFIX: &str = "codecage-vm-";
+
 /// Name of the virtio-serial port carrying the job's output.
 const OUT_PORT: &str = "codecage.out";
 
@@ -161,6 +164,7 @@ pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
     } else {
         opts.cwd.clone()
     };
+    remove_stale_control_dirs();
     for attempt in 1..=BOOT_ATTEMPTS {
         match boot(&qemu, image, opts, &share, &cwd, attempt)? {
             Outcome::Status(rc) => return Ok(rc),
@@ -173,6 +177,25 @@ pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
     }
     eprintln!("[vm] giving up after {BOOT_ATTEMPTS} boots");
     Ok(EXIT_VM_FAILED)
+}
+
+/// Remove control directories left behind by runs whose xtask was killed
+/// with SIGKILL (QEMU dies with it, through PR_SET_PDEATHSIG, but no cleanup
+/// code runs).
+fn remove_stale_control_dirs() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(CONTROL_DIR_PREFIX) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = super::remove_tree(&entry.path());
+        }
+    }
 }
 
 enum Outcome {
@@ -304,7 +327,7 @@ fn boot(
     cwd: &Path,
     attempt: u32,
 ) -> Result<Outcome> {
-    let ctl = TempDir::new_in(&std::env::temp_dir(), "codecage-vm-")?;
+    let ctl = TempDir::new_in(&std::env::temp_dir(), CONTROL_DIR_PREFIX)?;
     let ctl_dir = ctl.path();
     let output_log = ctl_dir.join("output.log");
     let console_log = ctl_dir.join("console.log");

@@ -1,0 +1,151 @@
+//! `codecage doctor`: what this host supports, layer by layer, checked for real where a
+//! check is cheap (a cgroup is created and removed; nothing else is changed).
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::cgroup::{self, Controller, Layout, Limits, RunCgroup};
+
+/// One layer's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// The layer or limit.
+    pub name: &'static str,
+    /// It works here.
+    pub ok: bool,
+    /// How (the mechanism, the files), or why not and what to do.
+    pub detail: String,
+}
+
+/// Everything `doctor` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub kernel: String,
+    pub cgroup_layout: &'static str,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// Every check passed.
+    pub fn ok(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+}
+
+/// Probes the host.
+pub fn probe() -> Report {
+    let layout = cgroup::layout();
+    let mut checks = vec![user_namespaces()];
+    checks.extend(cgroup_checks(layout));
+    Report {
+        kernel: kernel(),
+        cgroup_layout: layout.name(),
+        checks,
+    }
+}
+
+fn kernel() -> String {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{} ({})", release.trim(), std::env::consts::ARCH)
+}
+
+fn user_namespaces() -> Check {
+    let max = std::fs::read_to_string("/proc/sys/user/max_user_namespaces").ok();
+    let max: Option<u64> = max.and_then(|m| m.trim().parse().ok());
+    let (ok, detail) = match max {
+        Some(0) => (
+            false,
+            "disabled: /proc/sys/user/max_user_namespaces is 0 (set it, e.g. to 10000)".to_string(),
+        ),
+        Some(n) => (true, format!("available (max_user_namespaces {n})")),
+        None => (
+            false,
+            "not supported by this kernel (no /proc/sys/user/max_user_namespaces)".to_string(),
+        ),
+    };
+    Check {
+        name: "user namespaces",
+        ok,
+        detail,
+    }
+}
+
+fn cgroup_checks(layout: &Layout) -> Vec<Check> {
+    let mut checks = vec![Check {
+        name: "cgroup layout",
+        ok: *layout != Layout::None,
+        detail: layout.to_string(),
+    }];
+    // The real test: create a run cgroup with limits, then remove it.
+    let created = RunCgroup::create(layout, &Limits::default());
+    let (ok, why) = match created {
+        Ok(run) => match run.remove() {
+            Ok(()) => (true, String::new()),
+            Err(e) => (false, e.to_string()),
+        },
+        Err(e) => (false, e.to_string()),
+    };
+    let how = |v2: &str, v1: &str| -> String {
+        match layout {
+            Layout::V2 { .. } => v2.to_string(),
+            _ => v1.to_string(),
+        }
+    };
+    let limit = |name: &'static str, controller: Controller, mechanism: String| {
+        let present = match layout {
+            Layout::V2 { root } => controller_available(root, controller),
+            _ => layout.v1(controller).is_some(),
+        };
+        let ok = present && ok;
+        let detail = if ok {
+            mechanism
+        } else if !present {
+            format!("no {} controller here", controller.name())
+        } else {
+            why.clone()
+        };
+        Check { name, ok, detail }
+    };
+    checks.push(limit(
+        "memory limit",
+        Controller::Memory,
+        how(
+            "memory.max, memory.swap.max = 0",
+            "memory.limit_in_bytes and memory.memsw.limit_in_bytes",
+        ),
+    ));
+    checks.push(limit(
+        "cpu limit",
+        Controller::Cpu,
+        how("cpu.max", "cpu.cfs_quota_us"),
+    ));
+    checks.push(limit(
+        "pids limit",
+        Controller::Pids,
+        how("pids.max", "pids.max"),
+    ));
+    let unified = match layout {
+        Layout::V2 { root } => Some(root.clone()),
+        Layout::Hybrid { unified, .. } => Some(unified.clone()),
+        _ => None,
+    };
+    checks.push(Check {
+        name: "kill and placement",
+        ok: true,
+        detail: match unified {
+            Some(dir) => format!(
+                "the init is born in its cgroup (CLONE_INTO_CGROUP, {}); SIGKILL of the pid-namespace init and cgroup.kill stop the sandbox",
+                dir.display()
+            ),
+            None => "the init is attached by pid before it runs; SIGKILL of the pid-namespace init stops the sandbox".into(),
+        },
+    });
+    checks
+}
+
+fn controller_available(root: &Path, controller: Controller) -> bool {
+    std::fs::read_to_string(root.join("cgroup.controllers"))
+        .map(|c| c.split_whitespace().any(|n| n == controller.name()))
+        .unwrap_or(false)
+}
