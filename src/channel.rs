@@ -71,6 +71,12 @@ impl std::error::Error for SetupError {}
 pub enum Report {
     /// A setup step failed; the payload never ran.
     SetupFailed(SetupError),
+    /// The payload's hardening is in place and it is about to exec: which landlock ABI the
+    /// kernel has, and what a best-effort layer could not enforce.
+    Hardened {
+        landlock_abi: Option<u32>,
+        skipped: Vec<String>,
+    },
     /// The payload ended: with an exit status, or by a signal.
     Exited {
         code: Option<i32>,

@@ -61,6 +61,10 @@ pub struct Outcome {
     pub peak_memory_bytes: Option<u64>,
     /// A fork or thread creation failed because the sandbox reached its process limit.
     pub pids_limit_hit: bool,
+    /// The kernel's landlock ABI the payload was restricted with.
+    pub landlock_abi: Option<u32>,
+    /// Hardening a best-effort profile could not apply on this host.
+    pub skipped_layers: Vec<String>,
 }
 
 impl Outcome {

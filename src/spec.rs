@@ -25,6 +25,19 @@ pub enum Rootfs {
     Dir(PathBuf),
 }
 
+/// Whether a hardening layer must be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayerMode {
+    /// Applied in full, or the run is refused (exit 125, naming what is missing).
+    #[default]
+    Required,
+    /// Applied as far as the kernel allows; the Outcome lists what was skipped.
+    BestEffort,
+    /// Not applied (for measuring what the layer costs).
+    Off,
+}
+
 /// How sandbox ids map to host ids. Each run gets two host ids of its own, derived from the
 /// host pid of its init: `base + 2*pid` for uid/gid 0 and `base + 2*pid + 1` for the
 /// sandbox user. A pid is unique among live processes, and it cannot be reused before the
@@ -81,6 +94,12 @@ pub struct Spec {
     /// Memory, CPU and process limits, enforced through a cgroup of the run's own. `None`
     /// runs without a cgroup (for measuring what the layer costs; never the default).
     pub limits: Option<Limits>,
+    /// Landlock filesystem, TCP and scope rules.
+    pub landlock: LayerMode,
+    /// The seccomp filter of profiles/seccomp/<arch>.json.
+    pub seccomp: LayerMode,
+    /// RLIMIT_NOFILE: open files per process.
+    pub nofile: u64,
     /// Host name inside the sandbox.
     pub hostname: String,
     /// Host id allocation.
@@ -112,6 +131,9 @@ impl Spec {
             tmp_size: 64 << 20,
             work_size: 64 << 20,
             limits: Some(Limits::default()),
+            landlock: LayerMode::Required,
+            seccomp: LayerMode::Required,
+            nofile: 256,
             hostname: "sandbox".into(),
             ids: IdMapping::default(),
             init_exe: PathBuf::from("/proc/self/exe"),
@@ -182,6 +204,12 @@ impl Spec {
             if limits.pids == 0 {
                 return Err("process limit must be at least 1".into());
             }
+        }
+        if !(16..=1 << 20).contains(&self.nofile) {
+            return Err(format!(
+                "open file limit {} is out of range: use 16 to 1048576",
+                self.nofile
+            ));
         }
         let h = &self.hostname;
         if h.is_empty()

@@ -304,8 +304,9 @@ pub fn child_dup2(from: RawFd, to: RawFd) -> Result<(), i32> {
 
 /// close_range(first, ~0, CLOSE_RANGE_CLOEXEC) (Linux 5.11): every fd from `first` up is
 /// closed at execve, whatever the calling program left open without O_CLOEXEC
-/// (CVE-2024-21626). Falls back to closing fds one by one up to the rlimit.
-pub fn child_cloexec_from(first: RawFd, keep: RawFd) -> Result<(), i32> {
+/// (CVE-2024-21626). Falls back to closing fds one by one up to the rlimit, all but `keep`
+/// (-1 keeps none). Allocation-free, for the raw child too.
+pub fn cloexec_from(first: RawFd, keep: RawFd) -> Result<(), i32> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: plain syscall on integers.
     let ret = unsafe {

@@ -246,7 +246,7 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
         }
     }
     // 4. Nothing else of the calling program survives the exec (CVE-2024-21626).
-    if let Err(errno) = sys::child_cloexec_from(CHANNEL_FD + 1, plan.exe) {
+    if let Err(errno) = sys::cloexec_from(CHANNEL_FD + 1, plan.exe) {
         fail(4, errno)
     }
     // 5. A fresh, single-threaded codecage becomes pid 1.

@@ -215,6 +215,13 @@ impl Watch<'_> {
         };
         while let Some(report) = self.reports.next_report() {
             match report {
+                Ok(Report::Hardened {
+                    landlock_abi,
+                    skipped,
+                }) => {
+                    self.outcome.landlock_abi = landlock_abi;
+                    self.outcome.skipped_layers = skipped;
+                }
                 // A setup failure stays the answer even if an exit report follows it.
                 Ok(report) if !matches!(self.report, Some(Report::SetupFailed(_))) => {
                     self.report = Some(report)
@@ -263,7 +270,8 @@ impl Watch<'_> {
                 outcome.exit_code = code;
                 outcome.signal = signal;
             }
-            (killed, None) => {
+            // (Hardened is kept in the outcome as it arrives, never as the final report.)
+            (killed, None | Some(Report::Hardened { .. })) => {
                 outcome.error = Some(ErrorKind::Setup);
                 let status = match &reaped {
                     Ok((status, _)) => describe_status(*status),

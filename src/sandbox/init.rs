@@ -10,9 +10,9 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::fail;
-use super::payload;
+use super::{payload, seccomp};
 use crate::channel::Report;
-use crate::spec::Spec;
+use crate::spec::{LayerMode, Spec};
 use crate::sys::{self, ForkedInit};
 
 /// Signals the init passes on to the payload's process group.
@@ -35,8 +35,16 @@ pub fn run_payload(spec: &Spec, channel: &UnixStream) -> Report {
     if let Err(e) = signals.thread_block() {
         return Report::SetupFailed(fail("block_init_signals", e, "sigprocmask"));
     }
+    // Compiled here, once, before the fork: the payload only installs it.
+    let filters = match spec.seccomp {
+        LayerMode::Off => None,
+        _ => match seccomp::compile() {
+            Ok(filters) => Some(filters),
+            Err(e) => return Report::SetupFailed(fail("compile_seccomp", Errno::EINVAL, e)),
+        },
+    };
     let payload = match sys::fork_in_init() {
-        Ok(ForkedInit::Child) => payload::exec(spec, channel),
+        Ok(ForkedInit::Child) => payload::exec(spec, filters.as_ref(), channel),
         Ok(ForkedInit::Parent(pid)) => pid,
         Err(e) => return Report::SetupFailed(fail("fork_payload", e, "fork")),
     };

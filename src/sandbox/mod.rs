@@ -5,9 +5,11 @@
 //! setup error reports. The order matters, and each step says why it stands where it does.
 
 mod init;
+mod landlock;
 mod mount;
 mod payload;
 mod rootfs;
+mod seccomp;
 
 use std::fmt::Display;
 use std::os::unix::net::UnixStream;
@@ -48,7 +50,7 @@ fn init_main() -> ! {
     };
     let code = match &report {
         Report::SetupFailed(_) => 125,
-        Report::Exited { .. } => 0,
+        Report::Exited { .. } | Report::Hardened { .. } => 0,
     };
     // If the launcher is gone there is nobody to tell, and nothing else to do.
     let _ = channel::write_message(&mut &channel, &report);

@@ -1,42 +1,90 @@
-//! The payload's last mile, in the child the init forked: signals back to default, its own
-//! session, the unprivileged sandbox user, /work, then execve with a PATH search.
+//! The payload's last mile, in the child the init forked. Each step is one function; the
+//! order is the security argument:
+//!
+//! 1. signals back to default, its own session;
+//! 2. rlimits (lowering needs no privilege);
+//! 3. bounding and inheritable capabilities dropped while we are still the sandbox's root
+//!    (dropping the bounding set needs CAP_SETPCAP);
+//! 4. no supplementary groups, then uid/gid 1000: leaving uid 0 clears the permitted,
+//!    effective and ambient sets; then every set is checked empty;
+//! 5. /work, umask;
+//! 6. no_new_privs (landlock and seccomp need it; setuid binaries lose their power);
+//! 7. landlock, built now that the final mounts exist;
+//! 8. every fd above 2 close-on-exec;
+//! 9. seccomp, last, so that nothing after it needs a syscall it denies; then execve.
 
 use std::ffi::CString;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
+use caps::CapSet;
 use nix::errno::Errno;
+use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::SigSet;
 use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chdir, execve, setgroups, setresgid, setresuid, setsid, Gid, Uid};
 
-use super::fail;
+use super::seccomp::Filters;
+use super::{fail, landlock};
 use crate::channel::{self, Report, SetupError};
 use crate::spec::{Spec, SANDBOX_PATH, SANDBOX_UID};
 
+/// The stack limit of the payload's processes (glibc sizes thread stacks from it).
+const STACK_LIMIT: u64 = 8 << 20;
+
 /// Prepares and execs the payload. Never returns: a setup failure is reported on the
 /// channel (exit 125); a program that cannot run exits 127 (not found) or 126, as a shell.
-pub fn exec(spec: &Spec, channel: &UnixStream) -> ! {
-    if let Err(err) = prepare() {
-        let _ = channel::write_message(&mut &*channel, &Report::SetupFailed(err));
-        std::process::exit(125);
+pub fn exec(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> ! {
+    match prepare(spec, filters, channel) {
+        Ok(()) => {
+            let (code, message) = exec_in_path(spec);
+            eprintln!("codecage: {message}");
+            std::process::exit(code)
+        }
+        Err(err) => {
+            let _ = channel::write_message(&mut &*channel, &Report::SetupFailed(err));
+            std::process::exit(125);
+        }
     }
-    let (code, message) = exec_in_path(spec);
-    eprintln!("codecage: {message}");
-    std::process::exit(code)
 }
 
-fn prepare() -> Result<(), SetupError> {
-    // Rust ignores SIGPIPE and ignored signals survive execve; the init blocked everything.
+fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Result<(), SetupError> {
     reset_signals()?;
-    // Its own session and process group: signals from the init reach its whole pipeline.
     setsid().map_err(|e| fail("new_session", e, "setsid"))?;
+    set_rlimits(spec)?;
+    drop_bounding_and_inheritable_caps()?;
     drop_to_sandbox_user()?;
+    check_no_capabilities()?;
     chdir("/work").map_err(|e| fail("enter_workdir", e, "chdir /work"))?;
     umask(Mode::from_bits_truncate(0o022));
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|e| fail("set_no_new_privs", e, "PR_SET_NO_NEW_PRIVS"))?;
+    let landlock = landlock::restrict(spec.landlock)?;
+    mark_fds_cloexec()?;
+    let mut skipped = landlock.skipped;
+    if filters.is_none() {
+        skipped.push("seccomp: turned off by the profile".into());
+    }
+    // The last message before the filter: it needs no syscall the filter might deny.
+    let report = Report::Hardened {
+        landlock_abi: landlock.abi,
+        skipped,
+    };
+    channel::write_message(&mut &*channel, &report).map_err(|e| {
+        super::fail_io(
+            "report_hardening",
+            &e,
+            "telling the launcher which layers are on",
+        )
+    })?;
+    if let Some(filters) = filters {
+        super::seccomp::apply(filters)
+            .map_err(|e| fail("apply_seccomp", Errno::UnknownErrno, e))?;
+    }
     Ok(())
 }
 
+/// Rust ignores SIGPIPE and ignored signals survive execve; the init blocked everything.
 fn reset_signals() -> Result<(), SetupError> {
     crate::sys::reset_signal_dispositions()
         .map_err(|e| fail("reset_signals", e, "sigaction SIG_DFL"))?;
@@ -45,8 +93,41 @@ fn reset_signals() -> Result<(), SetupError> {
         .map_err(|e| fail("reset_signals", e, "sigprocmask"))
 }
 
+/// No core dumps; `nofile` open files; no file larger than the largest tmpfs; 8 MiB stacks.
+/// Defence in depth behind the cgroup and tmpfs limits. Only ever lowered: a limit the
+/// launcher already runs under is kept. The file size limit sits 64 KiB above the largest
+/// tmpfs, so a full tmpfs answers ENOSPC, as programs expect, before SIGXFSZ could fire.
+fn set_rlimits(spec: &Spec) -> Result<(), SetupError> {
+    let largest_file = spec.tmp_size.max(spec.work_size) + (64 << 10);
+    for (resource, name, value) in [
+        (Resource::RLIMIT_CORE, "RLIMIT_CORE", 0),
+        (Resource::RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile),
+        (Resource::RLIMIT_FSIZE, "RLIMIT_FSIZE", largest_file),
+        (Resource::RLIMIT_STACK, "RLIMIT_STACK", STACK_LIMIT),
+    ] {
+        let (_, hard) =
+            nix::sys::resource::getrlimit(resource).map_err(|e| fail("set_rlimits", e, name))?;
+        let value = value.min(hard);
+        setrlimit(resource, value, value)
+            .map_err(|e| fail("set_rlimits", e, format!("{name} = {value}")))?;
+    }
+    Ok(())
+}
+
+fn drop_bounding_and_inheritable_caps() -> Result<(), SetupError> {
+    let caps_err = |set: &str, e: caps::errors::CapsError| {
+        fail(
+            "drop_capabilities",
+            Errno::EPERM,
+            format!("clearing the {set} set: {e}"),
+        )
+    };
+    caps::clear(None, CapSet::Bounding).map_err(|e| caps_err("bounding", e))?;
+    caps::clear(None, CapSet::Inheritable).map_err(|e| caps_err("inheritable", e))?;
+    caps::clear(None, CapSet::Ambient).map_err(|e| caps_err("ambient", e))
+}
+
 /// setgroups first (it needs the privilege the uid change drops), then gid, then uid.
-/// Leaving uid 0 clears the permitted, effective and ambient capabilities (capabilities(7)).
 fn drop_to_sandbox_user() -> Result<(), SetupError> {
     let (uid, gid) = (Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_UID));
     setgroups(&[]).map_err(|e| fail("drop_to_sandbox_user", e, "setgroups([])"))?;
@@ -54,6 +135,43 @@ fn drop_to_sandbox_user() -> Result<(), SetupError> {
         .map_err(|e| fail("drop_to_sandbox_user", e, format!("setresgid({gid})")))?;
     setresuid(uid, uid, uid)
         .map_err(|e| fail("drop_to_sandbox_user", e, format!("setresuid({uid})")))
+}
+
+/// The uid change cleared permitted, effective and ambient (capabilities(7)); clear them
+/// again anyway and refuse to go on if anything is left.
+fn check_no_capabilities() -> Result<(), SetupError> {
+    for set in [
+        CapSet::Effective,
+        CapSet::Permitted,
+        CapSet::Inheritable,
+        CapSet::Ambient,
+        CapSet::Bounding,
+    ] {
+        if !matches!(set, CapSet::Bounding) {
+            let _ = caps::clear(None, set);
+        }
+        let left = caps::read(None, set)
+            .map_err(|e| fail("check_no_capabilities", Errno::EPERM, e.to_string()))?;
+        if !left.is_empty() {
+            return Err(fail(
+                "check_no_capabilities",
+                Errno::EPERM,
+                format!("{set:?} still holds {left:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The payload has only 0, 1, 2 open by construction; this keeps it so should that change.
+fn mark_fds_cloexec() -> Result<(), SetupError> {
+    crate::sys::cloexec_from(3, -1).map_err(|e| {
+        fail(
+            "mark_fds_cloexec",
+            Errno::from_raw(e),
+            "close_range(3, ~0, CLOEXEC)",
+        )
+    })
 }
 
 /// execve through the payload's own PATH, like execvp(3) but with the sandbox's PATH rather
