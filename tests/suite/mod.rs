@@ -3,6 +3,7 @@ mod common;
 mod basic;
 mod bombs;
 mod cleanup;
+mod escape;
 mod fs;
 mod isolation;
 mod limits;
