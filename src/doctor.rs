@@ -36,8 +36,10 @@ impl Report {
 /// Probes the host.
 pub fn probe() -> Report {
     let layout = cgroup::layout();
-    let mut checks = vec![user_namespaces()];
+    let mut checks = vec![user_namespaces(), userns_restrictions()];
     checks.extend(cgroup_checks(layout));
+    checks.push(landlock());
+    checks.push(seccomp());
     Report {
         kernel: kernel(),
         cgroup_layout: layout.name(),
@@ -66,6 +68,81 @@ fn user_namespaces() -> Check {
     };
     Check {
         name: "user namespaces",
+        ok,
+        detail,
+    }
+}
+
+/// Ubuntu 23.10+ (AppArmor) and older Debian kernels restrict user namespaces for
+/// unprivileged users. The launcher runs as root with CAP_SYS_ADMIN, which neither affects.
+fn userns_restrictions() -> Check {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|v| v.trim().to_string())
+    };
+    let mut notes = Vec::new();
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        notes.push("AppArmor restricts unprivileged user namespaces (apparmor_restrict_unprivileged_userns=1)");
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        notes.push("unprivileged user namespaces are disabled (unprivileged_userns_clone=0)");
+    }
+    let detail = if notes.is_empty() {
+        "none for unprivileged users".to_string()
+    } else {
+        format!(
+            "{}; codecage's launcher runs as root with CAP_SYS_ADMIN, which this does not affect",
+            notes.join("; ")
+        )
+    };
+    Check {
+        name: "userns restrictions",
+        ok: true,
+        detail,
+    }
+}
+
+fn landlock() -> Check {
+    match crate::sys::landlock_abi() {
+        Ok(abi) if abi >= 6 => Check {
+            name: "landlock",
+            ok: true,
+            detail: format!("ABI {abi}: filesystem rules, TCP bind/connect denied, abstract unix socket and signal scopes"),
+        },
+        Ok(abi) => Check {
+            name: "landlock",
+            ok: false,
+            detail: format!(
+                "ABI {abi}; codecage requires ABI 6 (Linux 6.12) by default: TCP rules need ABI 4, scopes ABI 6. \
+                 Profiles with landlock = \"best-effort\" run here and list what was skipped"
+            ),
+        },
+        Err(errno) => Check {
+            name: "landlock",
+            ok: false,
+            detail: format!(
+                "unavailable ({}): boot with landlock in lsm= (Linux 5.13+), or use landlock = \"best-effort\"",
+                nix::errno::Errno::from_raw(errno)
+            ),
+        },
+    }
+}
+
+fn seccomp() -> Check {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let supported = status.lines().any(|l| l.starts_with("Seccomp:"));
+    let policy = crate::sandbox::seccomp_policy_check();
+    let ok = supported && policy.is_ok();
+    let detail = match (supported, policy) {
+        (true, Ok(arch)) => format!(
+            "filter mode available; policy profiles/seccomp/{arch}.json compiles (policies: x86_64, aarch64)"
+        ),
+        (false, _) => "this kernel has no seccomp (CONFIG_SECCOMP_FILTER)".to_string(),
+        (true, Err(e)) => e,
+    };
+    Check {
+        name: "seccomp",
         ok,
         detail,
     }

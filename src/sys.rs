@@ -188,6 +188,27 @@ pub fn reset_signal_dispositions() -> nix::Result<()> {
     Ok(())
 }
 
+/// The kernel's landlock ABI version (landlock_create_ruleset with the VERSION flag), or
+/// the errno: ENOSYS (not built in) or EOPNOTSUPP (not enabled at boot).
+pub fn landlock_abi() -> Result<u32, i32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: a NULL attribute pointer with size 0 and the VERSION flag is the documented
+    // way to ask for the ABI; nothing is written.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if ret < 0 {
+        Err(Errno::last_raw())
+    } else {
+        Ok(ret as u32)
+    }
+}
+
 /// wait4(2): reap `pid` and return its raw wait status and resource usage. The usage covers
 /// the process and every descendant it reaped, which for our pid-1 init is the whole sandbox.
 pub fn wait4(pid: Pid) -> io::Result<(c_int, libc::rusage)> {

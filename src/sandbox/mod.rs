@@ -24,6 +24,11 @@ use crate::spec::Spec;
 /// The hidden subcommand that turns the codecage binary into a sandbox init.
 pub const INIT_ARG: &str = "__sandbox-init";
 
+/// Compiles this architecture's seccomp policy, for `doctor`. Returns the architecture.
+pub fn seccomp_policy_check() -> Result<&'static str, String> {
+    seccomp::compile().map(|_| std::env::consts::ARCH)
+}
+
 /// Call first thing in `main`: if this process was started as a sandbox init, it runs the
 /// sandbox and never returns. Anything that runs before it (a tokio runtime, threads)
 /// would be inherited by every sandbox.
