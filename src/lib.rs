@@ -15,6 +15,8 @@ pub mod cli;
 pub mod doctor;
 pub mod launcher;
 pub mod outcome;
+pub mod profile;
+pub mod runner;
 pub mod sandbox;
 pub mod spec;
 mod sys;

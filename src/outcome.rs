@@ -18,6 +18,8 @@ pub enum ErrorKind {
     Setup,
     /// The request was malformed: a bad flag value, a missing argument.
     InvalidRequest,
+    /// The request asked for more than its profile allows.
+    Policy,
 }
 
 impl ErrorKind {
@@ -25,7 +27,7 @@ impl ErrorKind {
     pub fn exit_status(self) -> i32 {
         match self {
             ErrorKind::Timeout => 124,
-            ErrorKind::Setup | ErrorKind::InvalidRequest => 125,
+            ErrorKind::Setup | ErrorKind::InvalidRequest | ErrorKind::Policy => 125,
             // The sandbox, or a process of it, was killed with SIGKILL.
             ErrorKind::OutputLimit | ErrorKind::Oom => 128 + libc::SIGKILL,
         }

@@ -38,6 +38,15 @@ pub enum LayerMode {
     Off,
 }
 
+/// A file the init writes into /work before the payload starts (the code of a language
+/// runner), owned by the sandbox user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkFile {
+    /// A plain file name: no `/`, not `.` or `..`.
+    pub name: String,
+    pub contents: String,
+}
+
 /// How sandbox ids map to host ids. Each run gets two host ids of its own, derived from the
 /// host pid of its init: `base + 2*pid` for uid/gid 0 and `base + 2*pid + 1` for the
 /// sandbox user. A pid is unique among live processes, and it cannot be reused before the
@@ -81,6 +90,8 @@ pub struct Spec {
     pub argv: Vec<String>,
     /// The payload's whole environment (nothing is inherited).
     pub env: Vec<(String, String)>,
+    /// Files written into /work before the payload starts.
+    pub files: Vec<WorkFile>,
     /// What `/` is.
     pub rootfs: Rootfs,
     /// Wall-clock limit from start to the end of the last process.
@@ -125,6 +136,7 @@ impl Spec {
         Spec {
             argv,
             env: base_env(),
+            files: Vec::new(),
             rootfs: Rootfs::Host,
             timeout: Duration::from_secs(30),
             output_limit: 1 << 20,
@@ -165,6 +177,19 @@ impl Spec {
             }
             if value.contains('\0') {
                 return Err(format!("environment variable {key} contains a NUL byte"));
+            }
+        }
+        for file in &self.files {
+            let name = &file.name;
+            if name.is_empty()
+                || name.contains('/')
+                || name.contains('\0')
+                || name == "."
+                || name == ".."
+            {
+                return Err(format!(
+                    "work file name {name:?} is invalid: use a plain file name"
+                ));
             }
         }
         if let Rootfs::Dir(dir) = &self.rootfs {

@@ -18,6 +18,12 @@ struct Cli {
 enum Command {
     /// Run code or a program in a new sandbox and wait for it.
     Run(run::RunArgs),
+    /// List the profiles with their effective values.
+    Profiles {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show what this host supports, layer by layer (creates and removes one cgroup).
     Doctor {
         /// Print one JSON object.
@@ -35,15 +41,77 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Run(args) => run::main(args),
         Command::Doctor { json } => doctor(json),
+        Command::Profiles { json } => profiles(json),
     }
+}
+
+fn profiles(json: bool) -> i32 {
+    use crate::profile::{names, Profile};
+    use crate::units::{format_duration, format_size};
+    let mut loaded = serde_json::Map::new();
+    let mut failed = false;
+    for name in names() {
+        match Profile::load(&name) {
+            Ok(p) => {
+                if !json {
+                    let l = &p.limits;
+                    println!("{name}: {}", p.description);
+                    println!(
+                        "  language {}, rootfs {}, network {:?}, landlock {:?}, seccomp {:?}",
+                        p.language.map_or("-", |l| l.name()),
+                        p.rootfs,
+                        p.network.mode,
+                        p.hardening.landlock,
+                        p.hardening.seccomp
+                    );
+                    println!(
+                        "  timeout {} (max {}), memory {} (max {}), cpus {} (max {}), pids {} (max {}), output {} (max {})",
+                        format_duration(l.timeout.0),
+                        format_duration(l.max_timeout.0),
+                        format_size(l.memory.0),
+                        format_size(l.max_memory.0),
+                        l.cpus,
+                        l.max_cpus,
+                        l.pids,
+                        l.max_pids,
+                        format_size(l.output_limit.0),
+                        format_size(l.max_output_limit.0)
+                    );
+                    println!(
+                        "  /tmp {}, /work {}, nofile {}, env {:?}, outputs {:?} up to {}, session idle {} max {}",
+                        format_size(p.filesystem.tmp_size.0),
+                        format_size(p.filesystem.work_size.0),
+                        l.nofile,
+                        p.env,
+                        p.outputs.types,
+                        format_size(p.outputs.max_size.0),
+                        format_duration(p.session.idle_timeout.0),
+                        format_duration(p.session.max_duration.0)
+                    );
+                }
+                loaded.insert(name, serde_json::to_value(&p).unwrap_or_default());
+            }
+            Err(e) => {
+                failed = true;
+                eprintln!("codecage: {e}");
+            }
+        }
+    }
+    if json {
+        print_json_value(&serde_json::Value::Object(loaded));
+    }
+    i32::from(failed)
+}
+
+fn print_json_value(value: &serde_json::Value) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{value}");
 }
 
 fn doctor(json: bool) -> i32 {
     let report = crate::doctor::probe();
     if json {
-        use std::io::Write;
-        let text = serde_json::to_string(&report).unwrap_or_default();
-        let _ = writeln!(std::io::stdout(), "{text}");
+        print_json_value(&serde_json::to_value(&report).unwrap_or_default());
     } else {
         println!("kernel           {}", report.kernel);
         for check in &report.checks {

@@ -4,57 +4,35 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::print_json;
-use crate::cgroup::Limits;
 use crate::outcome::{ErrorKind, Outcome};
-use crate::spec::{Rootfs, Spec};
+use crate::profile::{self, Host, PolicyError, Profile, Request};
+use crate::runner::Lang;
+use crate::spec::Spec;
 use crate::units::{parse_duration, parse_size};
 use crate::{launcher, Stream};
 
-/// The languages `--lang` knows, and how each runs a piece of code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Lang {
-    Python,
-    Node,
-    Bash,
-}
-
-impl Lang {
-    fn argv(self, code: String) -> Vec<String> {
-        let (program, flag) = match self {
-            Lang::Python => ("python3", "-c"),
-            Lang::Node => ("node", "-e"),
-            Lang::Bash => ("bash", "-c"),
-        };
-        vec![program.into(), flag.into(), code]
-    }
-
-    fn from_extension(path: &std::path::Path) -> Option<Lang> {
-        match path.extension()?.to_str()? {
-            "py" => Some(Lang::Python),
-            "js" | "cjs" | "mjs" => Some(Lang::Node),
-            "sh" | "bash" => Some(Lang::Bash),
-            _ => None,
-        }
-    }
-}
-
 #[derive(Args)]
 #[command(
-    after_help = "Exit status: the program's own; 124 on timeout; 125 when the sandbox could not be \
-                  built or the request is invalid; 126/127 when the program cannot run / is not found; \
-                  128+N when signal N ended it (137 when the output limit stopped it).",
+    after_help = "Limits default to the profile's values (see `codecage profiles`); a flag may ask for less, or for \
+                  more up to the profile's maximum.\n\nExit status: the program's own; 124 on timeout; 125 when the \
+                  sandbox could not be built or the request is invalid or not allowed; 126/127 when the program \
+                  cannot run / is not found; 128+N when signal N ended it (137 at the output or memory limit).",
     override_usage = "codecage run [OPTIONS] --lang LANG -c CODE\n       codecage run [OPTIONS] [--lang LANG] FILE\n       codecage run [OPTIONS] -- PROGRAM [ARGS]..."
 )]
 pub struct RunArgs {
-    /// Language of CODE or FILE (FILE's extension picks one when omitted).
+    /// Profile: a name (python, node, typescript, bash, or one in /etc/codecage/profiles) or a
+    /// TOML file. Default: the language's profile, or bash for a PROGRAM.
+    #[arg(long, value_name = "NAME|FILE")]
+    profile: Option<String>,
+    /// Language of CODE or FILE (default: the profile's; FILE's extension picks one too).
     #[arg(long, value_enum)]
     lang: Option<Lang>,
-    /// Code to run, in --lang.
+    /// Code to run.
     #[arg(short = 'c', value_name = "CODE", conflicts_with = "file")]
     code: Option<String>,
     /// File of code to run, read on the host ("-" reads it from stdin).
@@ -64,42 +42,43 @@ pub struct RunArgs {
     #[arg(last = true, value_name = "PROGRAM")]
     argv: Vec<String>,
     /// Wall-clock limit: seconds, or with a unit (500ms, 30s, 2m).
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
-    timeout: Duration,
-    /// Print one JSON object with the outcome instead of passing output through.
-    #[arg(long)]
-    json: bool,
-    /// Root filesystem: `host` (read-only binds of the host's /usr) or an image directory.
-    #[arg(long, default_value = "host", value_name = "host|DIR")]
-    rootfs: String,
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
+    timeout: Option<Duration>,
+    /// Memory limit, RAM and swap together (bytes, or 256M, 1G).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
+    memory: Option<u64>,
+    /// CPU limit, in CPUs (0.5 = half of one CPU's time).
+    #[arg(long, value_parser = parse_cpus, value_name = "CPUS", allow_hyphen_values = true)]
+    cpus: Option<f64>,
+    /// Limit on processes and threads.
+    #[arg(long, value_parser = parse_pids, value_name = "N", allow_hyphen_values = true)]
+    pids: Option<u64>,
+    /// Cap on stdout plus stderr; past it the sandbox is stopped (bytes, or 512K, 1M).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
+    output_limit: Option<u64>,
+    /// Size of the tmpfs on /tmp.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
+    tmp_size: Option<u64>,
+    /// Size of the tmpfs on /work, the working directory.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
+    work_size: Option<u64>,
+    /// Root filesystem: `host` (read-only binds of the host's /usr), an image name built by
+    /// `cargo xtask rootfs` (default), or an image directory.
+    #[arg(long, value_name = "host|NAME|DIR")]
+    rootfs: Option<String>,
     /// Set an environment variable (K=V; a bare K copies the host's value). Repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
-    /// Cap on stdout plus stderr; past it the sandbox is stopped (bytes, or 512K, 1M).
-    #[arg(long, default_value = "1M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    output_limit: u64,
-    /// Memory limit, RAM and swap together (bytes, or 256M, 1G).
-    #[arg(long, default_value = "256M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    memory: u64,
-    /// CPU limit, in CPUs (0.5 = half of one CPU's time).
-    #[arg(long, default_value = "0.5", value_parser = parse_cpus, allow_hyphen_values = true, value_name = "CPUS")]
-    cpus: f64,
-    /// Limit on processes and threads.
-    #[arg(long, default_value = "64", value_parser = parse_pids, allow_hyphen_values = true, value_name = "N")]
-    pids: u64,
-    /// Size of the tmpfs on /tmp.
-    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    tmp_size: u64,
-    /// Size of the tmpfs on /work, the working directory.
-    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    work_size: u64,
+    /// Print one JSON object with the outcome instead of passing output through.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn main(args: RunArgs) -> i32 {
     let json = args.json;
     let spec = match build_spec(args) {
         Ok(spec) => spec,
-        Err(message) => return report(&Outcome::failed(ErrorKind::InvalidRequest, message), json),
+        Err(outcome) => return report(&outcome, json),
     };
     // SIGINT, SIGTERM and SIGHUP are forwarded to the payload rather than killing the
     // launcher (which would take the sandbox down with it, unannounced).
@@ -139,75 +118,75 @@ fn forward_signals() -> Option<SignalFd> {
     SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
 }
 
-/// Translates the flags into a Spec, with messages that name the flag and what is allowed.
-fn build_spec(args: RunArgs) -> Result<Spec, String> {
-    let argv = match (args.code, args.file, args.argv.is_empty()) {
-        (Some(code), None, true) => {
-            let lang = args.lang.ok_or("-c CODE needs --lang python|node|bash")?;
-            lang.argv(code)
-        }
+/// Translates the flags into a Request, picks the profile, and resolves both into a Spec.
+fn build_spec(args: RunArgs) -> Result<Spec, Outcome> {
+    let invalid = |message: String| Outcome::failed(ErrorKind::InvalidRequest, message);
+    let mut request = Request {
+        lang: args.lang,
+        timeout: args.timeout,
+        memory: args.memory,
+        cpus: args.cpus,
+        pids: args.pids,
+        output_limit: args.output_limit,
+        tmp_size: args.tmp_size,
+        work_size: args.work_size,
+        rootfs: args.rootfs,
+        ..Request::default()
+    };
+    match (args.code, args.file, args.argv.is_empty()) {
+        (Some(code), None, true) => request.code = Some(code),
         (None, Some(file), true) => {
-            let lang = match args.lang {
-                Some(lang) => lang,
-                None => Lang::from_extension(&file).ok_or_else(|| {
-                    format!(
-                        "cannot tell the language of {} from its extension (.py, .js, .mjs, .sh): give --lang",
-                        file.display()
-                    )
-                })?,
-            };
-            lang.argv(read_code(&file)?)
+            request.lang = request.lang.or_else(|| Lang::from_extension(&file));
+            request.code = Some(read_code(&file).map_err(invalid)?);
         }
         (None, None, false) => {
-            if args.lang.is_some() {
-                return Err(
+            if request.lang.is_some() {
+                return Err(invalid(
                     "--lang applies to -c CODE or FILE, not to a program given after --".into(),
-                );
+                ));
             }
-            args.argv
+            request.argv = Some(args.argv);
         }
         (None, None, true) => {
-            return Err(
+            return Err(invalid(
                 "nothing to run: give --lang LANG -c CODE, a FILE, or -- PROGRAM [ARGS]".into(),
-            )
+            ))
         }
-        _ => return Err("give only one of -c CODE, FILE, or -- PROGRAM [ARGS]".into()),
-    };
-    let mut spec = Spec::new(argv);
-    spec.timeout = args.timeout;
-    spec.output_limit = args.output_limit;
-    spec.tmp_size = args.tmp_size;
-    spec.work_size = args.work_size;
-    spec.limits = Some(Limits {
-        memory: args.memory,
-        cpu_quota_us: Limits::quota_for_cpus(args.cpus),
-        pids: args.pids,
-    });
-    spec.rootfs = match args.rootfs.as_str() {
-        "host" => Rootfs::Host,
-        dir => {
-            let dir = std::path::absolute(dir).map_err(|e| format!("--rootfs {dir}: {e}"))?;
-            Rootfs::Dir(dir)
+        _ => {
+            return Err(invalid(
+                "give only one of -c CODE, FILE, or -- PROGRAM [ARGS]".into(),
+            ))
         }
-    };
+    }
     for item in &args.env {
         let (key, value) = match item.split_once('=') {
             Some((key, value)) => (key.to_string(), value.to_string()),
             None => {
                 let value = std::env::var(item).map_err(|_| {
-                    format!("--env {item}: use K=V, or a bare K that is set on the host")
+                    invalid(format!(
+                        "--env {item}: use K=V, or a bare K that is set on the host"
+                    ))
                 })?;
                 (item.clone(), value)
             }
         };
-        if key.is_empty() {
-            return Err(format!("--env {item}: the variable name is empty; use K=V"));
-        }
-        spec.set_env(&key, &value);
+        request.env.push((key, value));
     }
-    spec.validate()
-        .map_err(|e| format!("invalid request: {e}"))?;
-    Ok(spec)
+    let profile_name = match (&args.profile, request.lang) {
+        (Some(name), _) => name.clone(),
+        (None, Some(lang)) => lang.name().to_string(),
+        (None, None) if request.argv.is_some() => "bash".to_string(),
+        (None, None) => {
+            return Err(invalid(
+                "cannot tell the language of the code: give --lang python|node|typescript|bash (or a FILE ending in .py, .js, .mjs, .ts, .sh)".into(),
+            ))
+        }
+    };
+    let profile = Profile::load(&profile_name).map_err(|e| invalid(e.to_string()))?;
+    profile::resolve(&profile, &profile_name, &request, &Host::from_env()).map_err(|e| match e {
+        PolicyError::Policy(message) => Outcome::failed(ErrorKind::Policy, message),
+        PolicyError::Invalid(message) => invalid(message),
+    })
 }
 
 fn parse_cpus(text: &str) -> Result<f64, String> {

@@ -75,6 +75,7 @@ fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
     enter_cgroup_namespace()?;
     // Mounts: a new root from tmpfs and read-only binds, then pivot_root (see mount.rs).
     mount::build_root(&spec)?;
+    write_work_files(&spec)?;
     set_hostname(&spec.hostname)?;
     bring_up_loopback()?;
     // pid 1 holds the host binary open; other uids may not inspect it (CVE-2019-5736).
@@ -133,6 +134,27 @@ fn receive_spec(channel: &UnixStream) -> Result<Spec, SetupError> {
 fn enter_cgroup_namespace() -> Result<(), SetupError> {
     unshare(CloneFlags::CLONE_NEWCGROUP)
         .map_err(|e| fail("enter_cgroup_namespace", e, "unshare(CLONE_NEWCGROUP)"))
+}
+
+/// The runner's code file, owned by the sandbox user so the payload may change it.
+fn write_work_files(spec: &Spec) -> Result<(), SetupError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let id = Some(crate::spec::SANDBOX_UID);
+    for file in &spec.files {
+        let path = std::path::Path::new("/work").join(&file.name);
+        let detail = || format!("writing {}", path.display());
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)
+            .map_err(|e| fail_io("write_work_files", &e, detail()))?;
+        std::io::Write::write_all(&mut out, file.contents.as_bytes())
+            .map_err(|e| fail_io("write_work_files", &e, detail()))?;
+        std::os::unix::fs::fchown(&out, id, id)
+            .map_err(|e| fail_io("write_work_files", &e, detail()))?;
+    }
+    Ok(())
 }
 
 fn set_hostname(name: &str) -> Result<(), SetupError> {

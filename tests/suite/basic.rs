@@ -27,8 +27,9 @@ fn hello_world_in_bash() {
     if !require_root() {
         return;
     }
-    let run = run_json(&["--lang", "bash", "-c", "echo hello from $0"]);
-    assert_eq!(run.stdout(), "hello from bash\n", "{}", run.json);
+    let run = run_json(&["--lang", "bash", "-c", "echo hello from ${0%.sh}"]);
+    // The code runs from a file in /work, so $0 is its name.
+    assert_eq!(run.stdout(), "hello from main\n", "{}", run.json);
     assert_eq!(run.status, 0);
 }
 
@@ -58,8 +59,8 @@ fn exit_status_is_the_payloads_own() {
         (run.exit_code(), run.status, run.error()),
         (Some(3), 3, None)
     );
-    let plain = codecage()
-        .args(["run", "--", "bash", "-c", "exit 42"])
+    let plain = codecage_run()
+        .args(["--", "bash", "-c", "exit 42"])
         .status()
         .unwrap();
     assert_eq!(plain.code(), Some(42));
@@ -85,8 +86,8 @@ fn stderr_is_captured_separately() {
     assert_eq!(run.stdout(), "to-out\nmore-out\n");
     assert_eq!(run.stderr_field(), "to-err\n");
     // Without --json the streams pass through to the CLI's own stdout and stderr.
-    let out = codecage()
-        .args(["run", "--", "bash", "-c", "echo o; echo e >&2"])
+    let out = codecage_run()
+        .args(["--", "bash", "-c", "echo o; echo e >&2"])
         .output()
         .unwrap();
     assert_eq!(
@@ -101,8 +102,8 @@ fn stdin_is_at_eof() {
         return;
     }
     // Even when the caller's stdin is a pipe that never closes, the payload reads EOF.
-    let mut child = codecage()
-        .args(["run", "--json", "--timeout", "10", "--lang", "python", "-c"])
+    let mut child = codecage_run()
+        .args(["--json", "--timeout", "10", "--lang", "python", "-c"])
         .arg("import sys; d = sys.stdin.read(); print(repr(d))")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -135,9 +136,9 @@ fn the_environment_is_clean() {
     if !require_root() {
         return;
     }
-    let output = codecage()
+    let output = codecage_run()
         .env("CODECAGE_TEST_SECRET", "hunter2")
-        .args(["run", "--json", "--env", "FOO=bar", "--", "env"])
+        .args(["--json", "--env", "FOO=bar", "--", "env"])
         .output()
         .unwrap();
     let run = parse(output);
@@ -218,8 +219,8 @@ fn bad_flag_values_are_refused_with_a_message_and_125() {
         assert_eq!(run.status, 125);
     }
     let run = parse(
-        codecage()
-            .args(["run", "--json", "-c", "print(1)"])
+        codecage_run()
+            .args(["--json", "-c", "print(1)"])
             .output()
             .unwrap(),
     );

@@ -323,8 +323,8 @@ fn bad_limit_values_are_refused() {
         ("--pids", "0", "64"),
         ("--memory", "1M", "at least"),
     ] {
-        let out = codecage()
-            .args(["run", flag, value, "--", "true"])
+        let out = codecage_run()
+            .args([flag, value, "--", "true"])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

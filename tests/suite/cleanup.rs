@@ -53,8 +53,8 @@ fn sigkill_of_the_payload_leaves_nothing() {
     }
     let host = HostState::take();
     let mark = marker("kill9");
-    let child = codecage()
-        .args(["run", "--json", "--timeout", "20", "--", "bash", "-c"])
+    let child = codecage_run()
+        .args(["--json", "--timeout", "20", "--", "bash", "-c"])
         .arg(format!(
             "(exec -a {mark}-child sleep 100) & exec -a {mark} sleep 100"
         ))
@@ -84,8 +84,8 @@ fn sigkill_of_the_launcher_takes_the_sandbox_with_it() {
     }
     let host = HostState::take();
     let mark = marker("launcher");
-    let mut child = codecage()
-        .args(["run", "--timeout", "60", "--", "bash", "-c"])
+    let mut child = codecage_run()
+        .args(["--timeout", "60", "--", "bash", "-c"])
         .arg(format!(
             "(setsid bash -c 'exec -a {mark} sleep 100' &); exec -a {mark} sleep 100"
         ))

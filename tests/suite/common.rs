@@ -13,6 +13,13 @@ pub fn codecage() -> Command {
     Command::new(env!("CARGO_BIN_EXE_codecage"))
 }
 
+/// `codecage run --rootfs host`: the host's /usr, which every test machine has.
+pub fn codecage_run() -> Command {
+    let mut cmd = codecage();
+    cmd.args(["run", "--rootfs", "host"]);
+    cmd
+}
+
 /// Fails loudly when not root: these tests build real sandboxes, and a skipped isolation
 /// test proves nothing. `CODECAGE_ALLOW_SKIP=1` turns that into a printed skip, for
 /// developers without root; CI never sets it.
@@ -60,13 +67,17 @@ impl Run {
 
 /// Runs `codecage run --json ARGS...` and parses its one JSON object.
 pub fn run_json(args: &[&str]) -> Run {
-    let output = codecage()
-        .arg("run")
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("spawn codecage");
-    parse(output)
+    let mut cmd = codecage();
+    cmd.arg("run").arg("--json");
+    // Unless the test chooses a rootfs: the host's /usr, which every machine has.
+    if !args
+        .iter()
+        .take_while(|a| **a != "--")
+        .any(|a| *a == "--rootfs")
+    {
+        cmd.args(["--rootfs", "host"]);
+    }
+    parse(cmd.args(args).output().expect("spawn codecage"))
 }
 
 /// Runs a bash script in a sandbox (host rootfs), with extra flags before it.

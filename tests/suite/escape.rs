@@ -88,9 +88,9 @@ fn the_launchers_environment_is_invisible() {
     if !require_root() {
         return;
     }
-    let out = codecage()
+    let out = codecage_run()
         .env("CODECAGE_TEST_SECRET", "s3cr3t-launcher-value")
-        .args(["run", "--json", "--", "bash", "-c"])
+        .args(["--json", "--", "bash", "-c"])
         .arg("env; cat /proc/1/environ /proc/self/environ 2>&1; for f in /proc/[0-9]*/environ; do cat $f 2>/dev/null; done; true")
         .output()
         .unwrap();

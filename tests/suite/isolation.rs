@@ -56,8 +56,8 @@ fn the_payloads_host_uid_is_not_root() {
     }
     let mark = marker("uid");
     let host = HostState::take();
-    let mut child = codecage()
-        .args(["run", "--json", "--timeout", "20", "--", "bash", "-c"])
+    let mut child = codecage_run()
+        .args(["--json", "--timeout", "20", "--", "bash", "-c"])
         .arg(format!("exec -a {mark} sleep 30"))
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -139,8 +139,8 @@ fn only_stdio_fds_reach_the_payload() {
         )
         .unwrap();
     }
-    let output = codecage()
-        .args(["run", "--json", "--", "ls", "/proc/self/fd"])
+    let output = codecage_run()
+        .args(["--json", "--", "ls", "/proc/self/fd"])
         .output()
         .unwrap();
     let run = parse(output);
@@ -169,8 +169,8 @@ fn concurrent_runs_do_not_collide() {
     let mark = marker("conc");
     let children: Vec<_> = (0..8)
         .map(|i| {
-            codecage()
-                .args(["run", "--json", "--", "bash", "-c"])
+            codecage_run()
+                .args(["--json", "--", "bash", "-c"])
                 .arg(format!("echo {i} > /work/f; sleep 0.3; cat /work/f; id -u; cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ' '"))
                 .stdout(std::process::Stdio::piped())
                 .spawn()

@@ -78,8 +78,8 @@ fn sigterm_to_codecage_reaches_the_payload() {
         return;
     }
     let mark = marker("term");
-    let child = codecage()
-        .args(["run", "--json", "--timeout", "20", "--", "bash", "-c"])
+    let child = codecage_run()
+        .args(["--json", "--timeout", "20", "--", "bash", "-c"])
         .arg(format!(
             "trap 'echo got-term; exit 7' TERM; echo ready; exec -a {mark} sleep 100 & wait"
         ))

@@ -7,3 +7,4 @@ mod escape;
 mod fs;
 mod isolation;
 mod limits;
+mod profiles;
