@@ -119,8 +119,8 @@ fn forward_signals() -> Option<SignalFd> {
 }
 
 /// Translates the flags into a Request, picks the profile, and resolves both into a Spec.
-fn build_spec(args: RunArgs) -> Result<Spec, Outcome> {
-    let invalid = |message: String| Outcome::failed(ErrorKind::InvalidRequest, message);
+fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
+    let invalid = |message: String| Box::new(Outcome::failed(ErrorKind::InvalidRequest, message));
     let mut request = Request {
         lang: args.lang,
         timeout: args.timeout,
@@ -184,7 +184,7 @@ fn build_spec(args: RunArgs) -> Result<Spec, Outcome> {
     };
     let profile = Profile::load(&profile_name).map_err(|e| invalid(e.to_string()))?;
     profile::resolve(&profile, &profile_name, &request, &Host::from_env()).map_err(|e| match e {
-        PolicyError::Policy(message) => Outcome::failed(ErrorKind::Policy, message),
+        PolicyError::Policy(message) => Box::new(Outcome::failed(ErrorKind::Policy, message)),
         PolicyError::Invalid(message) => invalid(message),
     })
 }
