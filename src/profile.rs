@@ -147,6 +147,8 @@ pub struct SessionSection {
 pub struct HardeningSection {
     pub landlock: LayerMode,
     pub seccomp: LayerMode,
+    /// The memory, CPU and pids limits' cgroup.
+    pub cgroup: LayerMode,
 }
 
 impl Default for Profile {
@@ -516,6 +518,7 @@ pub fn resolve(
     spec.nofile = l.nofile;
     spec.landlock = profile.hardening.landlock;
     spec.seccomp = profile.hardening.seccomp;
+    spec.cgroup = profile.hardening.cgroup;
     for (key, value) in profile.env.iter().map(|(k, v)| (k.as_str(), v.as_str())) {
         spec.set_env(key, value);
     }

@@ -102,9 +102,11 @@ pub struct Spec {
     pub tmp_size: u64,
     /// Size of the tmpfs on `/work`, the payload's working directory, in bytes.
     pub work_size: u64,
-    /// Memory, CPU and process limits, enforced through a cgroup of the run's own. `None`
-    /// runs without a cgroup (for measuring what the layer costs; never the default).
+    /// Memory, CPU and process limits, enforced through a cgroup of the run's own.
     pub limits: Option<Limits>,
+    /// Whether the cgroup must exist: `Off` runs without one (for measuring what the layer
+    /// costs), `BestEffort` without one where the host cannot make it.
+    pub cgroup: LayerMode,
     /// Landlock filesystem, TCP and scope rules.
     pub landlock: LayerMode,
     /// The seccomp filter of profiles/seccomp/<arch>.json.
@@ -143,6 +145,7 @@ impl Spec {
             tmp_size: 64 << 20,
             work_size: 64 << 20,
             limits: Some(Limits::default()),
+            cgroup: LayerMode::Required,
             landlock: LayerMode::Required,
             seccomp: LayerMode::Required,
             nofile: 256,

@@ -24,7 +24,7 @@ use nix::sys::signalfd::SignalFd;
 
 use crate::cgroup::{self, Limits, RunCgroup, Usage};
 use crate::outcome::{ErrorKind, Outcome};
-use crate::spec::Spec;
+use crate::spec::{LayerMode, Spec};
 use crate::units::format_size;
 
 pub use clone::CHANNEL_FD;
@@ -59,18 +59,31 @@ pub fn run_with(
         outcome.duration = start.elapsed();
         outcome
     };
-    let cgroup = match &spec.limits {
-        Some(limits) => match RunCgroup::create(cgroup::layout(), limits) {
-            Ok(cgroup) => Some(cgroup),
-            Err(e) => return failed(e.to_string()),
-        },
-        None => None,
+    let mut skipped = None;
+    let cgroup = match (&spec.limits, spec.cgroup) {
+        (Some(limits), LayerMode::Required | LayerMode::BestEffort) => {
+            match RunCgroup::create(cgroup::layout(), limits) {
+                Ok(cgroup) => Some(cgroup),
+                Err(e) if spec.cgroup == LayerMode::BestEffort => {
+                    skipped = Some(format!("cgroup limits: {e}"));
+                    None
+                }
+                Err(e) => return failed(e.to_string()),
+            }
+        }
+        _ => None,
     };
     let sandbox = match clone::spawn(spec, cgroup.as_ref()) {
         Ok(sandbox) => sandbox,
         Err(message) => return failed(message),
     };
     let mut outcome = supervise::supervise(sandbox, spec, start, sink, interrupt);
+    outcome.skipped_layers.extend(skipped);
+    if spec.cgroup == LayerMode::Off {
+        outcome
+            .skipped_layers
+            .push("cgroup limits: turned off by the profile".into());
+    }
     if let (Some(cgroup), Some(limits)) = (cgroup, &spec.limits) {
         account(&mut outcome, cgroup.usage(), limits);
         if let Err(e) = cgroup.remove() {
