@@ -258,10 +258,18 @@ fn disk_bomb_meets_enospc_at_the_tmpfs_size() {
     if !require_root() {
         return;
     }
-    // Data and inodes: a big file, then a flood of empty files.
+    // Data and inodes: a big file, then a flood of empty files (from one process: a
+    // shell forking `touch` 2000 times is slow under the VM lane's emulated CPU).
     let script = "head -c 100M /dev/zero > /tmp/big 2>/dev/null; echo tmp $?; \
                   head -c 100M /dev/zero > /work/big 2>/dev/null; echo work $?; rm -f /tmp/big /work/big; \
-                  i=0; while touch /tmp/f$i 2>/dev/null; do i=$((i+1)); done; echo files $i";
+                  python3 -c \"
+import errno
+i = 0
+try:
+    while True:
+        open(f'/tmp/f{i}', 'w').close(); i += 1
+except OSError as e:
+    print('files', i, errno.errorcode[e.errno])\"";
     let (run, _) = bomb(
         "disk",
         &["--tmp-size", "8M", "--work-size", "8M", "--timeout", "60"],
@@ -269,7 +277,13 @@ fn disk_bomb_meets_enospc_at_the_tmpfs_size() {
     );
     let lines: Vec<&str> = run.stdout().lines().collect();
     assert_eq!(lines[..2], ["tmp 1", "work 1"], "{}", run.json);
-    let files: u64 = lines[2].strip_prefix("files ").unwrap().parse().unwrap();
+    let (files, why) = lines[2]
+        .strip_prefix("files ")
+        .unwrap()
+        .split_once(' ')
+        .unwrap();
+    let files: u64 = files.parse().unwrap();
+    assert_eq!(why, "ENOSPC", "{}", run.json);
     assert!((1000..=2100).contains(&files), "inode cap: {files} files");
 }
 

@@ -34,6 +34,17 @@ pub fn require_root() -> bool {
     panic!("this test needs root: it creates namespaces and mounts (set CODECAGE_ALLOW_SKIP=1 to skip)");
 }
 
+/// Seconds scaled for where the tests run: the VM lane (`CODECAGE_IN_VM=1`) emulates its CPU
+/// in software, and programs start 10-50 times slower there.
+pub fn secs(n: u64) -> String {
+    let factor = if std::env::var_os("CODECAGE_IN_VM").is_some() {
+        10
+    } else {
+        1
+    };
+    format!("{}s", n * factor)
+}
+
 /// A string unique to this test process and call, to find its processes on the host.
 pub fn marker(name: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);

@@ -16,13 +16,14 @@ fn a_timeout_kills_a_double_forked_setsid_child_that_ignores_sigterm() {
          trap '' TERM; exec -a {mark}-parent sleep 1000"
     );
     let start = Instant::now();
-    let run = bash(&["--timeout", "1"], &script);
+    let timeout = secs(1);
+    let run = bash(&["--timeout", &timeout], &script);
     let took = start.elapsed();
     assert_eq!(run.error(), Some("timeout"), "{}", run.json);
     assert_eq!(run.status, 124);
     assert_eq!(run.stdout(), "before\n", "partial output is kept");
     assert!(
-        run.json["message"].as_str().unwrap().contains("1s"),
+        run.json["message"].as_str().unwrap().contains(&timeout),
         "{}",
         run.json
     );

@@ -30,10 +30,15 @@ pub fn test(args: &[String]) -> Result<i32> {
         None => &[],
     };
     if !nix_is_root() {
-        bail!("the tests build real sandboxes and must run as root (try: sudo -E cargo xtask test)");
+        bail!(
+            "the tests build real sandboxes and must run as root (try: sudo -E cargo xtask test)"
+        );
     }
     install_missing()?;
-    let nextest = Command::new("cargo").args(["nextest", "--version"]).output().is_ok_and(|o| o.status.success());
+    let nextest = Command::new("cargo")
+        .args(["nextest", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     let mut cmd = Command::new("cargo");
     if nextest {
         cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
@@ -51,19 +56,30 @@ fn nix_is_root() -> bool {
     // The effective uid, from the kernel itself (xtask has no libc dependency).
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
         .unwrap_or(false)
 }
 
 fn install_missing() -> Result<()> {
-    let missing: Vec<&str> = NEEDED.iter().filter(|(path, _)| !std::path::Path::new(path).exists()).map(|(_, pkg)| *pkg).collect();
+    let missing: Vec<&str> = NEEDED
+        .iter()
+        .filter(|(path, _)| !std::path::Path::new(path).exists())
+        .map(|(_, pkg)| *pkg)
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
     eprintln!("xtask: installing {}", missing.join(" "));
     let install = |update: bool| -> Result<bool> {
         if update {
-            Command::new("apt-get").args(["update", "-q"]).status().context("apt-get update")?;
+            Command::new("apt-get")
+                .args(["update", "-q"])
+                .status()
+                .context("apt-get update")?;
         }
         let status = Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
@@ -74,7 +90,10 @@ fn install_missing() -> Result<()> {
         Ok(status.success())
     };
     if !install(false)? && !install(true)? {
-        bail!("could not install {}: install them with apt-get and rerun", missing.join(" "));
+        bail!(
+            "could not install {}: install them with apt-get and rerun",
+            missing.join(" ")
+        );
     }
     Ok(())
 }

@@ -40,7 +40,6 @@ $bb ln -sfn /proc/self/fd/2 /dev/stderr
 $bb mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /tmp
 $bb mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
 $bb mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
-$bb mount -o remount,rw / 2>/dev/null
 
 # --- pure cgroup v2, as on a systemd host ---------------------------------
 # nsdelegate: cgroup namespaces are delegation boundaries (what systemd mounts
@@ -84,9 +83,12 @@ echo started >$ctl/started
 watchdog=$!
 # Writing 0 to cgroup.procs moves the writer itself: the subshell joins the
 # job cgroup, then becomes the job. Only the job's own tree is in there.
+# The job runs under /bin/sh (dash), not busybox: Debian's busybox shell
+# prefers its own applets over $PATH, so `sh`, `ls`, `ps`... started from it
+# would be busybox's instead of the real ones.
 (
 	echo 0 >$job/cgroup.procs || exit 125
-	exec $bb sh $ctl/cmd.sh
+	exec /bin/sh $ctl/cmd.sh
 ) </dev/null >"$out" 2>&1
 rc=$?
 stamp "job exited with $rc"

@@ -47,13 +47,39 @@ for the current recipe exists already.
 environment:
   CODECAGE_VM_CACHE   image cache directory (default /var/cache/codecage/vm)
   CODECAGE_VM_MIRROR  mmdebstrap mirror argument (default: the host's bookworm
-                      sources, else deb.debian.org)";
+                      sources, else deb.debian.org)
+  CODECAGE_VM_KERNEL_SUITE
+                      where the guest kernel comes from: bookworm-backports
+                      (default, 6.12, Landlock ABI 6) or bookworm (6.1, ABI 2).
+                      Each has its own image; set it for vm-run/vm-test too.
+  CODECAGE_VM_KERNEL_MIRROR
+                      mirror for a kernel suite other than bookworm
+                      (default http://deb.debian.org/debian)";
+
+/// The line of `image.txt` naming the kernel suite (pruning keeps the
+/// images of other kernel suites).
+const KERNEL_SUITE_KEY: &str = "kernel-suite: ";
 
 /// Written last into a finished image directory.
 pub const COMPLETE_MARKER: &str = "complete";
 
-/// The Debian release of the guest (root filesystem and kernel).
+/// The Debian release of the guest's root filesystem (and, by default, kernel).
 const SUITE: &str = "bookworm";
+
+/// The default kernel suite: bookworm-backports' 6.12, whose landlock ABI 6
+/// codecage requires by default (bookworm's own 6.1 has ABI 2), and which has
+/// the newer cgroup files such as `pids.peak`.
+const DEFAULT_KERNEL_SUITE: &str = "bookworm-backports";
+
+/// Where the guest kernel comes from: `$CODECAGE_VM_KERNEL_SUITE`, default
+/// [`DEFAULT_KERNEL_SUITE`]; `bookworm` gives 6.1 (Landlock ABI 2). Part of the
+/// recipe hash, so each choice has its own image; vm-run must see the same value.
+pub fn kernel_suite() -> String {
+    std::env::var("CODECAGE_VM_KERNEL_SUITE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| DEFAULT_KERNEL_SUITE.to_string())
+}
 
 const PACKAGES: &str = include_str!("../../vm/packages.txt");
 const HOST_PACKAGES: &str = include_str!("../../vm/host-packages.txt");
@@ -64,17 +90,18 @@ const VM_INIT_SH: &str = include_str!("../../vm/vm-init.sh");
 const THIS_SOURCE: &str = include_str!("build.rs");
 
 /// Modules the initramfs loads (with their dependencies) to reach the root
-/// disk, the 9p shares and the virtio-serial output port. crc32c is a soft
-/// dependency of ext4 that `--show-depends` does not list.
-const INITRAMFS_MODULES: &[&str] = &[
-    "virtio_pci",
-    "virtio_blk",
-    "virtio_console",
-    "virtio_rng",
-    "crc32c_generic",
-    "ext4",
-    "9pnet_virtio",
-    "9p",
+/// disk, the 9p shares and the virtio-serial output port, and whether the
+/// build may go on without them. crc32c is a soft dependency of ext4 that
+/// `--show-depends` may not list (and a module name that kernels change).
+const INITRAMFS_MODULES: &[(&str, bool)] = &[
+    ("virtio_pci", true),
+    ("virtio_blk", true),
+    ("virtio_console", true),
+    ("virtio_rng", false),
+    ("crc32c_generic", false),
+    ("ext4", true),
+    ("9pnet_virtio", true),
+    ("9p", true),
 ];
 
 /// Parts of the kernel's module tree copied into the guest, so that tests can
@@ -115,8 +142,10 @@ pub fn recipe_hash() -> String {
         h ^= 0xff;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     };
+    let kernel_suite = kernel_suite();
     for (name, content) in [
         ("suite", SUITE),
+        ("kernel-suite", kernel_suite.as_str()),
         ("packages.txt", PACKAGES),
         ("fetch-kernel.sh", FETCH_KERNEL_SH),
         ("initramfs-init.sh", INITRAMFS_INIT_SH),
@@ -177,7 +206,7 @@ impl Steps {
                     self.total,
                     secs(t.elapsed())
                 );
-                if log.exists() {
+                if super::interrupted().is_none() && log.exists() {
                     eprintln!("----- output of the failed step -----");
                     eprint!("{}", tail_lines(&log, 80));
                     eprintln!("-------------------------------------");
@@ -272,8 +301,9 @@ pub fn build() -> Result<Image> {
         remove_tree(&rootfs)?;
         fs::remove_file(dir.join("fetch-kernel.sh"))?;
         let manifest = format!(
-            "codecage cgroup-v2 VM image\nrecipe: {hash}\nsuite: {SUITE}\nkernel: {release}\n\
-             packages: {}\nbuilt in: {}\n",
+            "codecage cgroup-v2 VM image\nrecipe: {hash}\nsuite: {SUITE}\n{KERNEL_SUITE_KEY}{}\n\
+             kernel: {release}\npackages: {}\nbuilt in: {}\n",
+            kernel_suite(),
             guest_packages().join(" "),
             secs(start.elapsed())
         );
@@ -361,6 +391,10 @@ fn mirror() -> Option<String> {
 fn mmdebstrap(dir: &Path, rootfs: &Path, kernel: &Path, log: &Path) -> Result<()> {
     let hook = dir.join("fetch-kernel.sh");
     fs::write(&hook, FETCH_KERNEL_SH)?;
+    let kernel_mirror = std::env::var("CODECAGE_VM_KERNEL_MIRROR")
+        .ok()
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "http://deb.debian.org/debian".to_string());
     let mut cmd = Command::new("unshare");
     // A private mount namespace: the /proc, /sys and /dev mounts mmdebstrap
     // makes inside the chroot vanish with it, even if it is killed, and never
@@ -381,9 +415,11 @@ fn mmdebstrap(dir: &Path, rootfs: &Path, kernel: &Path, log: &Path) -> Result<()
             .map(|p| format!("--dpkgopt=path-exclude={p}")),
         )
         .arg(format!(
-            "--customize-hook=sh {} \"$1\" {}",
+            "--customize-hook=sh {} \"$1\" {} {} {}",
             shell_quote(&hook),
-            shell_quote(kernel)
+            shell_quote(kernel),
+            shell_quote(kernel_suite()),
+            shell_quote(kernel_mirror)
         ))
         .arg(SUITE)
         .arg(rootfs);
@@ -511,31 +547,28 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 /// The initramfs: busybox, the modules in load order, `/init`.
 fn build_initramfs(rootfs: &Path, release: &str, out: &Path, log: &Path) -> Result<()> {
     // Module paths in dependency order, as modprobe would load them.
-    let output = Command::new("chroot")
-        .arg(rootfs)
-        .args(["modprobe", "-S", release, "--show-depends", "-a"])
-        .args(INITRAMFS_MODULES)
-        .stderr(fs::OpenOptions::new().append(true).create(true).open(log)?)
-        .output()
-        .context("running modprobe --show-depends in the chroot")?;
-    ensure!(
-        output.status.success(),
-        "modprobe --show-depends exited with {}",
-        output.status
-    );
-    let text = String::from_utf8_lossy(&output.stdout);
-    fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(log)?
-        .write_all(text.as_bytes())?;
     let mut seen = BTreeSet::new();
     let mut modules = Vec::new();
-    for line in text.lines() {
-        if let Some(path) = line.strip_prefix("insmod ") {
-            let path = path.split_whitespace().next().unwrap_or("");
-            if seen.insert(path.to_string()) {
-                modules.push(path.to_string());
+    for &(module, required) in INITRAMFS_MODULES {
+        let output = Command::new("chroot")
+            .arg(rootfs)
+            .args(["modprobe", "-S", release, "--show-depends", module])
+            .stderr(fs::OpenOptions::new().append(true).create(true).open(log)?)
+            .output()
+            .context("running modprobe --show-depends in the chroot")?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mut logf = fs::OpenOptions::new().append(true).create(true).open(log)?;
+        writeln!(logf, "{module}: {}\n{text}", output.status)?;
+        if !output.status.success() {
+            ensure!(!required, "modprobe --show-depends {module} failed");
+            continue;
+        }
+        for line in text.lines() {
+            if let Some(path) = line.strip_prefix("insmod ") {
+                let path = path.split_whitespace().next().unwrap_or("");
+                if seen.insert(path.to_string()) {
+                    modules.push(path.to_string());
+                }
             }
         }
     }
@@ -736,12 +769,14 @@ fn remove_stale_builds(cache: &Path) {
     }
 }
 
-/// After a successful build: remove complete images of other recipes (each
-/// is ~0.5 GB). A VM still running from one keeps its open files.
+/// After a successful build: remove complete images of older recipes for
+/// the same kernel suite (each is ~0.5 GB). A VM still running from one keeps
+/// its open files.
 fn remove_other_images(cache: &Path, keep: &str) {
     let Ok(entries) = fs::read_dir(cache) else {
         return;
     };
+    let suite_line = format!("{KERNEL_SUITE_KEY}{}", kernel_suite());
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -749,6 +784,10 @@ fn remove_other_images(cache: &Path, keep: &str) {
             && name.len() == 16
             && name.bytes().all(|b| b.is_ascii_hexdigit())
             && path.join(COMPLETE_MARKER).is_file()
+            && fs::read_to_string(path.join("image.txt"))
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l == suite_line)
         {
             eprintln!("[vm-build] removing the old image {}", path.display());
             if let Err(e) = remove_tree(&path) {

@@ -1,0 +1,511 @@
+//! `cargo xtask bench`: start-up, layer cost and throughput of codecage against bare
+//! execution, bubblewrap and crun, measured side by side on the same machine and rootfs
+//! (the host's /usr, read-only). Writes BENCHMARKS.md.
+//!
+//! The harness is our own rather than hyperfine's: hyperfine runs one command's batch after
+//! another, so a burst of load on this shared 2-core machine lands on one command; here
+//! every round runs each command once, in turn ("interleaved"), and medians compare
+//! commands that saw the same conditions. Ratios to bare execution, not absolute times, are
+//! what carries across machines.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+pub const USAGE: &str = "\
+usage: cargo xtask bench [--rounds N] [--throughput N] [--no-write]
+
+Measures, interleaved and side by side on the host rootfs:
+  start-up of /bin/true, python3 -c pass and node -e 0: bare, bubblewrap, crun, codecage
+  the cost of each codecage layer (namespaces only; + cgroup; + landlock; + seccomp)
+  throughput of N x python3 -c pass, 1 and 2 in parallel: bare, bubblewrap, codecage
+and writes the table to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap and
+crun from Debian when missing; builds codecage in release mode.
+  --rounds N       rounds of the start-up scenarios (default 60; python and node use N/2)
+  --throughput N   runs per throughput measurement (default 500)";
+
+struct Options {
+    rounds: usize,
+    throughput: usize,
+    write: bool,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut o = Options {
+        rounds: 60,
+        throughput: 500,
+        write: true,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut number = |name: &str| -> Result<usize> {
+            let v = it
+                .next()
+                .with_context(|| format!("{name} needs a number"))?;
+            v.parse()
+                .with_context(|| format!("{name} {v}: not a number"))
+        };
+        match arg.as_str() {
+            "--rounds" => o.rounds = number("--rounds")?.max(3),
+            "--throughput" => o.throughput = number("--throughput")?.max(2),
+            "--no-write" => o.write = false,
+            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+        }
+    }
+    Ok(o)
+}
+
+/// One command under test; `{id}` in its argv becomes a unique number per run.
+#[derive(Clone)]
+struct Cmd {
+    label: String,
+    argv: Vec<String>,
+}
+
+impl Cmd {
+    fn new(label: &str, argv: Vec<String>) -> Cmd {
+        Cmd {
+            label: label.into(),
+            argv,
+        }
+    }
+
+    /// Runs it once, output discarded; returns the wall time. A failure is an error: a
+    /// benchmark of a command that does not work measures nothing.
+    fn time(&self, id: usize) -> Result<Duration> {
+        let argv: Vec<String> = self
+            .argv
+            .iter()
+            .map(|a| a.replace("{id}", &id.to_string()))
+            .collect();
+        let start = Instant::now();
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .with_context(|| format!("running {}", argv[0]))?;
+        let took = start.elapsed();
+        if !out.status.success() {
+            bail!(
+                "{} failed ({}): {}",
+                self.label,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(took)
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Interleaved rounds: every round runs each command once. Returns each command's median.
+fn interleaved(cmds: &[Cmd], rounds: usize, next_id: &mut usize) -> Result<Vec<Duration>> {
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); cmds.len()];
+    for round in 0..rounds + 3 {
+        for (i, cmd) in cmds.iter().enumerate() {
+            *next_id += 1;
+            let t = cmd.time(*next_id)?;
+            // The first three rounds warm caches and are not counted.
+            if round >= 3 {
+                times[i].push(t);
+            }
+        }
+    }
+    Ok(times.into_iter().map(median).collect())
+}
+
+/// `n` runs of `cmd` by `parallel` workers; returns runs per second.
+fn throughput(cmd: &Cmd, n: usize, parallel: usize, next_id: &mut usize) -> Result<f64> {
+    let base = *next_id;
+    *next_id += n;
+    let counter = std::sync::atomic::AtomicUsize::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..parallel)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    loop {
+                        let i = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= n {
+                            return Ok(());
+                        }
+                        cmd.time(base + i)?;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a worker panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+pub fn main(args: &[String]) -> Result<i32> {
+    let opts = parse(args)?;
+    if !is_root() {
+        bail!("the benchmark creates namespaces and cgroups: run it as root");
+    }
+    install(&[("bwrap", "bubblewrap"), ("crun", "crun")])?;
+    let root = workspace_root();
+    eprintln!("    Building codecage (release)");
+    let status = Command::new("cargo")
+        .args(["build", "--release", "--quiet", "-p", "codecage"])
+        .current_dir(&root)
+        .status()?;
+    if !status.success() {
+        bail!("cargo build --release failed");
+    }
+    let codecage = root.join("target/release/codecage").display().to_string();
+    let work = tempdir()?;
+    let result = run_all(&opts, &codecage, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    let report = result?;
+    print!("{report}");
+    if opts.write {
+        std::fs::write(root.join("BENCHMARKS.md"), &report)?;
+        eprintln!("    Wrote BENCHMARKS.md");
+    }
+    Ok(0)
+}
+
+fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
+    let python = "/usr/bin/python3";
+    let node = "/usr/bin/node";
+    let payloads: [(&str, Vec<String>); 3] = [
+        ("/bin/true", vec!["/bin/true".into()]),
+        (
+            "python3 -c pass",
+            vec![python.into(), "-c".into(), "pass".into()],
+        ),
+        ("node -e 0", vec![node.into(), "-e".into(), "0".into()]),
+    ];
+    let bwrap = |argv: &[String]| -> Vec<String> {
+        let mut v: Vec<String> = "bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr \
+            --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib --symlink usr/lib64 /lib64 \
+            --ro-bind /etc/ld.so.cache /etc/ld.so.cache --ro-bind /etc/alternatives /etc/alternatives \
+            --proc /proc --dev /dev --tmpfs /tmp --dir /work --chdir /work --clearenv --setenv PATH /usr/bin:/bin"
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        v.extend(argv.iter().cloned());
+        v
+    };
+    let profiles = write_layer_profiles(work)?;
+    let codecage_with = |profile: &Path, argv: &[String]| -> Vec<String> {
+        let mut v = vec![
+            codecage.to_string(),
+            "run".into(),
+            "--rootfs".into(),
+            "host".into(),
+        ];
+        v.extend([
+            "--profile".into(),
+            profile.display().to_string(),
+            "--".into(),
+        ]);
+        v.extend(argv.iter().cloned());
+        v
+    };
+    let everything = &profiles[3].1;
+
+    let mut out = String::new();
+    let mut next_id = 0usize;
+    writeln!(out, "# Benchmarks\n")?;
+    writeln!(out, "Written by `cargo xtask bench` on {}.\n", machine()?)?;
+    writeln!(
+        out,
+        "Every command runs on the same root: the host's /usr, read-only. Rounds are interleaved (each round runs \
+         every command of a table once), the first three are not counted, and the figure is the median wall time \
+         of spawning the command until it has exited and been reaped. Ratios are to bare execution.\n"
+    )?;
+    writeln!(out, "## Start-up\n")?;
+    writeln!(
+        out,
+        "| payload | bare | bubblewrap | crun | codecage | codecage / bare | codecage - bare |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|---|")?;
+    for (i, (name, argv)) in payloads.iter().enumerate() {
+        let bundle = crun_bundle(work, i, argv)?;
+        let cmds = vec![
+            Cmd::new("bare", argv.clone()),
+            Cmd::new("bubblewrap", bwrap(argv)),
+            Cmd::new(
+                "crun",
+                vec![
+                    "crun".into(),
+                    "run".into(),
+                    "--bundle".into(),
+                    bundle.display().to_string(),
+                    "bench-{id}".into(),
+                ],
+            ),
+            Cmd::new("codecage", codecage_with(everything, argv)),
+        ];
+        let rounds = if i == 0 {
+            opts.rounds
+        } else {
+            (opts.rounds / 2).max(3)
+        };
+        eprintln!("    Measuring start-up of {name} ({rounds} rounds)");
+        let m = interleaved(&cmds, rounds, &mut next_id)?;
+        writeln!(
+            out,
+            "| `{name}` | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.2}x | +{:.1} ms |",
+            ms(m[0]),
+            ms(m[1]),
+            ms(m[2]),
+            ms(m[3]),
+            ms(m[3]) / ms(m[0]),
+            ms(m[3]) - ms(m[0])
+        )?;
+    }
+    writeln!(
+        out,
+        "\nbubblewrap: all namespaces (user, mount, pid, net, ipc, uts, cgroup), read-only /usr, new /proc, /dev and /tmp. \
+         crun: an OCI bundle with pid, net, ipc, uts, mount and cgroup namespaces (no user namespace, as docker runs \
+         it), read-only /usr, and memory, pids and CPU limits. codecage: every layer (all namespaces, cgroup limits, \
+         landlock, seccomp, capabilities dropped, no_new_privs, rlimits).\n"
+    )?;
+
+    writeln!(
+        out,
+        "## What each codecage layer costs (`python3 -c pass`)\n"
+    )?;
+    writeln!(out, "| layers | median | / bare | step |")?;
+    writeln!(out, "|---|---|---|---|")?;
+    let argv = &payloads[1].1;
+    let mut cmds = vec![Cmd::new("bare", argv.clone())];
+    cmds.extend(
+        profiles
+            .iter()
+            .map(|(label, p)| Cmd::new(label, codecage_with(p, argv))),
+    );
+    eprintln!("    Measuring layer costs ({} rounds)", opts.rounds / 2);
+    let m = interleaved(&cmds, (opts.rounds / 2).max(3), &mut next_id)?;
+    for (i, cmd) in cmds.iter().enumerate() {
+        let step = if i >= 2 {
+            format!("+{:.1} ms", ms(m[i]) - ms(m[i - 1]))
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "| {} | {:.1} ms | {:.2}x | {step} |",
+            cmd.label,
+            ms(m[i]),
+            ms(m[i]) / ms(m[0])
+        )?;
+    }
+
+    writeln!(
+        out,
+        "\n## Throughput ({} x `python3 -c pass`)\n",
+        opts.throughput
+    )?;
+    writeln!(
+        out,
+        "| command | 1 at a time | 2 in parallel | 2 in parallel, % of bare |"
+    )?;
+    writeln!(out, "|---|---|---|---|")?;
+    let mut bare2 = 0.0;
+    for cmd in [
+        Cmd::new("bare", argv.clone()),
+        Cmd::new("bubblewrap", bwrap(argv)),
+        Cmd::new("codecage", codecage_with(everything, argv)),
+    ] {
+        eprintln!("    Measuring throughput of {}", cmd.label);
+        let one = throughput(&cmd, opts.throughput, 1, &mut next_id)?;
+        let two = throughput(&cmd, opts.throughput, 2, &mut next_id)?;
+        if cmd.label == "bare" {
+            bare2 = two;
+        }
+        writeln!(
+            out,
+            "| {} | {:.0} runs/s | {:.0} runs/s | {:.0} % |",
+            cmd.label,
+            one,
+            two,
+            100.0 * two / bare2
+        )?;
+    }
+    writeln!(
+        out,
+        "\n## Sessions and density\n\nWarm `execute(\"1+1\")` round trips and memory per idle Python session: not \
+         measured yet (persistent sessions do not exist yet).\n"
+    )?;
+    writeln!(
+        out,
+        "## Targets\n\n- `python3 -c pass` with every layer: at most 1.3x bare.\n- `/bin/true`: within 3 ms of bare.\n\
+         - Throughput with 2 in parallel: at least 80 % of bare.\n"
+    )?;
+    Ok(out)
+}
+
+/// Profiles for the layer-cost table, each adding one layer to the one before.
+fn write_layer_profiles(work: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let layers = [
+        ("namespaces only", "off", "off", "off"),
+        ("+ cgroup limits", "required", "off", "off"),
+        ("+ landlock", "required", "required", "off"),
+        (
+            "+ seccomp (every layer)",
+            "required",
+            "required",
+            "required",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (i, (label, cgroup, landlock, seccomp)) in layers.iter().enumerate() {
+        let path = work.join(format!("layers-{i}.toml"));
+        let text = format!(
+            "language = \"bash\"\nrootfs = \"host\"\n[hardening]\ncgroup = \"{cgroup}\"\nlandlock = \"{landlock}\"\nseccomp = \"{seccomp}\"\n"
+        );
+        std::fs::write(&path, text)?;
+        out.push((label.to_string(), path));
+    }
+    Ok(out)
+}
+
+/// An OCI bundle running `argv` on the host's /usr (read-only), with limits like codecage's.
+fn crun_bundle(work: &Path, n: usize, argv: &[String]) -> Result<PathBuf> {
+    let bundle = work.join(format!("bundle-{n}"));
+    let rootfs = bundle.join("rootfs");
+    for dir in ["usr", "proc", "dev", "tmp", "etc", "work"] {
+        std::fs::create_dir_all(rootfs.join(dir))?;
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        std::os::unix::fs::symlink(target, rootfs.join(link))?;
+    }
+    std::fs::write(rootfs.join("etc/ld.so.cache"), b"")?;
+    std::fs::create_dir_all(rootfs.join("etc/alternatives"))?;
+    let args: Vec<String> = argv.iter().map(|a| format!("{a:?}")).collect();
+    let config = format!(
+        r#"{{
+  "ociVersion": "1.0.2",
+  "process": {{ "terminal": false, "user": {{ "uid": 1000, "gid": 1000 }}, "args": [{args}],
+    "env": ["PATH=/usr/bin:/bin"], "cwd": "/work", "noNewPrivileges": true,
+    "capabilities": {{ "bounding": [], "effective": [], "permitted": [] }} }},
+  "root": {{ "path": "rootfs", "readonly": true }},
+  "hostname": "bench",
+  "mounts": [
+    {{ "destination": "/proc", "type": "proc", "source": "proc" }},
+    {{ "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755", "size=64k"] }},
+    {{ "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "size=64m"] }},
+    {{ "destination": "/work", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "size=64m", "uid=1000"] }},
+    {{ "destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"] }},
+    {{ "destination": "/etc/ld.so.cache", "type": "bind", "source": "/etc/ld.so.cache", "options": ["bind", "ro"] }},
+    {{ "destination": "/etc/alternatives", "type": "bind", "source": "/etc/alternatives", "options": ["bind", "ro"] }}
+  ],
+  "linux": {{
+    "namespaces": [ {{ "type": "pid" }}, {{ "type": "network" }}, {{ "type": "ipc" }}, {{ "type": "uts" }},
+                    {{ "type": "mount" }}, {{ "type": "cgroup" }} ],
+    "resources": {{ "memory": {{ "limit": 268435456 }}, "pids": {{ "limit": 64 }},
+                    "cpu": {{ "quota": 50000, "period": 100000 }} }}
+  }}
+}}
+"#,
+        args = args.join(", ")
+    );
+    std::fs::write(bundle.join("config.json"), config)?;
+    Ok(bundle)
+}
+
+fn machine() -> Result<String> {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?
+        .trim()
+        .to_string();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()?;
+    let layout = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "cgroup v2"
+    } else if Path::new("/sys/fs/cgroup/unified").exists() {
+        "hybrid cgroups (v1 controllers, controller-less cgroup2)"
+    } else {
+        "cgroup v1"
+    };
+    Ok(format!(
+        "{} (kernel {kernel}, {cores} cores, {layout})",
+        String::from_utf8_lossy(&date.stdout).trim()
+    ))
+}
+
+fn install(tools: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(tool, _)| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("    Installing {}", missing.join(" "));
+    let ok = |update: bool| -> Result<bool> {
+        if update {
+            Command::new("apt-get").args(["update", "-q"]).status()?;
+        }
+        Ok(Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()?
+            .success())
+    };
+    if !ok(false)? && !ok(true)? {
+        bail!("could not install {}", missing.join(" "));
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf()
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("codecage-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
