@@ -23,9 +23,10 @@ pub const TAG_RAW_ERROR: u8 = b'E';
 pub const TAG_MESSAGE: u8 = b'M';
 
 /// The steps the raw child takes between clone3 and exec of the init, by number.
-pub const RAW_STEPS: [&str; 6] = [
+pub const RAW_STEPS: [&str; 7] = [
     "wait_for_go",
     "enter_sandbox_ids",
+    "join_cgroups",
     "set_parent_death_signal",
     "attach_stdio",
     "close_inherited_fds",
@@ -71,6 +72,9 @@ impl std::error::Error for SetupError {}
 pub enum Report {
     /// A setup step failed; the payload never ran.
     SetupFailed(SetupError),
+    /// A point of the sandbox's setup was reached, at this CLOCK_MONOTONIC time: the
+    /// launcher turns these into `Outcome.phases`.
+    Mark { phase: Phase, at_ns: u64 },
     /// The payload's hardening is in place and it is about to exec: which landlock ABI the
     /// kernel has, and what a best-effort layer could not enforce.
     Hardened {
@@ -82,6 +86,31 @@ pub enum Report {
         code: Option<i32>,
         signal: Option<i32>,
     },
+}
+
+/// The points the sandbox reports the time of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The init's main began (after the exec).
+    InitStarted,
+    /// Namespaces, mounts, pivot_root, host name and loopback are done.
+    SandboxBuilt,
+    /// The payload is hardened and about to exec.
+    PayloadReady,
+    /// The init reaped the payload.
+    PayloadExited,
+}
+
+/// Reports a phase mark; a launcher that is gone is not an error here.
+pub fn mark(channel: &std::os::unix::net::UnixStream, phase: Phase) {
+    let _ = write_message(
+        &mut &*channel,
+        &Report::Mark {
+            phase,
+            at_ns: crate::sys::monotonic_ns(),
+        },
+    );
 }
 
 /// Writes one length-prefixed JSON message.
@@ -166,6 +195,7 @@ fn raw_step_detail(step: &str) -> &'static str {
     match step {
         "wait_for_go" => "waiting for the launcher to write the id maps",
         "enter_sandbox_ids" => "switching to the sandbox's root user (setresgid/setresuid 0)",
+        "join_cgroups" => "moving into the run's v1 cgroups (writing 0 to their tasks files)",
         "set_parent_death_signal" => "setting PR_SET_PDEATHSIG",
         "attach_stdio" => "attaching stdin, stdout, stderr and the channel",
         "close_inherited_fds" => "marking inherited fds close-on-exec",
@@ -189,7 +219,7 @@ mod tests {
             },
         )
         .unwrap();
-        wire.extend_from_slice(&raw_error_frame(5, libc::ENOENT));
+        wire.extend_from_slice(&raw_error_frame(6, libc::ENOENT));
         let mut reader = ReportReader::default();
         let mut reports = Vec::new();
         for byte in wire {

@@ -67,6 +67,30 @@ pub struct Outcome {
     pub landlock_abi: Option<u32>,
     /// Hardening a best-effort profile could not apply on this host.
     pub skipped_layers: Vec<String>,
+    /// Where the wall time went (`codecage run --timings`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Phases>,
+}
+
+/// The run's wall time by phase, in milliseconds. A phase the run did not reach is null.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    /// Validation, the cgroup, fds: until clone3.
+    pub prepare_ms: Option<f64>,
+    /// clone3, cgroup attach, id maps, "go".
+    pub clone_ms: Option<f64>,
+    /// The exec of codecage as the sandbox's init.
+    pub init_exec_ms: Option<f64>,
+    /// cgroup namespace, mounts, pivot_root, host name, loopback.
+    pub sandbox_ms: Option<f64>,
+    /// Fork, capabilities, ids, landlock, seccomp: until the payload's execve.
+    pub payload_setup_ms: Option<f64>,
+    /// The payload itself, from its execve to its exit.
+    pub run_ms: Option<f64>,
+    /// Killing what is left, the init's exit, the namespaces' teardown, the reap.
+    pub teardown_ms: Option<f64>,
+    /// Reading and removing the cgroup.
+    pub cleanup_ms: Option<f64>,
 }
 
 impl Outcome {

@@ -209,6 +209,14 @@ pub fn landlock_abi() -> Result<u32, i32> {
     }
 }
 
+/// CLOCK_MONOTONIC in nanoseconds. One clock for the launcher and the sandbox (no time
+/// namespace), so timestamps from both sides compare.
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    })
+}
+
 /// wait4(2): reap `pid` and return its raw wait status and resource usage. The usage covers
 /// the process and every descendant it reaped, which for our pid-1 init is the whole sandbox.
 pub fn wait4(pid: Pid) -> io::Result<(c_int, libc::rusage)> {
@@ -308,6 +316,24 @@ pub fn child_become_root() -> Result<(), i32> {
     // SAFETY: as above.
     raw_result(unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) })?;
     Ok(())
+}
+
+/// Writes "0" into the file at `path` (a cgroup v1 `tasks` file): the calling thread moves
+/// itself into that cgroup.
+pub fn child_join_cgroup(path: *const c_char) -> Result<(), i32> {
+    // SAFETY: `path` is a NUL-terminated string built before clone3.
+    let fd = raw_result(unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path,
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    })?;
+    let written = child_write_all(fd as RawFd, b"0");
+    // SAFETY: closing the fd just opened.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    written
 }
 
 /// PR_SET_PDEATHSIG = SIGKILL: if the launcher thread dies, so does the sandbox.

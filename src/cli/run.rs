@@ -72,10 +72,14 @@ pub struct RunArgs {
     /// Print one JSON object with the outcome instead of passing output through.
     #[arg(long)]
     json: bool,
+    /// Also report where the wall time went, phase by phase (`phases` in the JSON; a line on
+    /// stderr otherwise).
+    #[arg(long)]
+    timings: bool,
 }
 
 pub fn main(args: RunArgs) -> i32 {
-    let json = args.json;
+    let (json, timings) = (args.json, args.timings);
     let spec = match build_spec(args) {
         Ok(spec) => spec,
         Err(outcome) => return report(&outcome, json),
@@ -92,11 +96,18 @@ pub fn main(args: RunArgs) -> i32 {
             Stream::Stderr => stderr.write_all(bytes),
         };
     };
-    let outcome = if json {
+    let mut outcome = if json {
         launcher::run_with(&spec, &mut |_, _| {}, forwarded.as_ref())
     } else {
         launcher::run_with(&spec, &mut pass_through, forwarded.as_ref())
     };
+    if !timings {
+        outcome.phases = None;
+    } else if !json {
+        if let Ok(phases) = serde_json::to_string(&outcome.phases) {
+            eprintln!("codecage: phases (ms) {phases}");
+        }
+    }
     report(&outcome, json)
 }
 

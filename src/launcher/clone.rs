@@ -2,9 +2,10 @@
 //! waits for "go" and execs the init, and the parent's half of the handshake (id maps, go,
 //! the Spec).
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, CStr, CString};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
 
 use nix::fcntl::{open, OFlag};
@@ -36,6 +37,9 @@ struct ChildPlan {
     exe: RawFd,
     argv: [*const c_char; 3],
     envp: [*const c_char; 1],
+    /// The run's v1 `tasks` files, to write "0" into (at most one per controller).
+    cgroup_tasks: [*const c_char; 4],
+    cgroup_tasks_len: usize,
 }
 
 /// The fd number of the channel in the init.
@@ -91,6 +95,17 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
     let [stdin, stdout_w, stderr_w, channel_child] = child_fds;
     let (stdin, stdout_w, stderr_w, channel_child) = (stdin?, stdout_w?, stderr_w?, channel_child?);
 
+    let tasks: Vec<CString> = cgroup
+        .map(|c| c.v1_tasks_files())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|p| CString::new(p.into_os_string().into_vec()).ok())
+        .take(4)
+        .collect();
+    let mut cgroup_tasks = [std::ptr::null(); 4];
+    for (slot, path) in cgroup_tasks.iter_mut().zip(&tasks) {
+        *slot = path.as_ptr();
+    }
     let plan = ChildPlan {
         stdin: stdin.as_raw_fd(),
         stdout: stdout_w.as_raw_fd(),
@@ -99,6 +114,8 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
         exe: exe.as_raw_fd(),
         argv: [ARGV0.as_ptr(), INIT_ARG_C.as_ptr(), std::ptr::null()],
         envp: [std::ptr::null()],
+        cgroup_tasks,
+        cgroup_tasks_len: tasks.len(),
     };
     let flags = namespaces() | sys::CLONE_CLEAR_SIGHAND;
     let target = cgroup
@@ -134,7 +151,8 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
     // In its cgroups before it may run: its limits hold from its first instruction, and its
     // cgroup namespace (created after "go") is rooted at its own cgroup.
     if let Some(cgroup) = cgroup {
-        if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside) {
+        let owner = spec.ids.host_root(pid.as_raw() as u32);
+        if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside, owner) {
             abort(&sandbox);
             return Err(e.to_string());
         }
@@ -230,11 +248,18 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
     if let Err(errno) = sys::child_become_root() {
         fail(1, errno)
     }
-    // 2. Die with the launcher. After step 1: a credential change clears the death signal.
-    if let Err(errno) = sys::child_set_pdeathsig() {
-        fail(2, errno)
+    // 2. Into the run's v1 cgroups, by moving itself (cheap; see RunCgroup::attach), before
+    //    it execs anything.
+    for &path in &plan.cgroup_tasks[..plan.cgroup_tasks_len] {
+        if let Err(errno) = sys::child_join_cgroup(path) {
+            fail(2, errno)
+        }
     }
-    // 3. stdin (/dev/null), stdout and stderr pipes, the channel on fd 3.
+    // 3. Die with the launcher. After step 1: a credential change clears the death signal.
+    if let Err(errno) = sys::child_set_pdeathsig() {
+        fail(3, errno)
+    }
+    // 4. stdin (/dev/null), stdout and stderr pipes, the channel on fd 3.
     for (from, to) in [
         (plan.stdin, 0),
         (plan.stdout, 1),
@@ -242,16 +267,16 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
         (plan.channel, CHANNEL_FD),
     ] {
         if let Err(errno) = sys::child_dup2(from, to) {
-            fail(3, errno)
+            fail(4, errno)
         }
     }
-    // 4. Nothing else of the calling program survives the exec (CVE-2024-21626).
+    // 5. Nothing else of the calling program survives the exec (CVE-2024-21626).
     if let Err(errno) = sys::cloexec_from(CHANNEL_FD + 1, plan.exe) {
-        fail(4, errno)
+        fail(5, errno)
     }
-    // 5. A fresh, single-threaded codecage becomes pid 1.
+    // 6. A fresh, single-threaded codecage becomes pid 1.
     let errno = sys::child_execveat(plan.exe, plan.argv.as_ptr(), plan.envp.as_ptr());
-    fail(5, errno)
+    fail(6, errno)
 }
 
 #[cfg(test)]

@@ -23,8 +23,10 @@ use std::time::Instant;
 use nix::sys::signalfd::SignalFd;
 
 use crate::cgroup::{self, Limits, RunCgroup, Usage};
-use crate::outcome::{ErrorKind, Outcome};
+use crate::channel::Phase;
+use crate::outcome::{ErrorKind, Outcome, Phases};
 use crate::spec::{LayerMode, Spec};
+use crate::sys;
 use crate::units::format_size;
 
 pub use clone::CHANNEL_FD;
@@ -50,6 +52,7 @@ pub fn run_with(
     interrupt: Option<&SignalFd>,
 ) -> Outcome {
     let start = Instant::now();
+    let start_ns = sys::monotonic_ns();
     if let Err(message) = spec.validate() {
         return Outcome::failed(ErrorKind::InvalidRequest, message);
     }
@@ -73,11 +76,13 @@ pub fn run_with(
         }
         _ => None,
     };
+    let clone_ns = sys::monotonic_ns();
     let sandbox = match clone::spawn(spec, cgroup.as_ref()) {
         Ok(sandbox) => sandbox,
         Err(message) => return failed(message),
     };
-    let mut outcome = supervise::supervise(sandbox, spec, start, sink, interrupt);
+    let go_ns = sys::monotonic_ns();
+    let (mut outcome, timeline) = supervise::supervise(sandbox, spec, start, sink, interrupt);
     outcome.skipped_layers.extend(skipped);
     if spec.cgroup == LayerMode::Off {
         outcome
@@ -94,6 +99,29 @@ pub fn run_with(
             });
         }
     }
+    let at = |phase: Phase| {
+        timeline
+            .marks
+            .iter()
+            .find(|(p, _)| *p == phase)
+            .map(|(_, t)| *t)
+    };
+    let span = |from: Option<u64>, to: Option<u64>| match (from, to) {
+        (Some(a), Some(b)) if b >= a => Some((b - a) as f64 / 1e6),
+        _ => None,
+    };
+    let (init, built) = (at(Phase::InitStarted), at(Phase::SandboxBuilt));
+    let (ready, exited) = (at(Phase::PayloadReady), at(Phase::PayloadExited));
+    outcome.phases = Some(Phases {
+        prepare_ms: span(Some(start_ns), Some(clone_ns)),
+        clone_ms: span(Some(clone_ns), Some(go_ns)),
+        init_exec_ms: span(Some(go_ns), init),
+        sandbox_ms: span(init, built),
+        payload_setup_ms: span(built, ready),
+        run_ms: span(ready, exited),
+        teardown_ms: span(exited, Some(timeline.reaped_ns)),
+        cleanup_ms: span(Some(timeline.reaped_ns), Some(sys::monotonic_ns())),
+    });
     outcome
 }
 

@@ -15,7 +15,7 @@ use nix::sys::signalfd::SignalFd;
 
 use super::clone::Sandbox;
 use super::Stream;
-use crate::channel::{Report, ReportReader};
+use crate::channel::{Phase, Report, ReportReader};
 use crate::outcome::{ErrorKind, Outcome};
 use crate::spec::Spec;
 use crate::sys;
@@ -33,6 +33,14 @@ struct Watch<'a> {
     report: Option<Report>,
     protocol_error: Option<String>,
     killed_for: Option<ErrorKind>,
+    marks: Vec<(Phase, u64)>,
+}
+
+/// What supervision saw besides the Outcome: the sandbox's phase marks and when the init
+/// was reaped (CLOCK_MONOTONIC ns).
+pub struct Timeline {
+    pub marks: Vec<(Phase, u64)>,
+    pub reaped_ns: u64,
 }
 
 /// Supervises `sandbox` until its init is reaped and returns the Outcome. `start` is when
@@ -43,7 +51,7 @@ pub fn supervise(
     start: Instant,
     sink: &mut dyn FnMut(Stream, &[u8]),
     interrupt: Option<&SignalFd>,
-) -> Outcome {
+) -> (Outcome, Timeline) {
     let deadline = start + spec.timeout;
     for fd in [
         sandbox.stdout.as_fd(),
@@ -60,6 +68,7 @@ pub fn supervise(
         report: None,
         protocol_error: None,
         killed_for: None,
+        marks: Vec::new(),
     };
     let (mut stdout_open, mut stderr_open, mut channel_open) = (true, true, true);
     let mut exited_at: Option<Instant> = None;
@@ -144,12 +153,14 @@ pub fn supervise(
     }
 
     let reaped = sys::wait4(sandbox.pid);
+    let reaped_ns = sys::monotonic_ns();
     watch.outcome.duration = start.elapsed();
     // The init wrote its last report before exiting; collect what is still buffered.
     while channel_open {
         channel_open = watch.read_channel(&mut sandbox, &mut buf);
     }
-    watch.finish(reaped)
+    let marks = std::mem::take(&mut watch.marks);
+    (watch.finish(reaped), Timeline { marks, reaped_ns })
 }
 
 impl Watch<'_> {
@@ -215,6 +226,7 @@ impl Watch<'_> {
         };
         while let Some(report) = self.reports.next_report() {
             match report {
+                Ok(Report::Mark { phase, at_ns }) => self.marks.push((phase, at_ns)),
                 Ok(Report::Hardened {
                     landlock_abi,
                     skipped,
@@ -271,7 +283,7 @@ impl Watch<'_> {
                 outcome.signal = signal;
             }
             // (Hardened is kept in the outcome as it arrives, never as the final report.)
-            (killed, None | Some(Report::Hardened { .. })) => {
+            (killed, None | Some(Report::Hardened { .. } | Report::Mark { .. })) => {
                 outcome.error = Some(ErrorKind::Setup);
                 let status = match &reaped {
                     Ok((status, _)) => describe_status(*status),

@@ -62,6 +62,7 @@ pub fn run_payload(spec: &Spec, channel: &UnixStream) -> Report {
     // From pid 1, kill(-1) reaches every other process of the namespace: nothing the
     // payload started outlives it, double-forked, setsid'd or not.
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+    crate::channel::mark(channel, crate::channel::Phase::PayloadExited);
     match status {
         WaitStatus::Signaled(_, signal, _) => Report::Exited {
             code: None,

@@ -17,7 +17,7 @@ use std::os::unix::net::UnixStream;
 use nix::errno::Errno;
 use nix::sched::{unshare, CloneFlags};
 
-use crate::channel::{self, Report, SetupError};
+use crate::channel::{self, Phase, Report, SetupError};
 use crate::launcher::CHANNEL_FD;
 use crate::spec::Spec;
 
@@ -55,7 +55,7 @@ fn init_main() -> ! {
     };
     let code = match &report {
         Report::SetupFailed(_) => 125,
-        Report::Exited { .. } | Report::Hardened { .. } => 0,
+        _ => 0,
     };
     // If the launcher is gone there is nobody to tell, and nothing else to do.
     let _ = channel::write_message(&mut &channel, &report);
@@ -64,6 +64,7 @@ fn init_main() -> ! {
 
 /// Builds the sandbox around this process, in order. Returns the Spec to run.
 fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
+    channel::mark(channel, Phase::InitStarted);
     // Leave the launcher's session and process group: a terminal's ^C reaches the launcher,
     // which forwards it once, and the payload cannot reach the terminal (CVE-2017-5226).
     leave_session()?;
@@ -80,6 +81,7 @@ fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
     bring_up_loopback()?;
     // pid 1 holds the host binary open; other uids may not inspect it (CVE-2019-5736).
     make_init_undumpable()?;
+    channel::mark(channel, Phase::SandboxBuilt);
     Ok(spec)
 }
 

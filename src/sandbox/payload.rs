@@ -66,6 +66,7 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
         skipped.push("seccomp: turned off by the profile".into());
     }
     // The last message before the filter: it needs no syscall the filter might deny.
+    channel::mark(channel, channel::Phase::PayloadReady);
     let report = Report::Hardened {
         landlock_abi: landlock.abi,
         skipped,

@@ -5,6 +5,7 @@ mod bombs;
 mod cleanup;
 mod escape;
 mod fs;
+mod image;
 mod isolation;
 mod limits;
 mod profiles;
