@@ -15,7 +15,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
 
-use super::rootfs::{host_etc_entries, synthesized_etc, HOST_TOP};
+use super::rootfs::{synthesized_etc, HOST_ETC, HOST_TOP};
 use super::{fail, fail_io};
 use crate::channel::SetupError;
 use crate::spec::{Rootfs, Spec};
@@ -111,12 +111,8 @@ fn write_etc(hostname: &str) -> Step {
         fs::write(&path, content)
             .map_err(|e| fail_io("write_etc", &e, format!("writing {}", path.display())))?;
     }
-    let present: Vec<String> = fs::read_dir("/etc")
-        .map_err(|e| fail_io("write_etc", &e, "listing the host's /etc"))?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .collect();
-    for name in host_etc_entries(&present) {
-        copy_entry(Path::new("/etc"), &etc, &name, "write_etc")?;
+    for name in HOST_ETC {
+        copy_entry(Path::new("/etc"), &etc, name, "write_etc")?;
     }
     Ok(())
 }
