@@ -5,6 +5,7 @@
 //!   (see `src/vm/mod.rs` and `vm/README.md`).
 
 mod bench;
+mod rootfs;
 mod test;
 mod vm;
 
@@ -17,6 +18,8 @@ usage: cargo xtask <task> [args]
 tasks:
   test       run the unit and integration tests (root):   test [-- NEXTEST-ARGS...]
   bench      start-up, layer cost and throughput against bare, bubblewrap and crun (root)
+  rootfs     build the sandbox root filesystem image (root; instant when up to date):
+             rootfs [--recipe NAME] [--out DIR] [--force] [--verify]
   vm-build   build the cgroup-v2 VM image (root; cached, instant when up to date)
   vm-run     run a command in the VM:   vm-run [--timeout S] [--share DIR] [--env K=V]... -- CMD...
   vm-test    run the integration tests in the VM:   vm-test [--release] [-- TEST-ARGS...]
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         let usage = match task.as_str() {
             "test" => test::USAGE,
             "bench" => bench::USAGE,
+            "rootfs" => rootfs::USAGE,
             "vm-build" => vm::build::USAGE,
             "vm-run" => vm::run::USAGE,
             "vm-test" => vm::lane::TEST_USAGE,
@@ -43,7 +47,7 @@ fn main() -> ExitCode {
         let _ = writeln!(std::io::stdout(), "{usage}");
         return ExitCode::SUCCESS;
     }
-    if task.starts_with("vm-") {
+    if task.starts_with("vm-") || task == "test" {
         // The VM tasks poll for interrupts so that they can kill QEMU or
         // mmdebstrap and clean up; other tasks keep the default behaviour.
         vm::install_signal_handlers();
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
     let result = match task.as_str() {
         "test" => test::test(rest),
         "bench" => bench::main(rest),
+        "rootfs" => rootfs::main(rest),
         "vm-build" => match rest.first() {
             None => vm::build::build().map(|_| 0),
             Some(a) => Err(anyhow::anyhow!(

@@ -1,17 +1,21 @@
-//! `cargo xtask test`: the project's test command (README.md). Installs the Debian packages
-//! the integration tests run inside the sandbox, then runs every unit and integration test
-//! of the workspace as root.
+//! `cargo xtask test`: the project's test command (README.md and .ci/run). In order:
+//! install the Debian packages the tests run inside the sandbox; build the default image
+//! (`cargo xtask rootfs`, instant when the recipe is unchanged); run every unit and
+//! integration test natively (this host's cgroup layout); then the integration tests again
+//! in the cgroup v2 VM (`cargo xtask vm-test`), so both layouts are proven on every change.
 
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
 pub const USAGE: &str = "\
-usage: cargo xtask test [-- NEXTEST-ARGS...]
+usage: cargo xtask test [--native-only] [-- NEXTEST-ARGS...]
 
-Runs the unit and integration tests of the workspace (cargo nextest when installed, else
-cargo test). Must run as root: the integration tests build real sandboxes. Installs the
-Debian packages the tests use inside the sandbox (procps, python3, nodejs) when missing.";
+Installs the Debian packages the tests use inside the sandbox (procps, python3, nodejs)
+when missing, builds the default image (cargo xtask rootfs), runs the unit and integration
+tests of the workspace (cargo nextest when installed, else cargo test), then the
+integration tests in the cgroup v2 VM (cargo xtask vm-test; skipped with --native-only).
+Must run as root: the tests build real sandboxes.";
 
 /// Programs the integration tests run inside a sandbox with the host rootfs, and the
 /// Debian package of each.
@@ -24,6 +28,10 @@ const NEEDED: &[(&str, &str)] = &[
 ];
 
 pub fn test(args: &[String]) -> Result<i32> {
+    let (native_only, args) = match args.split_first() {
+        Some((first, rest)) if first == "--native-only" => (true, rest),
+        _ => (false, args),
+    };
     let extra: &[String] = match args.split_first() {
         Some((first, rest)) if first == "--" => rest,
         Some((first, _)) => bail!("unexpected argument {first:?}\n\n{USAGE}"),
@@ -35,6 +43,11 @@ pub fn test(args: &[String]) -> Result<i32> {
         );
     }
     install_missing()?;
+    eprintln!("xtask: building the default image (cargo xtask rootfs)");
+    let built = crate::rootfs::main(&[])?;
+    if built != 0 {
+        bail!("the default image could not be built (cargo xtask rootfs exited {built})");
+    }
     let nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .output()
@@ -48,8 +61,19 @@ pub fn test(args: &[String]) -> Result<i32> {
     }
     cmd.args(extra);
     eprintln!("xtask: {cmd:?}");
-    let status = cmd.status().context("running cargo")?;
-    Ok(status.code().unwrap_or(1))
+    let native = cmd.status().context("running cargo")?.code().unwrap_or(1);
+    if native_only {
+        return Ok(native);
+    }
+    // The image lives on this host, not in the VM: its tests run natively only.
+    eprintln!("xtask: the integration tests in the cgroup v2 VM (cargo xtask vm-test)");
+    let vm_args: Vec<String> = ["--", "--skip", "image::"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let vm = crate::vm::lane::vm_test(&vm_args)?;
+    eprintln!("xtask: native tests exited {native}, VM tests exited {vm}");
+    Ok(if native != 0 { native } else { vm })
 }
 
 fn nix_is_root() -> bool {

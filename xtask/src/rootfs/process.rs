@@ -1,0 +1,434 @@
+//! Child processes, interrupts and safe removal of trees for the rootfs build.
+//!
+//! Self-contained on purpose (the VM lane has similar helpers, but it is
+//! another owner's code and changes on its own schedule).
+//!
+//! * Every tool runs in its own process group with `PR_SET_PDEATHSIG`, its
+//!   stdout and stderr go through one pipe into the build log (and to our
+//!   stderr with `--verbose`), and the wait loop polls for SIGINT/SIGTERM/
+//!   SIGHUP so an interrupted build still stops its tools and removes its
+//!   half-built image.
+//! * Processes whose root directory is inside the image under construction
+//!   (a daemon some package script started in the chroot) are killed after
+//!   each step.
+//! * [`remove_tree`] refuses to delete through a mount point.
+
+use anyhow::{bail, Context, Result};
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{Read as _, Write as _};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The signal (SIGINT, SIGTERM, SIGHUP) that asked us to stop, 0 if none.
+static INTERRUPT: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    INTERRUPT.store(sig, Ordering::SeqCst);
+}
+
+/// Turn SIGINT/SIGTERM/SIGHUP into a flag that the wait loops poll, until
+/// the returned guard is dropped: then the previous handlers are back (xtask
+/// tasks that call [`super::main`] have their own), and a signal that came
+/// in meanwhile is raised again for a previous handler that is a function.
+pub fn install_signal_handlers() -> SignalGuard {
+    let mut previous = Vec::new();
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler
+        // only performs an atomic store, which is async-signal-safe; `old`
+        // is written by the kernel.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            action.sa_flags = libc::SA_RESTART;
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, &action, &mut old) == 0 {
+                previous.push((sig, old));
+            }
+        }
+    }
+    SignalGuard { previous }
+}
+
+pub struct SignalGuard {
+    previous: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        for (sig, old) in &self.previous {
+            // SAFETY: restores a sigaction the kernel gave us.
+            unsafe {
+                libc::sigaction(*sig, old, std::ptr::null_mut());
+            }
+        }
+        if let Some(sig) = interrupted() {
+            let custom = self.previous.iter().any(|(s, old)| {
+                *s == sig && old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN
+            });
+            if custom {
+                // SAFETY: plain syscall; the handler is the caller's own.
+                unsafe {
+                    libc::raise(sig);
+                }
+            }
+        }
+    }
+}
+
+/// The signal that interrupted us, if any.
+pub fn interrupted() -> Option<i32> {
+    match INTERRUPT.load(Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
+}
+
+/// Fail if a signal asked us to stop.
+pub fn check_interrupted() -> Result<()> {
+    match interrupted() {
+        Some(sig) => bail!("interrupted by signal {sig}"),
+        None => Ok(()),
+    }
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The full path of an executable in `$PATH` or the sbin directories (which
+/// are not in a non-root `$PATH` on Debian).
+pub fn find_command(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Quote a string for a POSIX shell (for messages and logs).
+pub fn shell_quote(s: impl AsRef<OsStr>) -> String {
+    let s = s.as_ref().to_string_lossy();
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        return s.into_owned();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// A command line for messages. Long arguments (inline scripts) are elided.
+pub fn display_command(cmd: &Command) -> String {
+    let mut s = shell_quote(cmd.get_program());
+    for arg in cmd.get_args() {
+        s.push(' ');
+        let a = arg.to_string_lossy();
+        if a.contains('\n') {
+            s.push_str("'<script>'");
+        } else {
+            s.push_str(&shell_quote(arg));
+        }
+    }
+    s
+}
+
+/// Make `cmd` start in its own process group and die with us.
+fn own_group_and_die_with_parent(cmd: &mut Command) {
+    cmd.process_group(0);
+    // SAFETY: getpid before the fork; in the child only async-signal-safe
+    // calls (prctl, getppid, _exit) are made.
+    unsafe {
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+fn signal_group(child: &Child, sig: libc::c_int) {
+    let pgid = child.id() as libc::pid_t;
+    if pgid > 1 {
+        // SAFETY: plain syscall; the group is that of our own child, made
+        // with process_group(0), so it holds only its processes.
+        unsafe {
+            libc::kill(-pgid, sig);
+        }
+    }
+}
+
+/// SIGTERM the child's group, SIGKILL after `grace`, reap the child.
+fn stop_group(child: &mut Child, grace: Duration) {
+    signal_group(child, libc::SIGTERM);
+    let until = Instant::now() + grace;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal_group(child, libc::SIGKILL);
+    let _ = child.wait();
+}
+
+/// Runs tools for one build, appending their output to the build log.
+pub struct Runner {
+    pub log: PathBuf,
+    pub verbose: bool,
+}
+
+impl Runner {
+    /// Append a line to the build log.
+    pub fn note(&self, line: &str) {
+        if let Ok(mut f) = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+        if self.verbose {
+            eprintln!("{line}");
+        }
+    }
+
+    /// Run `cmd` to completion (stdin from /dev/null, stdout and stderr into
+    /// the log), polling for interrupts. Fails unless it exits with 0; the
+    /// error names it as `label` (the full command line is in the log).
+    pub fn run(&self, label: &str, mut cmd: Command) -> Result<()> {
+        let status = self.run_status(&mut cmd)?;
+        if !status.success() {
+            bail!("{label} failed ({status})");
+        }
+        Ok(())
+    }
+
+    /// Like [`Runner::run`], and return the command's stdout (which also
+    /// goes to the log).
+    pub fn output(&self, mut cmd: Command) -> Result<String> {
+        let what = display_command(&cmd);
+        self.note(&format!("$ {what}"));
+        own_group_and_die_with_parent(&mut cmd);
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        cmd.stdin(Stdio::null()).stderr(log);
+        let out = cmd
+            .output()
+            .with_context(|| format!("cannot start {what}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        self.note(text.trim_end());
+        if !out.status.success() {
+            bail!("{what} failed ({})", out.status);
+        }
+        Ok(text)
+    }
+
+    fn run_status(&self, cmd: &mut Command) -> Result<ExitStatus> {
+        let what = display_command(cmd);
+        self.note(&format!("$ {what}"));
+        let (mut reader, writer) = std::io::pipe().context("pipe")?;
+        cmd.stdin(Stdio::null())
+            .stdout(writer.try_clone()?)
+            .stderr(writer);
+        own_group_and_die_with_parent(cmd);
+        let spawned = cmd.spawn();
+        // The Command holds the pipe's write end: replace its stdio so that
+        // the reader sees EOF once the child (and its children) are done.
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = spawned.with_context(|| format!("cannot start {what}"))?;
+
+        let mut log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let verbose = self.verbose;
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let _ = log.write_all(&buf[..n]);
+                        if verbose {
+                            let _ = std::io::stderr().write_all(&buf[..n]);
+                        }
+                    }
+                }
+            }
+            let _ = done_tx.send(());
+        });
+
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if let Some(sig) = interrupted() {
+                stop_group(&mut child, Duration::from_secs(10));
+                let _ = done_rx.recv_timeout(Duration::from_secs(2));
+                bail!("interrupted by signal {sig}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // Stragglers left in its group go too.
+        signal_group(&child, libc::SIGKILL);
+        // A daemon that escaped the group may hold the pipe open: do not wait
+        // for it forever (its output is then cut short in the log).
+        let _ = done_rx.recv_timeout(Duration::from_secs(3));
+        Ok(status)
+    }
+}
+
+/// Kill every process whose root directory is `dir` or below it (daemons a
+/// package script started inside the chroot). Returns how many were killed.
+pub fn kill_processes_rooted_in(dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let Ok(root) = fs::read_link(entry.path().join("root")) else {
+            continue;
+        };
+        if root.starts_with(dir) && pid != std::process::id() as libc::pid_t {
+            // SAFETY: plain syscall on a pid we just found rooted in our build tree.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// Mount points at or below `dir` in our mount namespace, deepest first.
+pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let digit = |c: u8| u32::from(c - b'0');
+            out.push((digit(b[i + 1]) * 64 + digit(b[i + 2]) * 8 + digit(b[i + 3])) as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `rm -rf dir`, but never through a mount point.
+///
+/// All chroot mounts are made in private mount namespaces, so there should
+/// never be one here; deleting through a bind mount of the host's /dev would
+/// be too costly a mistake to rely on that.
+pub fn remove_tree(dir: &Path) -> Result<()> {
+    if fs::symlink_metadata(dir).is_err() {
+        return Ok(());
+    }
+    let mounts = mounts_below(dir);
+    if !mounts.is_empty() {
+        bail!(
+            "not removing {}: mounted below it: {}",
+            dir.display(),
+            mounts
+                .iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if fs::symlink_metadata(dir)?.is_dir() {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
+    } else {
+        fs::remove_file(dir).with_context(|| format!("removing {}", dir.display()))
+    }
+}
+
+/// A path (directory or file) removed when dropped, unless disarmed; for the
+/// image and work directories of a build, so that every failure and
+/// interrupt path cleans up.
+pub struct Guard {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl Guard {
+    pub fn new(path: PathBuf) -> Guard {
+        Guard { path, armed: true }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Processes still running in a chroot of the tree first, so that the
+        // private mount namespace they hold goes away too.
+        if kill_processes_rooted_in(&self.path) > 0 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if let Err(e) = remove_tree(&self.path) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+}
+
+/// Is a process with this pid alive?
+pub fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
