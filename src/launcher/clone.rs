@@ -25,6 +25,8 @@ pub struct Sandbox {
     pub stdout: File,
     pub stderr: File,
     pub channel: UnixStream,
+    /// When "go" was sent (CLOCK_MONOTONIC ns), for `Outcome.phases`.
+    pub go_ns: u64,
 }
 
 /// The fds and strings the raw child needs, all made before clone3 so that the child does
@@ -147,6 +149,7 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
         stdout: File::from(stdout_r),
         stderr: File::from(stderr_r),
         channel,
+        go_ns: 0,
     };
     // In its cgroups before it may run: its limits hold from its first instruction, and its
     // cgroup namespace (created after "go") is rooted at its own cgroup.
@@ -183,6 +186,7 @@ fn handshake(spec: &Spec, sandbox: &mut Sandbox) -> Result<(), String> {
     let _ = sandbox.channel.set_write_timeout(Some(spec.timeout));
     let mut frame = vec![GO];
     channel::write_message(&mut frame, spec).map_err(|e| format!("cannot encode the spec: {e}"))?;
+    sandbox.go_ns = crate::sys::monotonic_ns();
     let _ = send_all(&sandbox.channel, &frame);
     Ok(())
 }

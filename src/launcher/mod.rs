@@ -81,7 +81,7 @@ pub fn run_with(
         Ok(sandbox) => sandbox,
         Err(message) => return failed(message),
     };
-    let go_ns = sys::monotonic_ns();
+    let go_ns = sandbox.go_ns;
     let (mut outcome, timeline) = supervise::supervise(sandbox, spec, start, sink, interrupt);
     outcome.skipped_layers.extend(skipped);
     if spec.cgroup == LayerMode::Off {

@@ -82,8 +82,13 @@ impl Cmd {
             .map(|a| a.replace("{id}", &id.to_string()))
             .collect();
         let start = Instant::now();
+        // The same clean environment for every command, as in the sandbox: a variable
+        // such as NODE_EXTRA_CA_CERTS makes `node -e 0` three times slower here.
         let out = Command::new(&argv[0])
             .args(&argv[1..])
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("LANG", "C.UTF-8")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -125,6 +130,60 @@ fn interleaved(cmds: &[Cmd], rounds: usize, next_id: &mut usize) -> Result<Vec<D
         }
     }
     Ok(times.into_iter().map(median).collect())
+}
+
+/// Runs `argv` (a `codecage run --json --timings`) `rounds` times; the median of each phase.
+fn phases(argv: &[String], rounds: usize) -> Result<Vec<(&'static str, f64, &'static str)>> {
+    const PHASES: [(&str, &str); 8] = [
+        (
+            "prepare",
+            "validation, the run's cgroups with their limits, fds",
+        ),
+        (
+            "clone",
+            "clone3 into six new namespaces, the child moves into its cgroups, id maps, \"go\"",
+        ),
+        ("init_exec", "the exec of codecage as the sandbox's pid 1"),
+        (
+            "sandbox",
+            "cgroup namespace, mounts, pivot_root, host name, loopback",
+        ),
+        (
+            "payload_setup",
+            "fork, rlimits, capabilities, ids, no_new_privs, landlock, seccomp",
+        ),
+        ("run", "the payload: its execve until its exit"),
+        (
+            "teardown",
+            "kill what is left, the init's exit and the namespaces' teardown, the reap",
+        ),
+        ("cleanup", "reading and removing the cgroups"),
+    ];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
+    for _ in 0..rounds {
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env_clear()
+            .output()?;
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        for (i, (name, _)) in PHASES.iter().enumerate() {
+            if let Some(ms) = json["phases"][format!("{name}_ms")].as_f64() {
+                samples[i].push(ms);
+            }
+        }
+    }
+    Ok(PHASES
+        .iter()
+        .zip(samples)
+        .map(|((name, what), mut v)| {
+            v.sort_by(f64::total_cmp);
+            (
+                *name,
+                v.get(v.len() / 2).copied().unwrap_or(f64::NAN),
+                *what,
+            )
+        })
+        .collect())
 }
 
 /// `n` runs of `cmd` by `parallel` workers; returns runs per second.
@@ -223,6 +282,7 @@ fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
         v
     };
     let everything = &profiles[3].1;
+    let (runtime, runtime_note) = oci_runtime(&crun_bundle(work, 99, &payloads[0].1)?)?;
 
     let mut out = String::new();
     let mut next_id = 0usize;
@@ -237,7 +297,7 @@ fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
     writeln!(out, "## Start-up\n")?;
     writeln!(
         out,
-        "| payload | bare | bubblewrap | crun | codecage | codecage / bare | codecage - bare |"
+        "| payload | bare | bubblewrap | {runtime} | codecage | codecage / bare | codecage - bare |"
     )?;
     writeln!(out, "|---|---|---|---|---|---|---|")?;
     for (i, (name, argv)) in payloads.iter().enumerate() {
@@ -245,16 +305,7 @@ fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
         let cmds = vec![
             Cmd::new("bare", argv.clone()),
             Cmd::new("bubblewrap", bwrap(argv)),
-            Cmd::new(
-                "crun",
-                vec![
-                    "crun".into(),
-                    "run".into(),
-                    "--bundle".into(),
-                    bundle.display().to_string(),
-                    "bench-{id}".into(),
-                ],
-            ),
+            Cmd::new(runtime, oci_argv(runtime, &bundle)),
             Cmd::new("codecage", codecage_with(everything, argv)),
         ];
         let rounds = if i == 0 {
@@ -278,9 +329,10 @@ fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
     writeln!(
         out,
         "\nbubblewrap: all namespaces (user, mount, pid, net, ipc, uts, cgroup), read-only /usr, new /proc, /dev and /tmp. \
-         crun: an OCI bundle with pid, net, ipc, uts, mount and cgroup namespaces (no user namespace, as docker runs \
-         it), read-only /usr, and memory, pids and CPU limits. codecage: every layer (all namespaces, cgroup limits, \
-         landlock, seccomp, capabilities dropped, no_new_privs, rlimits).\n"
+         {runtime}: an OCI bundle with pid, net, ipc, uts, mount and cgroup namespaces (no user namespace, as docker \
+         runs it), read-only /usr, and memory, pids and CPU limits{}. codecage: every layer (all namespaces, cgroup limits, \
+         landlock, seccomp, capabilities dropped, no_new_privs, rlimits).\n",
+        runtime_note.map_or(String::new(), |n| format!(" ({n})"))
     )?;
 
     writeln!(
@@ -311,6 +363,24 @@ fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
             ms(m[i]),
             ms(m[i]) / ms(m[0])
         )?;
+    }
+
+    writeln!(
+        out,
+        "\n## Where codecage's time goes (`python3 -c pass`, every layer)\n"
+    )?;
+    writeln!(
+        out,
+        "Medians of `codecage run --json --timings` (the sandbox reports when each phase ends; see \
+         `Outcome.phases` in ARCHITECTURE.md). The CLI's own start (exec, argument parsing, profile) comes on top.\n"
+    )?;
+    writeln!(out, "| phase | median | what happens |")?;
+    writeln!(out, "|---|---|---|")?;
+    eprintln!("    Measuring phases");
+    let mut timed = codecage_with(everything, argv);
+    timed.splice(2..2, ["--json".to_string(), "--timings".to_string()]);
+    for (phase, median, what) in phases(&timed, (opts.rounds / 2).max(3))? {
+        writeln!(out, "| {phase} | {median:.2} ms | {what} |")?;
     }
 
     writeln!(
@@ -355,6 +425,38 @@ fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
          - Throughput with 2 in parallel: at least 80 % of bare.\n"
     )?;
     Ok(out)
+}
+
+/// The OCI runtime to compare with: crun, or runc where crun cannot run. crun 1.8 (Debian
+/// bookworm) refuses hybrid cgroup hosts ("cgroups in hybrid mode not supported"), even
+/// with its cgroup manager disabled, and these are the hosts this project is built on.
+fn oci_runtime(probe_bundle: &Path) -> Result<(&'static str, Option<String>)> {
+    let out = Command::new("crun")
+        .args(["run", "--bundle"])
+        .arg(probe_bundle)
+        .arg("bench-probe")
+        .output()?;
+    if out.status.success() {
+        return Ok(("crun", None));
+    }
+    let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    install(&[("runc", "runc")])?;
+    Ok((
+        "runc",
+        Some(format!(
+            "crun failed on this host ({why}), so the OCI runtime is runc"
+        )),
+    ))
+}
+
+fn oci_argv(runtime: &str, bundle: &Path) -> Vec<String> {
+    vec![
+        runtime.into(),
+        "run".into(),
+        "--bundle".into(),
+        bundle.display().to_string(),
+        "bench-{id}".into(),
+    ]
 }
 
 /// Profiles for the layer-cost table, each adding one layer to the one before.
