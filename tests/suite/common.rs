@@ -37,12 +37,16 @@ pub fn require_root() -> bool {
 /// Seconds scaled for where the tests run: the VM lane (`CODECAGE_IN_VM=1`) emulates its CPU
 /// in software, and programs start 10-50 times slower there.
 pub fn secs(n: u64) -> String {
-    let factor = if std::env::var_os("CODECAGE_IN_VM").is_some() {
+    format!("{}s", n * slowdown())
+}
+
+/// How much slower than native the tests run here (10 in the VM lane).
+pub fn slowdown() -> u64 {
+    if std::env::var_os("CODECAGE_IN_VM").is_some() {
         10
     } else {
         1
-    };
-    format!("{}s", n * factor)
+    }
 }
 
 /// A string unique to this test process and call, to find its processes on the host.
