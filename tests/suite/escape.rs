@@ -418,3 +418,38 @@ fn the_sandbox_cannot_signal_its_init_even_as_a_group() {
     assert_eq!(run.stdout(), "EPERM\nESRCH\n", "{}", run.json);
     std::thread::sleep(Duration::from_millis(10));
 }
+
+/// The seccomp allow-list and landlock leave ordinary programs alone: Node with worker
+/// threads and child processes, a bash pipeline, Python threads and subprocesses.
+#[test]
+fn the_filters_leave_ordinary_programs_alone() {
+    if !require_root() {
+        return;
+    }
+    let node = "const { Worker } = require('worker_threads');\n\
+        const { execSync } = require('child_process');\n\
+        const w = new Worker('require(\"worker_threads\").parentPort.postMessage(6 * 7)', { eval: true });\n\
+        w.on('message', m => { console.log('worker', m, execSync('echo hi | tr a-z A-Z').toString().trim()); });";
+    let run = run_json(&["--lang", "node", "-c", node]);
+    assert_eq!(run.stdout(), "worker 42 HI\n", "{}", run.json);
+    let run = bash(&[], "seq 1 100 | awk '{s += $1} END {print s}' | sed 's/^/sum /' | grep sum | tee /tmp/x | wc -l; cat /tmp/x");
+    assert_eq!(run.stdout(), "1\nsum 5050\n", "{}", run.json);
+    let py = "import subprocess, threading, concurrent.futures as cf\n\
+        with cf.ThreadPoolExecutor(4) as ex: print(sum(ex.map(lambda x: x * x, range(10))))\n\
+        print(subprocess.run(['uname', '-s'], capture_output=True, text=True).stdout.strip())";
+    let run = run_json(&["--lang", "python", "-c", py]);
+    assert_eq!(run.stdout(), "285\nLinux\n", "{}", run.json);
+}
+
+#[test]
+fn rlimits_are_lowered() {
+    if !require_root() {
+        return;
+    }
+    let run = bash(
+        &["--tmp-size", "16M"],
+        "ulimit -c; ulimit -n; ulimit -s; ulimit -f",
+    );
+    // core 0, 256 files, 8 MiB stacks, files up to the largest tmpfs (64M /work) + 64 KiB, in KiB.
+    assert_eq!(run.stdout(), "0\n256\n8192\n65600\n", "{}", run.json);
+}

@@ -7,5 +7,6 @@ mod escape;
 mod fs;
 mod image;
 mod isolation;
+mod library;
 mod limits;
 mod profiles;
