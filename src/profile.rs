@@ -434,60 +434,74 @@ pub fn resolve(
     host: &Host,
 ) -> Result<Spec, PolicyError> {
     let l = &profile.limits;
-    let over = |flag: &str, asked: String, max: String| {
-        PolicyError::Policy(format!(
-            "{flag} {asked} is more than the profile {profile_name} allows (at most {max}); ask for less, or use a profile that allows more"
-        ))
-    };
-    let timeout = request.timeout.unwrap_or(l.timeout.0);
-    if timeout > l.max_timeout.0 {
-        return Err(over(
-            "--timeout",
-            format_duration(timeout),
-            format_duration(l.max_timeout.0),
-        ));
-    }
-    let memory = request.memory.unwrap_or(l.memory.0);
-    if memory > l.max_memory.0 {
-        return Err(over(
-            "--memory",
-            format_size(memory),
-            format_size(l.max_memory.0),
-        ));
-    }
-    let cpus = request.cpus.unwrap_or(l.cpus);
-    if cpus > l.max_cpus {
-        return Err(over("--cpus", cpus.to_string(), l.max_cpus.to_string()));
-    }
-    let pids = request.pids.unwrap_or(l.pids);
-    if pids > l.max_pids {
-        return Err(over("--pids", pids.to_string(), l.max_pids.to_string()));
-    }
-    let output_limit = request.output_limit.unwrap_or(l.output_limit.0);
-    if output_limit > l.max_output_limit.0 {
-        return Err(over(
-            "--output-limit",
-            format_size(output_limit),
-            format_size(l.max_output_limit.0),
-        ));
-    }
     let fs = &profile.filesystem;
-    let tmp_size = request.tmp_size.unwrap_or(fs.tmp_size.0);
-    if tmp_size > fs.tmp_size.0 {
-        return Err(over(
-            "--tmp-size",
-            format_size(tmp_size),
-            format_size(fs.tmp_size.0),
-        ));
-    }
-    let work_size = request.work_size.unwrap_or(fs.work_size.0);
-    if work_size > fs.work_size.0 {
-        return Err(over(
-            "--work-size",
-            format_size(work_size),
-            format_size(fs.work_size.0),
-        ));
-    }
+    // The request's value, or the profile's; refused past `max`.
+    let within = |flag: &str,
+                  asked: Option<u64>,
+                  default: u64,
+                  max: u64,
+                  show: fn(u64) -> String| {
+        let value = asked.unwrap_or(default);
+        if value > max {
+            return Err(PolicyError::Policy(format!(
+                "{flag} {} is more than the profile {profile_name} allows (at most {}); ask for less, or use a \
+                 profile that allows more",
+                show(value),
+                show(max)
+            )));
+        }
+        Ok(value)
+    };
+    let nanos = |d: Duration| d.as_nanos() as u64;
+    let show_duration: fn(u64) -> String = |n| format_duration(Duration::from_nanos(n));
+    let show_number: fn(u64) -> String = |n| n.to_string();
+    let show_cpus: fn(u64) -> String = |q| (q as f64 / 1e6).to_string();
+    let micro_cpus = |c: f64| (c * 1e6).round() as u64;
+    let timeout = within(
+        "--timeout",
+        request.timeout.map(nanos),
+        nanos(l.timeout.0),
+        nanos(l.max_timeout.0),
+        show_duration,
+    )?;
+    let memory = within(
+        "--memory",
+        request.memory,
+        l.memory.0,
+        l.max_memory.0,
+        format_size,
+    )?;
+    let cpus = within(
+        "--cpus",
+        request.cpus.map(micro_cpus),
+        micro_cpus(l.cpus),
+        micro_cpus(l.max_cpus),
+        show_cpus,
+    )?;
+    let pids = within("--pids", request.pids, l.pids, l.max_pids, show_number)?;
+    let output_limit = within(
+        "--output-limit",
+        request.output_limit,
+        l.output_limit.0,
+        l.max_output_limit.0,
+        format_size,
+    )?;
+    // The tmpfs sizes have no headroom: a request may only ask for less.
+    let tmp_size = within(
+        "--tmp-size",
+        request.tmp_size,
+        fs.tmp_size.0,
+        fs.tmp_size.0,
+        format_size,
+    )?;
+    let work_size = within(
+        "--work-size",
+        request.work_size,
+        fs.work_size.0,
+        fs.work_size.0,
+        format_size,
+    )?;
+    let (timeout, cpus) = (Duration::from_nanos(timeout), cpus as f64 / 1e6);
 
     let (argv, files) = match (&request.code, &request.argv) {
         (Some(code), None) => {

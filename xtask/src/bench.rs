@@ -217,7 +217,7 @@ fn throughput(cmd: &Cmd, n: usize, parallel: usize, next_id: &mut usize) -> Resu
 
 pub fn main(args: &[String]) -> Result<i32> {
     let opts = parse(args)?;
-    if !is_root() {
+    if !crate::host::is_root() {
         bail!("the benchmark creates namespaces and cgroups: run it as root");
     }
     install(&[("bwrap", "bubblewrap"), ("crun", "crun")])?;
@@ -555,6 +555,7 @@ fn machine() -> Result<String> {
     ))
 }
 
+/// Installs the Debian package of each tool that is not on PATH.
 fn install(tools: &[(&str, &str)]) -> Result<()> {
     let missing: Vec<&str> = tools
         .iter()
@@ -567,36 +568,7 @@ fn install(tools: &[(&str, &str)]) -> Result<()> {
         })
         .map(|(_, pkg)| *pkg)
         .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    eprintln!("    Installing {}", missing.join(" "));
-    let ok = |update: bool| -> Result<bool> {
-        if update {
-            Command::new("apt-get").args(["update", "-q"]).status()?;
-        }
-        Ok(Command::new("apt-get")
-            .args(["install", "-y", "-q"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()?
-            .success())
-    };
-    if !ok(false)? && !ok(true)? {
-        bail!("could not install {}", missing.join(" "));
-    }
-    Ok(())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
+    crate::host::apt_install(&missing)
 }
 
 fn workspace_root() -> PathBuf {

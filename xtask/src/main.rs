@@ -5,6 +5,7 @@
 //!   (see `src/vm/mod.rs` and `vm/README.md`).
 
 mod bench;
+mod host;
 mod rootfs;
 mod test;
 mod vm;

@@ -37,7 +37,7 @@ pub fn test(args: &[String]) -> Result<i32> {
         Some((first, _)) => bail!("unexpected argument {first:?}\n\n{USAGE}"),
         None => &[],
     };
-    if !nix_is_root() {
+    if !crate::host::is_root() {
         bail!(
             "the tests build real sandboxes and must run as root (try: sudo -E cargo xtask test)"
         );
@@ -76,48 +76,11 @@ pub fn test(args: &[String]) -> Result<i32> {
     Ok(if native != 0 { native } else { vm })
 }
 
-fn nix_is_root() -> bool {
-    // The effective uid, from the kernel itself (xtask has no libc dependency).
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 fn install_missing() -> Result<()> {
     let missing: Vec<&str> = NEEDED
         .iter()
         .filter(|(path, _)| !std::path::Path::new(path).exists())
         .map(|(_, pkg)| *pkg)
         .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    eprintln!("xtask: installing {}", missing.join(" "));
-    let install = |update: bool| -> Result<bool> {
-        if update {
-            Command::new("apt-get")
-                .args(["update", "-q"])
-                .status()
-                .context("apt-get update")?;
-        }
-        let status = Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .context("apt-get install")?;
-        Ok(status.success())
-    };
-    if !install(false)? && !install(true)? {
-        bail!(
-            "could not install {}: install them with apt-get and rerun",
-            missing.join(" ")
-        );
-    }
-    Ok(())
+    crate::host::apt_install(&missing)
 }

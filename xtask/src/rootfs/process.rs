@@ -13,16 +13,18 @@
 //!   each step.
 //! * [`remove_tree`] refuses to delete through a mount point.
 
+pub use crate::host::{
+    is_root, mounts_below, own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
+};
 use anyhow::{bail, Context, Result};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read as _, Write as _};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The signal (SIGINT, SIGTERM, SIGHUP) that asked us to stop, 0 if none.
 static INTERRUPT: AtomicI32 = AtomicI32::new(0);
@@ -98,11 +100,6 @@ pub fn check_interrupted() -> Result<()> {
     }
 }
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The full path of an executable in `$PATH` or the sbin directories (which
 /// are not in a non-root `$PATH` on Debian).
 pub fn find_command(name: &str) -> Option<PathBuf> {
@@ -139,51 +136,6 @@ pub fn display_command(cmd: &Command) -> String {
         }
     }
     s
-}
-
-/// Make `cmd` start in its own process group and die with us.
-fn own_group_and_die_with_parent(cmd: &mut Command) {
-    cmd.process_group(0);
-    // SAFETY: getpid before the fork; in the child only async-signal-safe
-    // calls (prctl, getppid, _exit) are made.
-    unsafe {
-        let parent = libc::getpid();
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-}
-
-fn signal_group(child: &Child, sig: libc::c_int) {
-    let pgid = child.id() as libc::pid_t;
-    if pgid > 1 {
-        // SAFETY: plain syscall; the group is that of our own child, made
-        // with process_group(0), so it holds only its processes.
-        unsafe {
-            libc::kill(-pgid, sig);
-        }
-    }
-}
-
-/// SIGTERM the child's group, SIGKILL after `grace`, reap the child.
-fn stop_group(child: &mut Child, grace: Duration) {
-    signal_group(child, libc::SIGTERM);
-    let until = Instant::now() + grace;
-    while Instant::now() < until {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    signal_group(child, libc::SIGKILL);
-    let _ = child.wait();
 }
 
 /// Runs tools for one build, appending their output to the build log.
@@ -324,70 +276,6 @@ pub fn kill_processes_rooted_in(dir: &Path) -> usize {
         }
     }
     killed
-}
-
-/// Mount points at or below `dir` in our mount namespace, deepest first.
-pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_mountinfo(p)))
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    found
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let digit = |c: u8| u32::from(c - b'0');
-            out.push((digit(b[i + 1]) * 64 + digit(b[i + 2]) * 8 + digit(b[i + 3])) as u8);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// `rm -rf dir`, but never through a mount point.
-///
-/// All chroot mounts are made in private mount namespaces, so there should
-/// never be one here; deleting through a bind mount of the host's /dev would
-/// be too costly a mistake to rely on that.
-pub fn remove_tree(dir: &Path) -> Result<()> {
-    if fs::symlink_metadata(dir).is_err() {
-        return Ok(());
-    }
-    let mounts = mounts_below(dir);
-    if !mounts.is_empty() {
-        bail!(
-            "not removing {}: mounted below it: {}",
-            dir.display(),
-            mounts
-                .iter()
-                .map(|m| m.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    if fs::symlink_metadata(dir)?.is_dir() {
-        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
-    } else {
-        fs::remove_file(dir).with_context(|| format!("removing {}", dir.display()))
-    }
 }
 
 /// A path (directory or file) removed when dropped, unless disarmed; for the

@@ -21,16 +21,18 @@ pub mod build;
 pub mod lane;
 pub mod run;
 
+pub use crate::host::{
+    is_root, own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
+};
 use anyhow::{bail, Context, Result};
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Exit status when the command ran into its timeout (like coreutils' `timeout`).
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -129,64 +131,6 @@ pub fn interrupted() -> Option<i32> {
 // Child processes
 // ---------------------------------------------------------------------------
 
-/// Make `cmd` start in its own process group and die with us.
-///
-/// Its own group lets us kill it together with its children (mmdebstrap runs
-/// apt and dpkg; QEMU has threads only, but is killed the same way).
-/// `PR_SET_PDEATHSIG` is the backstop for when xtask itself is SIGKILLed and
-/// cannot run any cleanup.
-pub fn own_group_and_die_with_parent(cmd: &mut Command) {
-    cmd.process_group(0);
-    // SAFETY: getpid before the fork; in the child only async-signal-safe
-    // calls (prctl, getppid, _exit) are made.
-    unsafe {
-        let parent = libc::getpid();
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Send `sig` to the process group led by `child` (started with
-/// [`own_group_and_die_with_parent`], so the group is ours alone).
-pub fn signal_group(child: &Child, sig: libc::c_int) {
-    let pgid = child.id() as libc::pid_t;
-    if pgid > 1 {
-        // SAFETY: plain syscall; the group id is that of our own child, whose
-        // group exists at least until we reap it.
-        unsafe {
-            libc::kill(-pgid, sig);
-        }
-    }
-}
-
-/// Stop a child's process group: SIGTERM, then SIGKILL after `grace`, and reap it.
-pub fn stop_group(child: &mut Child, grace: Duration) {
-    if let Ok(Some(_)) = child.try_wait() {
-        // Already reaped; its group may still hold stragglers.
-        signal_group(child, libc::SIGKILL);
-        return;
-    }
-    signal_group(child, libc::SIGTERM);
-    let until = Instant::now() + grace;
-    while Instant::now() < until {
-        if let Ok(Some(_)) = child.try_wait() {
-            signal_group(child, libc::SIGKILL);
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    signal_group(child, libc::SIGKILL);
-    let _ = child.wait();
-}
-
 /// Run a command to completion with its stdout+stderr appended to `log`,
 /// polling for interrupts. Returns its exit status.
 pub fn run_logged(cmd: &mut Command, log: &Path) -> Result<ExitStatus> {
@@ -270,11 +214,6 @@ fn is_executable(p: &Path) -> bool {
     fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The last `n` lines of a file (lossy UTF-8), for failure reports.
 pub fn tail_lines(path: &Path, n: usize) -> String {
     let Ok(bytes) = fs::read(path) else {
@@ -301,73 +240,6 @@ pub fn secs(d: Duration) -> String {
 // ---------------------------------------------------------------------------
 // Removing directory trees safely
 // ---------------------------------------------------------------------------
-
-/// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
-fn mounts_below(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_mountinfo(p)))
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    found
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let digit = |c: u8| u32::from(c - b'0');
-            let v = digit(b[i + 1]) * 64 + digit(b[i + 2]) * 8 + digit(b[i + 3]);
-            out.push(v as u8);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// `rm -rf dir`, but never through a mount point.
-///
-/// A chroot build leaves /proc, /sys and /dev mounted inside the tree if the
-/// tool doing it is killed; deleting "through" such a bind mount would delete
-/// the host's own files. mmdebstrap runs in a private mount namespace, so this
-/// should never find anything, but removing a tree is too dangerous to rely
-/// on that: detach what is there, and refuse if anything stays.
-pub fn remove_tree(dir: &Path) -> Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    for m in mounts_below(dir) {
-        if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) {
-            // SAFETY: plain syscall with a valid NUL-terminated path.
-            unsafe {
-                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
-            }
-        }
-    }
-    let left = mounts_below(dir);
-    if !left.is_empty() {
-        bail!(
-            "not removing {}: still mounted below it: {:?}",
-            dir.display(),
-            left
-        );
-    }
-    fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
-}
 
 /// A temporary directory removed (safely) when dropped.
 pub struct TempDir {

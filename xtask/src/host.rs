@@ -1,0 +1,188 @@
+//! What several tasks need of the host: root, Debian packages, child process groups that
+//! die with xtask, and removing directory trees without ever deleting through a mount
+//! point.
+
+use std::fs;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `apt-get install -y` of `packages`, with an `apt-get update` and a second try when the
+/// first fails (stale package lists on a fresh machine).
+pub fn apt_install(packages: &[&str]) -> Result<()> {
+    if packages.is_empty() {
+        return Ok(());
+    }
+    eprintln!("    Installing {} (apt-get)", packages.join(" "));
+    let install = || -> Result<bool> {
+        Ok(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .context("running apt-get install")?
+            .success())
+    };
+    if install()? {
+        return Ok(());
+    }
+    Command::new("apt-get")
+        .args(["update", "-q"])
+        .status()
+        .context("running apt-get update")?;
+    if !install()? {
+        bail!(
+            "could not install {}: install them with apt-get and run again",
+            packages.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// Mount points at or below `dir` in our mount namespace, deepest first.
+pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let digit = |c: u8| u32::from(c - b'0');
+            out.push((digit(b[i + 1]) * 64 + digit(b[i + 2]) * 8 + digit(b[i + 3])) as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `rm -rf path` (a directory or a file), but never through a mount point.
+///
+/// A chroot build killed halfway can leave /proc, /sys or /dev mounted inside its tree;
+/// deleting through such a bind mount would delete the host's own files. Builds mount in
+/// private mount namespaces, so this should find nothing, but removing a tree is too
+/// dangerous to rely on that: what is mounted below is detached, and if anything stays,
+/// nothing is removed.
+pub fn remove_tree(path: &Path) -> Result<()> {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    for m in mounts_below(path) {
+        if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) {
+            // SAFETY: plain syscall with a valid NUL-terminated path.
+            unsafe {
+                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+            }
+        }
+    }
+    let left = mounts_below(path);
+    if !left.is_empty() {
+        bail!(
+            "not removing {}: still mounted below it: {left:?}",
+            path.display()
+        );
+    }
+    if meta.is_dir() {
+        fs::remove_dir_all(path).with_context(|| format!("removing {}", path.display()))
+    } else {
+        fs::remove_file(path).with_context(|| format!("removing {}", path.display()))
+    }
+}
+
+// ---- child processes ----------------------------------------------------------------
+
+/// Make `cmd` start in its own process group and die with us.
+///
+/// Its own group lets us kill it together with its children (mmdebstrap runs
+/// apt and dpkg; QEMU has threads only, but is killed the same way).
+/// `PR_SET_PDEATHSIG` is the backstop for when xtask itself is SIGKILLed and
+/// cannot run any cleanup.
+pub fn own_group_and_die_with_parent(cmd: &mut Command) {
+    cmd.process_group(0);
+    // SAFETY: getpid before the fork; in the child only async-signal-safe
+    // calls (prctl, getppid, _exit) are made.
+    unsafe {
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Send `sig` to the process group led by `child` (started with
+/// [`own_group_and_die_with_parent`], so the group is ours alone).
+pub fn signal_group(child: &Child, sig: libc::c_int) {
+    let pgid = child.id() as libc::pid_t;
+    if pgid > 1 {
+        // SAFETY: plain syscall; the group id is that of our own child, whose
+        // group exists at least until we reap it.
+        unsafe {
+            libc::kill(-pgid, sig);
+        }
+    }
+}
+
+/// Stop a child's process group: SIGTERM, then SIGKILL after `grace`, and reap it.
+pub fn stop_group(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        // Already reaped; its group may still hold stragglers.
+        signal_group(child, libc::SIGKILL);
+        return;
+    }
+    signal_group(child, libc::SIGTERM);
+    let until = Instant::now() + grace;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            signal_group(child, libc::SIGKILL);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal_group(child, libc::SIGKILL);
+    let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo("/a\\040b\\134c"), "/a b\\c");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+}
