@@ -67,6 +67,10 @@ pub struct Outcome {
     pub landlock_abi: Option<u32>,
     /// Hardening a best-effort profile could not apply on this host.
     pub skipped_layers: Vec<String>,
+    /// The init died without a word (killed from outside the sandbox's code): the launcher
+    /// decides with the cgroup's counters whether the OOM killer did it.
+    #[serde(skip)]
+    pub(crate) init_lost: bool,
     /// Where the wall time went (`codecage run --timings`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<Phases>,

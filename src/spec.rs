@@ -48,11 +48,13 @@ pub struct WorkFile {
 }
 
 /// How sandbox ids map to host ids. Each run gets two host ids of its own, derived from the
-/// host pid of its init: `base + 2*pid` for uid/gid 0 and `base + 2*pid + 1` for the
-/// sandbox user. A pid is unique among live processes, and it cannot be reused before the
-/// launcher reaps the init, by which time the kernel has killed every process of the
-/// sandbox's pid namespace, so concurrent runs never share a host uid, without any lock or
-/// shared state.
+/// id of the launcher thread that runs it: `base + 2*tid` for uid/gid 0 and
+/// `base + 2*tid + 1` for the sandbox user. A thread runs one sandbox at a time (`run`
+/// returns only once every process of it is gone), and its tid is unique among live
+/// threads, so concurrent runs never share a host uid, without any lock or shared state.
+/// The id is known before clone3, so the sandbox root's uid also owns the user namespace:
+/// the kernel charges the sandbox's inotify instances and other per-user counts to that
+/// uid, not to host root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMapping {
     /// First host id of the range codecage may use. The default, 0x7100_0000, lies above
@@ -70,15 +72,33 @@ impl Default for IdMapping {
 }
 
 impl IdMapping {
-    /// Host uid (and gid) that sandbox root maps to for the init with host pid `pid`.
-    pub fn host_root(&self, pid: u32) -> u32 {
-        self.host_base + 2 * pid
+    /// The lowest `host_base` allowed: below it lie real users and system ids.
+    pub const MIN_BASE: u32 = 0x0010_0000;
+
+    /// Host uid (and gid) that sandbox root maps to for the launcher thread `tid`.
+    pub fn host_root(&self, tid: u32) -> u32 {
+        self.host_base + 2 * tid
     }
 
-    /// The `uid_map`/`gid_map` content for the init with host pid `pid`.
-    pub fn map_lines(&self, pid: u32) -> String {
-        let root = self.host_root(pid);
+    /// The `uid_map`/`gid_map` content for the launcher thread `tid`.
+    pub fn map_lines(&self, tid: u32) -> String {
+        let root = self.host_root(tid);
         format!("0 {root} 1\n{SANDBOX_UID} {} 1\n", root + 1)
+    }
+
+    /// The range must hold `2 * pid_max` ids (pid_max is at most 2^22) and stay clear of
+    /// real users and of the overflow id 2^32-1.
+    pub fn validate(&self) -> Result<(), String> {
+        let top = u64::from(self.host_base) + 2 * (1u64 << 22) + 2;
+        if self.host_base < Self::MIN_BASE || top >= u64::from(u32::MAX) {
+            return Err(format!(
+                "host id base {:#x} is out of range: use {:#x} to {:#x}, clear of real users",
+                self.host_base,
+                Self::MIN_BASE,
+                u32::MAX as u64 - 2 * (1 << 22) - 3
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -206,6 +226,7 @@ impl Spec {
                 ));
             }
         }
+        self.ids.validate()?;
         if self.timeout.is_zero() {
             return Err("timeout must be positive".into());
         }

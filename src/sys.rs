@@ -53,7 +53,7 @@ pub enum Forked {
     Parent { pid: Pid, pidfd: OwnedFd },
 }
 
-/// clone3(2) without a new stack (fork-like), `exit_signal = SIGCHLD`, plus `CLONE_PIDFD`.
+/// clone3(2) without a new stack (fork-like), no exit signal, plus `CLONE_PIDFD`.
 /// `CLONE_CLEAR_SIGHAND` is dropped and retried once if the kernel rejects it (before 5.5).
 ///
 /// # Safety
@@ -71,7 +71,9 @@ pub unsafe fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Forked>
         let mut args = CloneArgs {
             flags,
             pidfd: &mut pidfd as *mut c_int as u64,
-            exit_signal: libc::SIGCHLD as u64,
+            // No exit signal: a caller that ignores SIGCHLD would otherwise have the kernel
+            // reap the child before we can wait4 it; the pidfd tells us when it exits.
+            exit_signal: 0,
             cgroup: cgroup_fd.map_or(0, |fd| fd as u64),
             ..CloneArgs::default()
         };
@@ -105,6 +107,51 @@ pub unsafe fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Forked>
             }
         }
     }
+}
+
+/// The calling thread's id.
+pub fn gettid() -> u32 {
+    nix::unistd::gettid().as_raw() as u32
+}
+
+/// Runs `clone` with this thread's effective uid set to `euid` and its capabilities kept
+/// (SECBIT_NO_SETUID_FIXUP), then restores both. A user namespace is owned by the euid of
+/// the thread that creates it, and the kernel charges per-user counts of everything in it
+/// (inotify instances and watches, ...) to that owner: created as root, every sandbox
+/// would draw on host root's quota. Raw syscalls, so only this thread changes (glibc's
+/// setresuid would change every thread of the process).
+///
+/// # Safety
+///
+/// As for [`clone3`], which `clone` is expected to call: the child branch must not return
+/// into code that relies on this thread's credentials being restored.
+pub unsafe fn with_thread_euid<T>(euid: u32, clone: impl FnOnce() -> T) -> io::Result<T> {
+    const NO_FIXUP: libc::c_ulong = libc::SECBIT_NO_SETUID_FIXUP as libc::c_ulong;
+    // SAFETY: prctl with integer arguments only.
+    let old = unsafe { libc::prctl(libc::PR_GET_SECUREBITS) };
+    if old < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let old = old as libc::c_ulong;
+    // SAFETY: as above; needs CAP_SETPCAP, which root has.
+    if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, old | NO_FIXUP) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let keep: libc::c_long = -1;
+    // SAFETY: setresuid of the calling thread only, with integer arguments.
+    if unsafe { libc::syscall(libc::SYS_setresuid, keep, euid as libc::c_long, keep) } < 0 {
+        let err = io::Error::last_os_error();
+        // SAFETY: restoring the bits read above.
+        unsafe { libc::prctl(libc::PR_SET_SECUREBITS, old) };
+        return Err(err);
+    }
+    let result = clone();
+    // SAFETY: back to euid 0 (real and saved uid are still 0), then the old bits.
+    unsafe {
+        libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_long, keep);
+        libc::prctl(libc::PR_SET_SECUREBITS, old);
+    }
+    Ok(result)
 }
 
 /// pidfd_send_signal(2): signal the process behind a pidfd. Unlike kill(2) it cannot hit a
@@ -225,7 +272,8 @@ pub fn wait4(pid: Pid) -> io::Result<(c_int, libc::rusage)> {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
         // SAFETY: both out-pointers are valid for writes for the duration of the call.
-        let ret = unsafe { libc::wait4(pid.as_raw(), &mut status, 0, &mut usage) };
+        // __WALL: the child has no exit signal, which makes it a "clone" child to wait4.
+        let ret = unsafe { libc::wait4(pid.as_raw(), &mut status, libc::__WALL, &mut usage) };
         if ret == pid.as_raw() {
             return Ok((status, usage));
         }
@@ -311,6 +359,12 @@ pub fn child_write_all(fd: RawFd, mut buf: &[u8]) -> Result<(), i32> {
 /// id maps, this turns the host credentials the child was cloned with into the sandbox's
 /// root, so that its execve keeps the capabilities of the new user namespace.
 pub fn child_become_root() -> Result<(), i32> {
+    // The launcher thread cloned us with SECBIT_NO_SETUID_FIXUP (see with_thread_euid);
+    // the sandbox must have the normal rule that leaving uid 0 drops capabilities.
+    // SAFETY: prctl with integer arguments; we hold every capability in the new namespace.
+    raw_result(
+        unsafe { libc::prctl(libc::PR_SET_SECUREBITS, 0 as libc::c_ulong) } as libc::c_long,
+    )?;
     // SAFETY: plain syscalls without pointers.
     raw_result(unsafe { libc::syscall(libc::SYS_setresgid, 0, 0, 0) })?;
     // SAFETY: as above.

@@ -181,7 +181,7 @@ impl RunCgroup {
                 let mut attempts = 0;
                 let dir = loop {
                     let dir = v2_parent(root)?.join(&name);
-                    match fs::create_dir(&dir) {
+                    match mkdir_755(&dir) {
                         // The parent went away with a concurrent run: make it again.
                         Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 8 => attempts += 1,
                         Err(e) => return Err(err("creating", &dir, e)),
@@ -418,12 +418,20 @@ fn create_run_dir(dir: &Path) -> Result<(), CgroupError> {
     let parent = dir.parent().unwrap_or(dir);
     for _ in 0..8 {
         mkdir_if_missing(parent)?;
-        match fs::create_dir(dir) {
+        match mkdir_755(dir) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             other => return other.map_err(|e| err("creating", dir, e)),
         }
     }
-    fs::create_dir(dir).map_err(|e| err("creating", dir, e))
+    mkdir_755(dir).map_err(|e| err("creating", dir, e))
+}
+
+/// mkdir with mode 0755 whatever the launcher's umask: the child, already an unprivileged
+/// uid, walks down to its `tasks` files.
+fn mkdir_755(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
 }
 
 /// rmdir, retrying on EBUSY: after a kill, tasks leave the cgroup only once they are reaped.
@@ -442,7 +450,7 @@ fn remove_dir_patiently(dir: &Path, patience: Duration) -> Result<(), CgroupErro
 }
 
 fn mkdir_if_missing(dir: &Path) -> Result<(), CgroupError> {
-    match fs::create_dir(dir) {
+    match mkdir_755(dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(err("creating", dir, e)),
         _ => Ok(()),
     }

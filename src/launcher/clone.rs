@@ -93,9 +93,11 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
         UnixStream::pair().map_err(|e| format!("cannot create the sandbox channel: {e}"))?;
     // The child dup2s these onto 0..=3; a source already sitting in that range (the calling
     // program closed its stdin, say) would be overwritten before it is copied.
-    let child_fds = [stdin, stdout_w, stderr_w, OwnedFd::from(channel_child)].map(above_stdio);
-    let [stdin, stdout_w, stderr_w, channel_child] = child_fds;
-    let (stdin, stdout_w, stderr_w, channel_child) = (stdin?, stdout_w?, stderr_w?, channel_child?);
+    // The init binary's fd too: it must survive those dup2s until execveat.
+    let child_fds = [stdin, stdout_w, stderr_w, OwnedFd::from(channel_child), exe].map(above_stdio);
+    let [stdin, stdout_w, stderr_w, channel_child, exe] = child_fds;
+    let (stdin, stdout_w, stderr_w, channel_child, exe) =
+        (stdin?, stdout_w?, stderr_w?, channel_child?, exe?);
 
     let tasks: Vec<CString> = cgroup
         .map(|c| c.v1_tasks_files())
@@ -123,9 +125,15 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
     let target = cgroup
         .and_then(|c| c.clone_target())
         .map(|fd| fd.as_raw_fd());
-    // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
-    // calls on data prepared above and ends in execveat or _exit.
-    let mut forked = unsafe { sys::clone3(flags, target) };
+    // The sandbox's root uid owns its user namespace (see IdMapping).
+    let tid = sys::gettid();
+    let owner = spec.ids.host_root(tid);
+    let clone = |target: Option<RawFd>| {
+        // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
+        // calls on data prepared above and ends in execveat or _exit.
+        unsafe { sys::with_thread_euid(owner, || sys::clone3(flags, target)) }.and_then(|r| r)
+    };
+    let mut forked = clone(target);
     let mut born_inside = target.is_some();
     if born_inside
         && forked
@@ -134,8 +142,7 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
     {
         // A kernel before 5.7 knows no CLONE_INTO_CGROUP: clone, then attach by pid.
         born_inside = false;
-        // SAFETY: as above.
-        forked = unsafe { sys::clone3(flags, None) };
+        forked = clone(None);
     }
     let (pid, pidfd) = match forked.map_err(|e| clone_error(&e))? {
         Forked::Child => child_pre_exec(&plan),
@@ -154,13 +161,12 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
     // In its cgroups before it may run: its limits hold from its first instruction, and its
     // cgroup namespace (created after "go") is rooted at its own cgroup.
     if let Some(cgroup) = cgroup {
-        let owner = spec.ids.host_root(pid.as_raw() as u32);
         if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside, owner) {
             abort(&sandbox);
             return Err(e.to_string());
         }
     }
-    if let Err(message) = handshake(spec, &mut sandbox) {
+    if let Err(message) = handshake(spec, &mut sandbox, tid) {
         abort(&sandbox);
         return Err(message);
     }
@@ -169,9 +175,9 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
 
 /// Writes the id maps, then "go" and the Spec. A failure to send means the child already
 /// died; its raw error frame is waiting on the channel, so that is not an error here.
-fn handshake(spec: &Spec, sandbox: &mut Sandbox) -> Result<(), String> {
+fn handshake(spec: &Spec, sandbox: &mut Sandbox, tid: u32) -> Result<(), String> {
     let pid = sandbox.pid.as_raw() as u32;
-    let lines = spec.ids.map_lines(pid);
+    let lines = spec.ids.map_lines(tid);
     // As root in the parent namespace we may write a map with several lines and need not
     // deny setgroups (user_namespaces(7)); the payload drops its supplementary groups itself.
     for file in ["uid_map", "gid_map"] {

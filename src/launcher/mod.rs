@@ -135,9 +135,14 @@ fn account(outcome: &mut Outcome, usage: Usage, limits: &Limits) {
         outcome.cpu = cpu;
     }
     outcome.pids_limit_hit = usage.pids_limit_hits > 0;
-    if usage.oom_kills > 0 && outcome.error != Some(ErrorKind::Setup) {
+    // A setup failure the sandbox reported stays one; an init that died silently while the
+    // OOM killer was at work was its victim (tmpfs and pipe pages belong to no process, so
+    // the killer may pick the init when the payload is small).
+    let setup_failed = outcome.error == Some(ErrorKind::Setup) && !outcome.init_lost;
+    if usage.oom_kills > 0 && !setup_failed {
         outcome.error = Some(ErrorKind::Oom);
         let who = match outcome.signal {
+            _ if outcome.init_lost => "the sandbox's init, and with it every process".to_string(),
             Some(libc::SIGKILL) => "the program".to_string(),
             _ => format!("{} process(es) of the sandbox", usage.oom_kills),
         };

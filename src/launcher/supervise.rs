@@ -289,6 +289,7 @@ impl Watch<'_> {
                     Ok((status, _)) => describe_status(*status),
                     Err(e) => format!("could not be reaped: {e}"),
                 };
+                outcome.init_lost = true;
                 let mut message =
                     format!("the sandbox init ended without reporting a result ({status})");
                 if let Some(e) = self.protocol_error {

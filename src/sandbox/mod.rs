@@ -65,6 +65,12 @@ fn init_main() -> ! {
 /// Builds the sandbox around this process, in order. Returns the Spec to run.
 fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
     channel::mark(channel, Phase::InitStarted);
+    // Whatever the calling program had: an ignored SIGCHLD survives execve and would let
+    // the kernel reap the payload before the init sees it exit; a umask of 077 would make
+    // /etc unreadable to the payload.
+    crate::sys::reset_signal_dispositions()
+        .map_err(|e| fail("reset_signals", e, "sigaction SIG_DFL"))?;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     // Leave the launcher's session and process group: a terminal's ^C reaches the launcher,
     // which forwards it once, and the payload cannot reach the terminal (CVE-2017-5226).
     leave_session()?;

@@ -52,6 +52,7 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
     reset_signals()?;
     setsid().map_err(|e| fail("new_session", e, "setsid"))?;
     set_rlimits(spec)?;
+    prefer_for_oom_kill()?;
     drop_bounding_and_inheritable_caps()?;
     drop_to_sandbox_user()?;
     check_no_capabilities()?;
@@ -94,17 +95,24 @@ fn reset_signals() -> Result<(), SetupError> {
         .map_err(|e| fail("reset_signals", e, "sigprocmask"))
 }
 
-/// No core dumps; `nofile` open files; no file larger than the largest tmpfs; 8 MiB stacks.
+/// No core dumps; `nofile` open files; no file larger than the largest tmpfs; 8 MiB stacks;
+/// the pids limit as RLIMIT_NPROC; 8 MiB of locked memory; no realtime priority.
 /// Defence in depth behind the cgroup and tmpfs limits. Only ever lowered: a limit the
 /// launcher already runs under is kept. The file size limit sits 64 KiB above the largest
 /// tmpfs, so a full tmpfs answers ENOSPC, as programs expect, before SIGXFSZ could fire.
 fn set_rlimits(spec: &Spec) -> Result<(), SetupError> {
     let largest_file = spec.tmp_size.max(spec.work_size) + (64 << 10);
+    // The pids limit again, per uid: the payload's uid is the run's own, so this holds
+    // even where a best-effort profile ran without a cgroup.
+    let nproc = spec.limits.map_or(4096, |l| l.pids);
     for (resource, name, value) in [
         (Resource::RLIMIT_CORE, "RLIMIT_CORE", 0),
         (Resource::RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile),
         (Resource::RLIMIT_FSIZE, "RLIMIT_FSIZE", largest_file),
         (Resource::RLIMIT_STACK, "RLIMIT_STACK", STACK_LIMIT),
+        (Resource::RLIMIT_NPROC, "RLIMIT_NPROC", nproc),
+        (Resource::RLIMIT_MEMLOCK, "RLIMIT_MEMLOCK", 8 << 20),
+        (Resource::RLIMIT_RTPRIO, "RLIMIT_RTPRIO", 0),
     ] {
         let (_, hard) =
             nix::sys::resource::getrlimit(resource).map_err(|e| fail("set_rlimits", e, name))?;
@@ -113,6 +121,19 @@ fn set_rlimits(spec: &Spec) -> Result<(), SetupError> {
             .map_err(|e| fail("set_rlimits", e, format!("{name} = {value}")))?;
     }
     Ok(())
+}
+
+/// oom_score_adj 1000, inherited by everything the payload starts: when the sandbox's
+/// memory runs out, the OOM killer takes a payload process, not the init (whose death
+/// would end the run without a word), and in a host-wide shortage the sandbox goes first.
+fn prefer_for_oom_kill() -> Result<(), SetupError> {
+    std::fs::write("/proc/self/oom_score_adj", "1000").map_err(|e| {
+        super::fail_io(
+            "prefer_for_oom_kill",
+            &e,
+            "writing /proc/self/oom_score_adj",
+        )
+    })
 }
 
 fn drop_bounding_and_inheritable_caps() -> Result<(), SetupError> {

@@ -365,3 +365,20 @@ fn the_cgroup_layout_is_the_expected_one_and_every_limit_is_enforceable() {
     }
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// Memory that belongs to no process (a tmpfs file) pushes the sandbox over its limit: the
+/// OOM killer takes a payload process (oom_score_adj 1000), and even if it took the init,
+/// the run says `oom`, not `setup`.
+#[test]
+fn a_tmpfs_memory_bomb_is_reported_as_oom() {
+    if !require_root() {
+        return;
+    }
+    let (run, _) = bomb(
+        "shmbomb",
+        &["--memory", "16M", "--timeout", &secs(20)],
+        &["sh", "-c", "head -c 30000000 /dev/zero > /dev/shm/x"],
+    );
+    assert_eq!(run.error(), Some("oom"), "{}", run.json);
+    assert_eq!(run.status, 137);
+}

@@ -453,3 +453,68 @@ fn rlimits_are_lowered() {
     // core 0, 256 files, 8 MiB stacks, files up to the largest tmpfs (64M /work) + 64 KiB, in KiB.
     assert_eq!(run.stdout(), "0\n256\n8192\n65600\n", "{}", run.json);
 }
+
+/// The sandbox's user namespace belongs to its own unprivileged uid, so the kernel charges
+/// its inotify instances there: a sandbox that takes all it may leaves host root's intact.
+#[test]
+fn inotify_exhaustion_does_not_reach_host_root() {
+    if !require_root() {
+        return;
+    }
+    let code = "import ctypes, time\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        n = 0\n\
+        while n < 100000 and libc.inotify_init() >= 0: n += 1\n\
+        print('held', n, flush=True)\n\
+        time.sleep(30)";
+    let mut child = codecage_run()
+        .args(["--timeout", &secs(40), "--lang", "python", "-c", code])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until the sandbox holds every inotify instance it may have.
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    std::thread::sleep(Duration::from_millis(300 * slowdown()));
+    let probe = "import ctypes; l = ctypes.CDLL(None, use_errno=True); print(l.inotify_init() >= 0, ctypes.get_errno())";
+    let host = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", probe])
+        .output()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let host = String::from_utf8_lossy(&host.stdout).to_string();
+    assert!(
+        line.starts_with("held "),
+        "the sandbox did not hold its instances: {line}"
+    );
+    assert!(
+        host.starts_with("True"),
+        "host root could not create an inotify instance: {host}"
+    );
+}
+
+/// A calling program that ignores SIGCHLD (as many daemons do) or runs with umask 077
+/// (systemd's UMask=0077) gets normal runs: the init resets both.
+#[test]
+fn an_ignored_sigchld_or_a_strict_umask_in_the_caller_changes_nothing() {
+    if !require_root() {
+        return;
+    }
+    let exe = env!("CARGO_BIN_EXE_codecage");
+    let wrapper = format!(
+        "import os, signal\n\
+         signal.signal(signal.SIGCHLD, signal.SIG_IGN); os.umask(0o077)\n\
+         os.execv('{exe}', ['codecage', 'run', '--json', '--rootfs', 'host', '--timeout', '{t}', '--',\n\
+                  'bash', '-c', 'echo hi; cut -d: -f1 /etc/passwd | head -1; stat -c %a /etc'])",
+        t = secs(10)
+    );
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &wrapper])
+        .output()
+        .unwrap();
+    let run = parse(out);
+    assert_eq!(run.error(), None, "{}", run.json);
+    assert_eq!(run.stdout(), "hi\nroot\n755\n", "{}", run.json);
+}
