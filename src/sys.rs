@@ -362,9 +362,8 @@ pub fn child_become_root() -> Result<(), i32> {
     // The launcher thread cloned us with SECBIT_NO_SETUID_FIXUP (see with_thread_euid);
     // the sandbox must have the normal rule that leaving uid 0 drops capabilities.
     // SAFETY: prctl with integer arguments; we hold every capability in the new namespace.
-    raw_result(
-        unsafe { libc::prctl(libc::PR_SET_SECUREBITS, 0 as libc::c_ulong) } as libc::c_long,
-    )?;
+    let cleared = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, 0 as libc::c_ulong) };
+    raw_result(cleared as libc::c_long)?;
     // SAFETY: plain syscalls without pointers.
     raw_result(unsafe { libc::syscall(libc::SYS_setresgid, 0, 0, 0) })?;
     // SAFETY: as above.
