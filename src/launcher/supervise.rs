@@ -156,8 +156,10 @@ pub fn supervise(
     let reaped_ns = sys::monotonic_ns();
     watch.outcome.duration = start.elapsed();
     // The init wrote its last report before exiting; collect what is still buffered.
-    while channel_open {
-        channel_open = watch.read_channel(&mut sandbox, &mut buf);
+    // One pass: what the init wrote is buffered; a copy of its end held elsewhere (a
+    // program that forked without exec) must not keep us reading.
+    if channel_open {
+        watch.read_channel(&mut sandbox, &mut buf);
     }
     let marks = std::mem::take(&mut watch.marks);
     (watch.finish(reaped), Timeline { marks, reaped_ns })

@@ -186,13 +186,15 @@ fn raw_packet_and_netlink_sockets_are_refused() {
     let run = attack(
         "for fam, typ, proto in [(socket.AF_INET, socket.SOCK_RAW, 1), (socket.AF_PACKET, socket.SOCK_RAW, 0),\n\
          \x20                    (socket.AF_NETLINK, socket.SOCK_RAW, 0), (socket.AF_NETLINK, socket.SOCK_DGRAM, 0),\n\
-         \x20                    (40, socket.SOCK_STREAM, 0), (38, socket.SOCK_SEQPACKET, 0)]:\n\
+         \x20                    (40, socket.SOCK_STREAM, 0), (38, socket.SOCK_SEQPACKET, 0),\n\
+         \x20                    (socket.AF_INET, socket.SOCK_STREAM, 132)]:\n\
          \x20   print(err(lambda: socket.socket(fam, typ, proto)))",
     );
-    // AF_INET raw, AF_PACKET, AF_NETLINK (raw and dgram), AF_VSOCK (40), AF_ALG (38).
+    // AF_INET raw, AF_PACKET, AF_NETLINK (raw and dgram), AF_VSOCK (40), AF_ALG (38), and
+    // SCTP (protocol 132: its module would load on demand).
     assert_eq!(
         run.stdout(),
-        "EPERM\nEPERM\nEPERM\nEPERM\nEPERM\nEPERM\n",
+        "EPERM\nEPERM\nEPERM\nEPERM\nEPERM\nEPERM\nEPERM\n",
         "{}",
         run.json
     );
