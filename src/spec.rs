@@ -48,10 +48,12 @@ pub struct WorkFile {
 }
 
 /// How sandbox ids map to host ids. Each run gets two host ids of its own, derived from the
-/// id of the launcher thread that runs it: `base + 2*tid` for uid/gid 0 and
-/// `base + 2*tid + 1` for the sandbox user. A thread runs one sandbox at a time (`run`
-/// returns only once every process of it is gone), and its tid is unique among live
-/// threads, so concurrent runs never share a host uid, without any lock or shared state.
+/// id of the launcher thread that runs it (its "slot": the tid, turned by an offset of the
+/// pid namespace): `base + 2*slot` for uid/gid 0 and `base + 2*slot + 1` for the sandbox
+/// user. A thread runs one sandbox at a time (`run` returns only once every process of it
+/// is gone), and its tid is unique among the live threads of its pid namespace, so
+/// concurrent runs never share a host uid, without any lock or shared state. (Launchers in
+/// different pid namespaces may, rarely, meet on one.)
 /// The id is known before clone3, so the sandbox root's uid also owns the user namespace:
 /// the kernel charges the sandbox's inotify instances and other per-user counts to that
 /// uid, not to host root.
@@ -75,14 +77,14 @@ impl IdMapping {
     /// The lowest `host_base` allowed: below it lie real users and system ids.
     pub const MIN_BASE: u32 = 0x0010_0000;
 
-    /// Host uid (and gid) that sandbox root maps to for the launcher thread `tid`.
-    pub fn host_root(&self, tid: u32) -> u32 {
-        self.host_base + 2 * tid
+    /// Host uid (and gid) that sandbox root maps to for `slot` (below 2^22).
+    pub fn host_root(&self, slot: u32) -> u32 {
+        self.host_base + 2 * slot
     }
 
-    /// The `uid_map`/`gid_map` content for the launcher thread `tid`.
-    pub fn map_lines(&self, tid: u32) -> String {
-        let root = self.host_root(tid);
+    /// The `uid_map`/`gid_map` content for `slot`.
+    pub fn map_lines(&self, slot: u32) -> String {
+        let root = self.host_root(slot);
         format!("0 {root} 1\n{SANDBOX_UID} {} 1\n", root + 1)
     }
 

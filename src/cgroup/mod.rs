@@ -10,7 +10,7 @@
 //! errors that name the file and say what to configure
 //! (../shared/research/codebases-and-crates.md §2.1).
 //!
-//! Layout per backend (`<run>` is `run-<launcher pid>-<launcher start time>-<n>`):
+//! Layout per backend (`<run>` is `run-<pid namespace>-<launcher pid>-<start time>-<n>`):
 //! - v2: `<root>/codecage/<run>` with memory.max, memory.swap.max, cpu.max, pids.max; the
 //!   init is born in it (`CLONE_INTO_CGROUP`).
 //! - v1: `<controller>/codecage/<run>` in memory, cpu, cpuacct and pids; the launcher writes
@@ -139,20 +139,44 @@ pub struct RunCgroup {
     removed: bool,
 }
 
-/// A name unique to this run: the launcher's pid and start time identify the launcher
-/// (a recycled pid has another start time), the counter the run within it.
+/// A name unique to this run, `run-<pid ns>-<pid>-<start>-<n>`: the launcher's pid
+/// namespace (the inode of /proc/self/ns/pid), pid and start time identify the launcher (a
+/// recycled pid has another start time; a pid means nothing outside its namespace), the
+/// counter the run within it.
 fn run_name() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let (pid, start) = launcher_identity();
-    format!("run-{pid}-{start}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let id = launcher_identity();
+    format!(
+        "run-{}-{}-{}-{}",
+        id.pid_ns,
+        id.pid,
+        id.start,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
-fn launcher_identity() -> (u32, u64) {
-    static ID: OnceLock<(u32, u64)> = OnceLock::new();
+#[derive(Clone, Copy)]
+struct Launcher {
+    pid_ns: u64,
+    pid: u32,
+    start: u64,
+}
+
+fn launcher_identity() -> Launcher {
+    static ID: OnceLock<Launcher> = OnceLock::new();
     *ID.get_or_init(|| {
         let pid = std::process::id();
-        (pid, process_start_time(pid).unwrap_or(0))
+        Launcher {
+            pid_ns: pid_namespace(),
+            pid,
+            start: process_start_time(pid).unwrap_or(0),
+        }
     })
+}
+
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 /// Field 22 of /proc/<pid>/stat: the start time in clock ticks since boot.
@@ -608,18 +632,19 @@ pub fn sweep_leftovers(layout: &Layout) {
 
 /// A `run-<pid>-<start>-<n>` directory whose launcher no longer exists.
 fn is_leftover(name: &str) -> bool {
-    let mut parts = name
-        .strip_prefix("run-")
-        .map(|rest| rest.split('-'))
-        .into_iter()
-        .flatten();
-    let (Some(pid), Some(start)) = (parts.next(), parts.next()) else {
+    let fields: Vec<u64> = match name.strip_prefix("run-") {
+        Some(rest) => rest.split('-').map_while(|f| f.parse().ok()).collect(),
+        None => return false,
+    };
+    let [pid_ns, pid, start, _] = fields[..] else {
         return false;
     };
-    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+    // A launcher in another pid namespace cannot be judged from here: its pid means
+    // nothing in ours, and killing a live sandbox is worse than keeping a stale directory.
+    if pid_ns != launcher_identity().pid_ns {
         return false;
-    };
-    process_start_time(pid) != Some(start)
+    }
+    process_start_time(pid as u32) != Some(start)
 }
 
 #[cfg(test)]
@@ -644,12 +669,17 @@ mod tests {
 
     #[test]
     fn our_own_runs_are_not_leftovers_but_dead_launchers_are() {
-        let (pid, start) = launcher_identity();
-        assert!(!is_leftover(&format!("run-{pid}-{start}-0")));
-        assert!(is_leftover(&format!("run-{pid}-{}-0", start + 1)));
-        assert!(is_leftover("run-4194304-1-0"));
+        let Launcher { pid, start, .. } = launcher_identity();
+        let ns = pid_namespace();
+        assert!(!is_leftover(&format!("run-{ns}-{pid}-{start}-0")));
+        assert!(is_leftover(&format!("run-{ns}-{pid}-{}-0", start + 1)));
+        assert!(is_leftover(&format!("run-{ns}-4194304-1-0")));
+        assert!(
+            !is_leftover(&format!("run-{}-4194304-1-0", ns + 1)),
+            "another pid namespace's"
+        );
         assert!(!is_leftover("something-else"));
-        assert!(run_name().starts_with(&format!("run-{pid}-{start}-")));
+        assert!(run_name().starts_with(&format!("run-{ns}-{pid}-{start}-")));
     }
 
     #[test]

@@ -87,19 +87,30 @@ pub fn main(args: RunArgs) -> i32 {
     // SIGINT, SIGTERM and SIGHUP are forwarded to the payload rather than killing the
     // launcher (which would take the sandbox down with it, unannounced).
     let forwarded = forward_signals();
-    let mut stdout = std::io::stdout().lock();
-    let mut stderr = std::io::stderr();
-    let mut pass_through = |stream: Stream, bytes: &[u8]| {
-        // A closed stdout (`| head`) must not stop the run; the Outcome still has it all.
-        let _ = match stream {
-            Stream::Stdout => stdout.write_all(bytes).and_then(|_| stdout.flush()),
-            Stream::Stderr => stderr.write_all(bytes),
-        };
-    };
     let mut outcome = if json {
         launcher::run_with(&spec, &mut |_, _| {}, forwarded.as_ref())
     } else {
-        launcher::run_with(&spec, &mut pass_through, forwarded.as_ref())
+        // Output passes through from a thread of its own: a reader of our stdout that does
+        // not read (`| sleep 60`) must not stall the launcher's loop, which enforces the
+        // timeout. What waits is bounded by the output limit.
+        let (chunks, pending) = std::sync::mpsc::channel::<(Stream, Vec<u8>)>();
+        let writer = std::thread::spawn(move || {
+            let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+            for (stream, bytes) in pending {
+                // A closed stdout (`| head`) must not stop the run; the Outcome has it all.
+                let _ = match stream {
+                    Stream::Stdout => stdout.write_all(&bytes).and_then(|_| stdout.flush()),
+                    Stream::Stderr => stderr.write_all(&bytes),
+                };
+            }
+        });
+        let mut pass_through = |stream: Stream, bytes: &[u8]| {
+            let _ = chunks.send((stream, bytes.to_vec()));
+        };
+        let outcome = launcher::run_with(&spec, &mut pass_through, forwarded.as_ref());
+        drop(chunks);
+        let _ = writer.join();
+        outcome
     };
     if !timings {
         outcome.phases = None;

@@ -126,7 +126,7 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
         .and_then(|c| c.clone_target())
         .map(|fd| fd.as_raw_fd());
     // The sandbox's root uid owns its user namespace (see IdMapping).
-    let tid = sys::gettid();
+    let tid = id_slot();
     let owner = spec.ids.host_root(tid);
     let clone = |target: Option<RawFd>| {
         // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
@@ -195,6 +195,21 @@ fn handshake(spec: &Spec, sandbox: &mut Sandbox, tid: u32) -> Result<(), String>
     sandbox.go_ns = crate::sys::monotonic_ns();
     let _ = send_all(&sandbox.channel, &frame);
     Ok(())
+}
+
+/// This run's slot in the host id range: the launcher thread's tid, unique among the live
+/// threads of its pid namespace, turned by an offset of that namespace (from the inode of
+/// /proc/self/ns/pid), so that launchers in different pid namespaces (containers), whose
+/// tids repeat, are unlikely to meet on the same host uid.
+fn id_slot() -> u32 {
+    static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    const SLOTS: u32 = 1 << 22; // pid_max is at most 2^22
+    let offset = *OFFSET.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
+        (inode.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u32 % SLOTS
+    });
+    (sys::gettid() + offset) % SLOTS
 }
 
 /// Sends without raising SIGPIPE in a calling program that did not ignore it.

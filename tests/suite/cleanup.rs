@@ -103,3 +103,44 @@ fn sigkill_of_the_launcher_takes_the_sandbox_with_it() {
     );
     host.assert_clean(&mark);
 }
+
+/// A launcher in another pid namespace (a container) cannot tell whether this one is alive
+/// from its pids, so it leaves this one's cgroups alone: the run here is not swept away.
+#[test]
+fn a_launcher_in_another_pid_namespace_does_not_sweep_live_runs() {
+    if !require_root() {
+        return;
+    }
+    let host_run = codecage_run()
+        .args([
+            "--json",
+            "--timeout",
+            &secs(20),
+            "--",
+            "bash",
+            "-c",
+            "sleep 2; echo survived",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500 * slowdown()));
+    let other = std::process::Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            env!("CARGO_BIN_EXE_codecage"),
+            "run",
+            "--rootfs",
+            "host",
+            "--",
+            "true",
+        ])
+        .status()
+        .unwrap();
+    assert!(other.success());
+    let run = parse(host_run.wait_with_output().unwrap());
+    assert_eq!(run.stdout(), "survived\n", "{}", run.json);
+    assert_eq!(run.error(), None);
+}

@@ -127,7 +127,9 @@ fn leftovers_of_a_dead_launcher_are_swept() {
     if !require_root() {
         return;
     }
-    let name = "run-4194303-1-0";
+    use std::os::unix::fs::MetadataExt;
+    let pid_ns = std::fs::metadata("/proc/self/ns/pid").unwrap().ino();
+    let name = format!("run-{pid_ns}-4194303-1-0");
     let mut made = Vec::new();
     for dir in [
         "/sys/fs/cgroup/pids",
@@ -139,7 +141,7 @@ fn leftovers_of_a_dead_launcher_are_swept() {
             continue;
         }
         let _ = std::fs::create_dir(&parent);
-        let leftover = parent.join(name);
+        let leftover = parent.join(&name);
         if std::fs::create_dir(&leftover).is_ok() {
             made.push(leftover);
         }

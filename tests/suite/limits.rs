@@ -99,3 +99,31 @@ fn sigterm_to_codecage_reaches_the_payload() {
     assert_eq!(run.stdout(), "ready\ngot-term\n", "{}", run.json);
     assert_eq!(run.exit_code(), Some(7));
 }
+
+/// A reader of codecage's stdout that never reads does not stop the timeout.
+#[test]
+fn a_stalled_reader_of_the_output_does_not_stop_the_timeout() {
+    if !require_root() {
+        return;
+    }
+    let mark = marker("stalled");
+    let mut child = codecage_run()
+        .args(["--timeout", &secs(1), "--", "bash", "-c"])
+        .arg(format!(
+            "head -c 300000 /dev/zero; exec -a {mark} sleep 100"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Nobody reads the pipe (300 kB is more than it holds); the sandbox still ends on time.
+    std::thread::sleep(Duration::from_secs(3 * slowdown()));
+    let left = host_pids_with(&mark);
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    assert!(
+        left.is_empty(),
+        "the payload outlived its timeout while the output was stalled: {left:?}"
+    );
+    assert_eq!(status.code(), Some(124));
+}
