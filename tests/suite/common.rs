@@ -36,8 +36,9 @@ pub fn require_root() -> bool {
 
 /// Seconds scaled for where the tests run: the VM lane (`CODECAGE_IN_VM=1`) emulates its CPU
 /// in software, and programs start 10-50 times slower there.
+/// Never past 120 s, the profiles' max_timeout.
 pub fn secs(n: u64) -> String {
-    format!("{}s", n * slowdown())
+    format!("{}s", (n * slowdown()).min(120))
 }
 
 /// How much slower than native the tests run here (10 in the VM lane).
