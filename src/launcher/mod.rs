@@ -99,6 +99,13 @@ pub fn run_with(
             });
         }
     }
+    outcome.phases = Some(phases(&timeline, [start_ns, clone_ns, go_ns]));
+    outcome
+}
+
+/// The run's phases from the launcher's timestamps (start, clone, go) and the sandbox's
+/// marks; a phase whose mark never came (a setup failure) is None.
+fn phases(timeline: &supervise::Timeline, [start_ns, clone_ns, go_ns]: [u64; 3]) -> Phases {
     let at = |phase: Phase| {
         timeline
             .marks
@@ -112,7 +119,7 @@ pub fn run_with(
     };
     let (init, built) = (at(Phase::InitStarted), at(Phase::SandboxBuilt));
     let (ready, exited) = (at(Phase::PayloadReady), at(Phase::PayloadExited));
-    outcome.phases = Some(Phases {
+    Phases {
         prepare_ms: span(Some(start_ns), Some(clone_ns)),
         clone_ms: span(Some(clone_ns), Some(go_ns)),
         init_exec_ms: span(Some(go_ns), init),
@@ -121,8 +128,7 @@ pub fn run_with(
         run_ms: span(ready, exited),
         teardown_ms: span(exited, Some(timeline.reaped_ns)),
         cleanup_ms: span(Some(timeline.reaped_ns), Some(sys::monotonic_ns())),
-    });
-    outcome
+    }
 }
 
 /// Puts what the cgroup measured into the Outcome: the whole sandbox's figures replace the
