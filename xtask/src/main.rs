@@ -48,11 +48,9 @@ fn main() -> ExitCode {
         let _ = writeln!(std::io::stdout(), "{usage}");
         return ExitCode::SUCCESS;
     }
-    if task.starts_with("vm-") || task == "test" {
-        // The VM tasks poll for interrupts so that they can kill QEMU or
-        // mmdebstrap and clean up; other tasks keep the default behaviour.
-        vm::install_signal_handlers();
-    }
+    // The VM tasks poll for interrupts so that they can kill QEMU or mmdebstrap and
+    // clean up; other tasks keep the default behaviour (rootfs installs its own).
+    let _signals = (task.starts_with("vm-") || task == "test").then(host::install_signal_handlers);
     let result = match task.as_str() {
         "test" => test::test(rest),
         "bench" => bench::main(rest),

@@ -1,7 +1,7 @@
 //! Child processes, interrupts and safe removal of trees for the rootfs build.
 //!
-//! Self-contained on purpose (the VM lane has similar helpers, but it is
-//! another owner's code and changes on its own schedule).
+//! The helpers every task shares (interrupts, process groups, safe removal) are in
+//! `crate::host`.
 //!
 //! * Every tool runs in its own process group with `PR_SET_PDEATHSIG`, its
 //!   stdout and stderr go through one pipe into the build log (and to our
@@ -14,7 +14,8 @@
 //! * [`remove_tree`] refuses to delete through a mount point.
 
 pub use crate::host::{
-    is_root, mounts_below, own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
+    check_interrupted, install_signal_handlers, interrupted, is_root, mounts_below,
+    own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
 };
 use anyhow::{bail, Context, Result};
 use std::ffi::OsStr;
@@ -22,83 +23,8 @@ use std::fs;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
-
-/// The signal (SIGINT, SIGTERM, SIGHUP) that asked us to stop, 0 if none.
-static INTERRUPT: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    INTERRUPT.store(sig, Ordering::SeqCst);
-}
-
-/// Turn SIGINT/SIGTERM/SIGHUP into a flag that the wait loops poll, until
-/// the returned guard is dropped: then the previous handlers are back (xtask
-/// tasks that call [`super::main`] have their own), and a signal that came
-/// in meanwhile is raised again for a previous handler that is a function.
-pub fn install_signal_handlers() -> SignalGuard {
-    let mut previous = Vec::new();
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction is a valid starting value; the handler
-        // only performs an atomic store, which is async-signal-safe; `old`
-        // is written by the kernel.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            action.sa_flags = libc::SA_RESTART;
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, &action, &mut old) == 0 {
-                previous.push((sig, old));
-            }
-        }
-    }
-    SignalGuard { previous }
-}
-
-pub struct SignalGuard {
-    previous: Vec<(libc::c_int, libc::sigaction)>,
-}
-
-impl Drop for SignalGuard {
-    fn drop(&mut self) {
-        for (sig, old) in &self.previous {
-            // SAFETY: restores a sigaction the kernel gave us.
-            unsafe {
-                libc::sigaction(*sig, old, std::ptr::null_mut());
-            }
-        }
-        if let Some(sig) = interrupted() {
-            let custom = self.previous.iter().any(|(s, old)| {
-                *s == sig && old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN
-            });
-            if custom {
-                // SAFETY: plain syscall; the handler is the caller's own.
-                unsafe {
-                    libc::raise(sig);
-                }
-            }
-        }
-    }
-}
-
-/// The signal that interrupted us, if any.
-pub fn interrupted() -> Option<i32> {
-    match INTERRUPT.load(Ordering::SeqCst) {
-        0 => None,
-        sig => Some(sig),
-    }
-}
-
-/// Fail if a signal asked us to stop.
-pub fn check_interrupted() -> Result<()> {
-    match interrupted() {
-        Some(sig) => bail!("interrupted by signal {sig}"),
-        None => Ok(()),
-    }
-}
 
 /// The full path of an executable in `$PATH` or the sbin directories (which
 /// are not in a non-root `$PATH` on Debian).

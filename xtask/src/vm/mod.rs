@@ -22,7 +22,7 @@ pub mod lane;
 pub mod run;
 
 pub use crate::host::{
-    is_root, own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
+    interrupted, is_root, own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
 };
 use anyhow::{bail, Context, Result};
 use std::ffi::OsStr;
@@ -31,7 +31,7 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Exit status when the command ran into its timeout (like coreutils' `timeout`).
@@ -93,39 +93,6 @@ pub fn ensure_image() -> Result<Image> {
 // ---------------------------------------------------------------------------
 // Interrupts
 // ---------------------------------------------------------------------------
-
-/// The signal (SIGINT, SIGTERM, SIGHUP) that asked us to stop, 0 if none.
-static INTERRUPT: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    INTERRUPT.store(sig, Ordering::SeqCst);
-}
-
-/// Turn SIGINT/SIGTERM/SIGHUP into a flag that the wait loops poll, so that
-/// an interrupted xtask still kills the processes it started (QEMU,
-/// mmdebstrap) and removes its temporary files instead of dying on the spot.
-pub fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction is a valid starting value; the handler
-        // only performs an atomic store, which is async-signal-safe.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigaction(sig, &action, std::ptr::null_mut());
-        }
-    }
-}
-
-/// The signal that interrupted us, if any.
-pub fn interrupted() -> Option<i32> {
-    match INTERRUPT.load(Ordering::SeqCst) {
-        0 => None,
-        sig => Some(sig),
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Child processes
