@@ -109,6 +109,16 @@ pub unsafe fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Forked>
     }
 }
 
+/// The inode of this process's pid namespace (/proc/self/ns/pid), read once: it tells
+/// launchers in different pid namespaces (containers) apart.
+pub fn pid_namespace() -> u64 {
+    static INODE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *INODE.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+    })
+}
+
 /// The calling thread's id.
 pub fn gettid() -> u32 {
     nix::unistd::gettid().as_raw() as u32

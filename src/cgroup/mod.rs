@@ -167,16 +167,11 @@ fn launcher_identity() -> Launcher {
     *ID.get_or_init(|| {
         let pid = std::process::id();
         Launcher {
-            pid_ns: pid_namespace(),
+            pid_ns: crate::sys::pid_namespace(),
             pid,
             start: process_start_time(pid).unwrap_or(0),
         }
     })
-}
-
-fn pid_namespace() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 /// Field 22 of /proc/<pid>/stat: the start time in clock ticks since boot.
@@ -670,7 +665,7 @@ mod tests {
     #[test]
     fn our_own_runs_are_not_leftovers_but_dead_launchers_are() {
         let Launcher { pid, start, .. } = launcher_identity();
-        let ns = pid_namespace();
+        let ns = crate::sys::pid_namespace();
         assert!(!is_leftover(&format!("run-{ns}-{pid}-{start}-0")));
         assert!(is_leftover(&format!("run-{ns}-{pid}-{}-0", start + 1)));
         assert!(is_leftover(&format!("run-{ns}-4194304-1-0")));

@@ -205,9 +205,7 @@ fn id_slot() -> u32 {
     static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     const SLOTS: u32 = 1 << 22; // pid_max is at most 2^22
     let offset = *OFFSET.get_or_init(|| {
-        use std::os::unix::fs::MetadataExt;
-        let inode = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
-        (inode.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u32 % SLOTS
+        (sys::pid_namespace().wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u32 % SLOTS
     });
     (sys::gettid() + offset) % SLOTS
 }

@@ -1,13 +1,14 @@
 //! The payload's last mile, in the child the init forked. Each step is one function; the
 //! order is the security argument:
 //!
-//! 1. signals back to default, its own session;
+//! 1. signals unblocked (the init already set their dispositions back to default), its own
+//!    session;
 //! 2. rlimits (lowering needs no privilege);
 //! 3. bounding and inheritable capabilities dropped while we are still the sandbox's root
 //!    (dropping the bounding set needs CAP_SETPCAP);
 //! 4. no supplementary groups, then uid/gid 1000: leaving uid 0 clears the permitted,
 //!    effective and ambient sets; then every set is checked empty;
-//! 5. /work, umask;
+//! 5. /work;
 //! 6. no_new_privs (landlock and seccomp need it; setuid binaries lose their power);
 //! 7. landlock, built now that the final mounts exist;
 //! 8. every fd above 2 close-on-exec;
@@ -21,7 +22,6 @@ use caps::CapSet;
 use nix::errno::Errno;
 use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::SigSet;
-use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chdir, execve, setgroups, setresgid, setresuid, setsid, Gid, Uid};
 
 use super::seccomp::Filters;
@@ -56,8 +56,8 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
     drop_bounding_and_inheritable_caps()?;
     drop_to_sandbox_user()?;
     check_no_capabilities()?;
+    // (The umask, 022, is the init's, set before it forked us.)
     chdir("/work").map_err(|e| fail("enter_workdir", e, "chdir /work"))?;
-    umask(Mode::from_bits_truncate(0o022));
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| fail("set_no_new_privs", e, "PR_SET_NO_NEW_PRIVS"))?;
     let landlock = landlock::restrict(spec.landlock)?;
@@ -86,10 +86,9 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
     Ok(())
 }
 
-/// Rust ignores SIGPIPE and ignored signals survive execve; the init blocked everything.
+/// The init reset every disposition (Rust's ignored SIGPIPE, a caller's ignored SIGCHLD)
+/// before it forked us, and set none since; what remains is the mask it blocked.
 fn reset_signals() -> Result<(), SetupError> {
-    crate::sys::reset_signal_dispositions()
-        .map_err(|e| fail("reset_signals", e, "sigaction SIG_DFL"))?;
     SigSet::all()
         .thread_unblock()
         .map_err(|e| fail("reset_signals", e, "sigprocmask"))

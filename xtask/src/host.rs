@@ -2,6 +2,7 @@
 //! flag the wait loops poll, child process groups that die with xtask, and removing
 //! directory trees without ever deleting through a mount point.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,56 @@ pub fn remove_tree(path: &Path) -> Result<()> {
         fs::remove_dir_all(path).with_context(|| format!("removing {}", path.display()))
     } else {
         fs::remove_file(path).with_context(|| format!("removing {}", path.display()))
+    }
+}
+
+// ---- commands ---------------------------------------------------------------------
+
+/// The full path of an executable in `$PATH` or the sbin directories (which
+/// are not in a non-root `$PATH` on Debian).
+pub fn find_command(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Quote a string for a POSIX shell (for messages and logs).
+pub fn shell_quote(s: impl AsRef<OsStr>) -> String {
+    let s = s.as_ref().to_string_lossy();
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        return s.into_owned();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// A command line for messages. Long arguments (inline scripts) are elided.
+pub fn display_command(cmd: &Command) -> String {
+    let mut s = shell_quote(cmd.get_program());
+    for arg in cmd.get_args() {
+        s.push(' ');
+        let a = arg.to_string_lossy();
+        if a.contains('\n') {
+            s.push_str("'<script>'");
+        } else {
+            s.push_str(&shell_quote(arg));
+        }
+    }
+    s
+}
+
+/// Seconds as `12.3s` (`0.012s` below a second).
+pub fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{s:.3}s")
+    } else {
+        format!("{s:.1}s")
     }
 }
 

@@ -20,6 +20,7 @@ mod build;
 mod manifest;
 mod process;
 
+pub use crate::host::secs;
 use anyhow::{bail, Context, Result};
 use sha2::{Digest as _, Sha256};
 use std::fmt::Display;
@@ -641,16 +642,6 @@ pub fn warn(msg: impl Display) {
         eprintln!("\x1b[1;33mwarning\x1b[0m: {msg}");
     } else {
         eprintln!("warning: {msg}");
-    }
-}
-
-/// Seconds as `12.3s` (`0.012s` below a second).
-pub fn secs(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s < 1.0 {
-        format!("{s:.3}s")
-    } else {
-        format!("{s:.1}s")
     }
 }
 

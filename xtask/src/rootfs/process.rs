@@ -14,55 +14,17 @@
 //! * [`remove_tree`] refuses to delete through a mount point.
 
 pub use crate::host::{
-    check_interrupted, install_signal_handlers, interrupted, is_root, mounts_below,
-    own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
+    check_interrupted, display_command, find_command, install_signal_handlers, interrupted,
+    is_root, mounts_below, own_group_and_die_with_parent, remove_tree, shell_quote, signal_group,
+    stop_group,
 };
 use anyhow::{bail, Context, Result};
-use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-
-/// The full path of an executable in `$PATH` or the sbin directories (which
-/// are not in a non-root `$PATH` on Debian).
-pub fn find_command(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
-}
-
-/// Quote a string for a POSIX shell (for messages and logs).
-pub fn shell_quote(s: impl AsRef<OsStr>) -> String {
-    let s = s.as_ref().to_string_lossy();
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
-    {
-        return s.into_owned();
-    }
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
-/// A command line for messages. Long arguments (inline scripts) are elided.
-pub fn display_command(cmd: &Command) -> String {
-    let mut s = shell_quote(cmd.get_program());
-    for arg in cmd.get_args() {
-        s.push(' ');
-        let a = arg.to_string_lossy();
-        if a.contains('\n') {
-            s.push_str("'<script>'");
-        } else {
-            s.push_str(&shell_quote(arg));
-        }
-    }
-    s
-}
 
 /// Runs tools for one build, appending their output to the build log.
 pub struct Runner {

@@ -22,10 +22,10 @@ pub mod lane;
 pub mod run;
 
 pub use crate::host::{
-    interrupted, is_root, own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
+    display_command, find_command, interrupted, is_root, own_group_and_die_with_parent,
+    remove_tree, secs, shell_quote, signal_group, stop_group,
 };
 use anyhow::{bail, Context, Result};
-use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
@@ -129,56 +129,9 @@ pub fn run_logged(cmd: &mut Command, log: &Path) -> Result<ExitStatus> {
     }
 }
 
-/// A command line for messages.
-pub fn display_command(cmd: &Command) -> String {
-    let mut s = cmd.get_program().to_string_lossy().into_owned();
-    for arg in cmd.get_args() {
-        s.push(' ');
-        s.push_str(&shell_quote(arg));
-    }
-    s
-}
-
-/// Quote a string for a POSIX shell (single quotes; `'` becomes `'\''`).
-pub fn shell_quote(s: impl AsRef<OsStr>) -> String {
-    let s = s.as_ref().to_string_lossy();
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
-    {
-        return s.into_owned();
-    }
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('\'');
-    for c in s.chars() {
-        if c == '\'' {
-            out.push_str("'\\''");
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('\'');
-    out
-}
-
 /// Is `name` an executable in `$PATH`?
 pub fn have_command(name: &str) -> bool {
     find_command(name).is_some()
-}
-
-/// The full path of an executable in `$PATH` (plus the sbin directories,
-/// which are not in a non-root `$PATH` on Debian).
-pub fn find_command(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The last `n` lines of a file (lossy UTF-8), for failure reports.
@@ -197,11 +150,6 @@ pub fn tail_lines(path: &Path, n: usize) -> String {
         let _ = writeln!(out, "{l}");
     }
     out
-}
-
-/// Seconds as `12.3s`.
-pub fn secs(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------
