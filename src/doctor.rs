@@ -20,13 +20,13 @@ pub struct Check {
 
 /// Everything `doctor` found.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct HostReport {
     pub kernel: String,
     pub cgroup_layout: &'static str,
     pub checks: Vec<Check>,
 }
 
-impl Report {
+impl HostReport {
     /// Every check passed.
     pub fn ok(&self) -> bool {
         self.checks.iter().all(|c| c.ok)
@@ -34,13 +34,13 @@ impl Report {
 }
 
 /// Probes the host.
-pub fn probe() -> Report {
+pub fn probe() -> HostReport {
     let layout = cgroup::layout();
     let mut checks = vec![user_namespaces(), userns_restrictions()];
     checks.extend(cgroup_checks(layout));
     checks.push(landlock());
     checks.push(seccomp());
-    Report {
+    HostReport {
         kernel: kernel(),
         cgroup_layout: layout.name(),
         checks,

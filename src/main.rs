@@ -1,5 +1,9 @@
+//! The `codecage` command. The library does the work; `cli` parses and prints.
+
+mod cli;
+
 fn main() {
     // Before anything else: if this process is a sandbox's init, it never returns.
-    codecage::sandbox::dispatch_init();
-    std::process::exit(codecage::cli::main())
+    codecage::dispatch_init();
+    std::process::exit(cli::main())
 }

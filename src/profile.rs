@@ -3,14 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::Limits;
+use crate::knobs::{self, Headroom, Knob, Raw, Section, Values};
 use crate::runner::Lang;
-use crate::spec::{LayerMode, Rootfs, Spec, MIN_MEMORY};
-use crate::units::{format_duration, format_size, parse_duration, parse_size};
+use crate::spec::{LayerMode, Rootfs, Spec};
 
 /// The profiles built into the binary, by name.
 pub const BUILT_IN: &[(&str, &str)] = &[
@@ -23,92 +21,22 @@ pub const BUILT_IN: &[(&str, &str)] = &[
 /// Where a file of the same name replaces a built-in profile.
 pub const SYSTEM_DIR: &str = "/etc/codecage/profiles";
 
-/// A size in a profile: bytes, or a string with a unit ("256M").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "NumberOrText", into = "String")]
-pub struct Size(pub u64);
-
-/// A duration in a profile: seconds, or a string with a unit ("30s").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "NumberOrText", into = "String")]
-pub struct Dur(pub Duration);
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum NumberOrText {
-    Number(u64),
-    Text(String),
-}
-
-impl TryFrom<NumberOrText> for Size {
-    type Error = String;
-    fn try_from(v: NumberOrText) -> Result<Self, String> {
-        match v {
-            NumberOrText::Number(n) => parse_size(&n.to_string()).map(Size),
-            NumberOrText::Text(t) => parse_size(&t).map(Size),
-        }
-    }
-}
-
-impl From<Size> for String {
-    fn from(s: Size) -> String {
-        format_size(s.0)
-    }
-}
-
-impl TryFrom<NumberOrText> for Dur {
-    type Error = String;
-    fn try_from(v: NumberOrText) -> Result<Self, String> {
-        match v {
-            NumberOrText::Number(n) => parse_duration(&n.to_string()).map(Dur),
-            NumberOrText::Text(t) => parse_duration(&t).map(Dur),
-        }
-    }
-}
-
-impl From<Dur> for String {
-    fn from(d: Dur) -> String {
-        format_duration(d.0)
-    }
-}
-
 /// One use of the sandbox: limits, rootfs, environment, hardening.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(into = "RawProfile")]
 pub struct Profile {
     pub description: String,
     pub language: Option<Lang>,
     pub rootfs: String,
-    pub limits: LimitsSection,
-    pub filesystem: FilesystemSection,
+    /// Every knob's value (see [`crate::knobs`]).
+    pub values: Values,
+    /// The most a request may ask for, for the knobs with headroom.
+    pub maxes: Values,
     pub network: NetworkSection,
     pub env: BTreeMap<String, String>,
-    pub outputs: OutputsSection,
-    pub session: SessionSection,
+    /// Extensions of the files under /work an agent may take back.
+    pub output_types: Vec<String>,
     pub hardening: HardeningSection,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsSection {
-    pub timeout: Dur,
-    pub max_timeout: Dur,
-    pub memory: Size,
-    pub max_memory: Size,
-    pub cpus: f64,
-    pub max_cpus: f64,
-    pub pids: u64,
-    pub max_pids: u64,
-    pub output_limit: Size,
-    pub max_output_limit: Size,
-    pub nofile: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FilesystemSection {
-    pub tmp_size: Size,
-    pub work_size: Size,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -128,20 +56,6 @@ pub struct NetworkSection {
     pub allowed_hosts: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OutputsSection {
-    pub types: Vec<String>,
-    pub max_size: Size,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SessionSection {
-    pub idle_timeout: Dur,
-    pub max_duration: Dur,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct HardeningSection {
@@ -151,68 +65,177 @@ pub struct HardeningSection {
     pub cgroup: LayerMode,
 }
 
+const DEFAULT_OUTPUT_TYPES: &[&str] = &["png", "jpg", "svg", "csv", "json", "txt", "md", "html"];
+
 impl Default for Profile {
     fn default() -> Self {
+        let (values, maxes) = knobs::defaults();
         Profile {
             description: String::new(),
             language: None,
             rootfs: "default".into(),
-            limits: LimitsSection::default(),
-            filesystem: FilesystemSection::default(),
+            values,
+            maxes,
             network: NetworkSection::default(),
             env: BTreeMap::new(),
-            outputs: OutputsSection::default(),
-            session: SessionSection::default(),
+            output_types: DEFAULT_OUTPUT_TYPES.iter().map(|t| t.to_string()).collect(),
             hardening: HardeningSection::default(),
         }
     }
 }
 
-impl Default for LimitsSection {
-    fn default() -> Self {
-        let limits = Limits::default();
-        LimitsSection {
-            timeout: Dur(Duration::from_secs(30)),
-            max_timeout: Dur(Duration::from_secs(120)),
-            memory: Size(limits.memory),
-            max_memory: Size(2 << 30),
-            cpus: limits.cpus(),
-            max_cpus: 2.0,
-            pids: limits.pids,
-            max_pids: 512,
-            output_limit: Size(1 << 20),
-            max_output_limit: Size(10 << 20),
-            nofile: 256,
+/// A profile as the TOML file holds it; the knob tables are checked against
+/// [`crate::knobs::KNOBS`] when it becomes a [`Profile`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawProfile {
+    description: String,
+    language: Option<Lang>,
+    rootfs: Option<String>,
+    limits: BTreeMap<String, Raw>,
+    filesystem: BTreeMap<String, Raw>,
+    network: NetworkSection,
+    env: BTreeMap<String, String>,
+    outputs: BTreeMap<String, OutputsEntry>,
+    session: BTreeMap<String, Raw>,
+    hardening: HardeningSection,
+}
+
+/// `[outputs]` holds a knob (`max_size`) and a list (`types`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum OutputsEntry {
+    Types(Vec<String>),
+    Knob(Raw),
+}
+
+impl From<Profile> for RawProfile {
+    fn from(p: Profile) -> RawProfile {
+        let mut raw = RawProfile {
+            description: p.description,
+            language: p.language,
+            rootfs: Some(p.rootfs),
+            network: p.network,
+            env: p.env,
+            hardening: p.hardening,
+            ..RawProfile::default()
+        };
+        raw.outputs
+            .insert("types".into(), OutputsEntry::Types(p.output_types));
+        for knob in Knob::all() {
+            let def = knob.def();
+            let mut entries = vec![(knob.key().to_string(), p.values[&knob])];
+            if let (Some(key), Some(max)) = (knob.max_key(), p.maxes.get(&knob)) {
+                entries.push((key, *max));
+            }
+            for (key, value) in entries {
+                let value = knob.to_raw(value);
+                match def.section {
+                    Section::Limits => drop(raw.limits.insert(key, value)),
+                    Section::Filesystem => drop(raw.filesystem.insert(key, value)),
+                    Section::Session => drop(raw.session.insert(key, value)),
+                    Section::Outputs => drop(raw.outputs.insert(key, OutputsEntry::Knob(value))),
+                }
+            }
         }
+        raw
     }
 }
 
-impl Default for FilesystemSection {
-    fn default() -> Self {
-        FilesystemSection {
-            tmp_size: Size(64 << 20),
-            work_size: Size(64 << 20),
+impl RawProfile {
+    /// Checks every knob table against the declarations and builds the Profile.
+    fn into_profile(self) -> Result<Profile, String> {
+        let mut profile = Profile {
+            description: self.description,
+            language: self.language,
+            network: self.network,
+            env: self.env,
+            hardening: self.hardening,
+            ..Profile::default()
+        };
+        if let Some(rootfs) = self.rootfs {
+            profile.rootfs = rootfs;
         }
+        let mut outputs = BTreeMap::new();
+        for (key, entry) in self.outputs {
+            match (key.as_str(), entry) {
+                ("types", OutputsEntry::Types(types)) => profile.output_types = types,
+                ("types", OutputsEntry::Knob(_)) => {
+                    return Err(
+                        "outputs.types must be a list of file extensions, e.g. [\"png\", \"csv\"]"
+                            .into(),
+                    )
+                }
+                (_, OutputsEntry::Knob(raw)) => drop(outputs.insert(key, raw)),
+                (_, OutputsEntry::Types(_)) => {
+                    return Err(format!(
+                        "outputs.{key} is not a list: {}",
+                        section_keys(Section::Outputs, &["types"])
+                    ))
+                }
+            }
+        }
+        for (section, table) in [
+            (Section::Limits, self.limits),
+            (Section::Filesystem, self.filesystem),
+            (Section::Outputs, outputs),
+            (Section::Session, self.session),
+        ] {
+            read_section(&mut profile, section, table)?;
+        }
+        profile.validate()?;
+        Ok(profile)
     }
 }
 
-impl Default for OutputsSection {
-    fn default() -> Self {
-        let types = ["png", "jpg", "svg", "csv", "json", "txt", "md", "html"];
-        OutputsSection {
-            types: types.iter().map(|t| t.to_string()).collect(),
-            max_size: Size(5 << 20),
-        }
+/// Reads one knob table: every key must be a knob of that section or its `max_` key.
+fn read_section(
+    profile: &mut Profile,
+    section: Section,
+    table: BTreeMap<String, Raw>,
+) -> Result<(), String> {
+    for (key, raw) in table {
+        let (knob, is_max) = match Knob::from_key(&key) {
+            Some(knob) if knob.def().section == section => (knob, false),
+            _ => match key.strip_prefix("max_").and_then(Knob::from_key) {
+                Some(knob) if knob.def().section == section && knob.max_key().is_some() => {
+                    (knob, true)
+                }
+                _ => {
+                    let extra: &[&str] = if section == Section::Outputs {
+                        &["types"]
+                    } else {
+                        &[]
+                    };
+                    return Err(format!(
+                        "{}.{key} is not a known key: {}",
+                        section.name(),
+                        section_keys(section, extra)
+                    ));
+                }
+            },
+        };
+        let value = knob
+            .from_raw(&raw)
+            .map_err(|e| format!("{}.{key}: {e}", section.name()))?;
+        let target = if is_max {
+            &mut profile.maxes
+        } else {
+            &mut profile.values
+        };
+        target.insert(knob, value);
     }
+    Ok(())
 }
 
-impl Default for SessionSection {
-    fn default() -> Self {
-        SessionSection {
-            idle_timeout: Dur(Duration::from_secs(600)),
-            max_duration: Dur(Duration::from_secs(3600)),
-        }
+/// "[limits] takes timeout, max_timeout, ..." for error messages.
+fn section_keys(section: Section, extra: &[&str]) -> String {
+    let mut keys: Vec<String> = extra.iter().map(|k| k.to_string()).collect();
+    for knob in Knob::in_section(section) {
+        keys.push(knob.key().to_string());
+        keys.extend(knob.max_key());
     }
+    format!("[{}] takes {}", section.name(), keys.join(", "))
 }
 
 /// A profile that could not be loaded: the file, and what is wrong with which key.
@@ -230,10 +253,9 @@ impl Profile {
             source_name: source_name.to_string(),
             message,
         };
-        let profile: Profile =
+        let raw: RawProfile =
             toml::from_str(text).map_err(|e| error(e.to_string().trim_end().to_string()))?;
-        profile.validate().map_err(error)?;
-        Ok(profile)
+        raw.into_profile().map_err(error)
     }
 
     /// Loads a profile by name (`/etc/codecage/profiles/NAME.toml`, else built in) or from a
@@ -261,76 +283,34 @@ impl Profile {
         }
     }
 
+    /// A knob's value in this profile.
+    pub fn value(&self, knob: Knob) -> u64 {
+        self.values[&knob]
+    }
+
+    /// The most a request may ask of `knob` under this profile.
+    pub fn max(&self, knob: Knob) -> u64 {
+        match knob.def().headroom {
+            Headroom::UpToMax(_) => self.maxes[&knob],
+            Headroom::LowerOnly | Headroom::ProfileOnly => self.values[&knob],
+        }
+    }
+
+    /// What the knob ranges do not say: a value above its own maximum, the network mode,
+    /// the rootfs, the environment.
     fn validate(&self) -> Result<(), String> {
-        let l = &self.limits;
-        let above = |key: &str, value: String, max_key: &str, max: String| {
-            format!("limits.{key} ({value}) is above limits.{max_key} ({max}); raise {max_key} or lower {key}")
-        };
-        if l.timeout.0 > l.max_timeout.0 {
-            return Err(above(
-                "timeout",
-                format_duration(l.timeout.0),
-                "max_timeout",
-                format_duration(l.max_timeout.0),
-            ));
-        }
-        for (key, size) in [("memory", l.memory), ("max_memory", l.max_memory)] {
-            if size.0 < MIN_MEMORY {
+        for knob in Knob::all() {
+            let (Some(key), Some(max)) = (knob.max_key(), self.maxes.get(&knob)) else {
+                continue;
+            };
+            let (section, value) = (knob.def().section.name(), self.value(knob));
+            if value > *max {
                 return Err(format!(
-                    "limits.{key} ({}) is below the minimum of {}",
-                    format_size(size.0),
-                    format_size(MIN_MEMORY)
+                    "{section}.{knob} ({}) is above {section}.{key} ({}); raise {key} or lower {knob}",
+                    knob.show(value),
+                    knob.show(*max)
                 ));
             }
-        }
-        if l.memory.0 > l.max_memory.0 {
-            return Err(above(
-                "memory",
-                format_size(l.memory.0),
-                "max_memory",
-                format_size(l.max_memory.0),
-            ));
-        }
-        for (key, cpus) in [("cpus", l.cpus), ("max_cpus", l.max_cpus)] {
-            if !(0.01..=4096.0).contains(&cpus) {
-                return Err(format!("limits.{key} = {cpus} is out of range: use a number of CPUs from 0.01 up (0.5, 1, 2)"));
-            }
-        }
-        if l.cpus > l.max_cpus {
-            return Err(above(
-                "cpus",
-                l.cpus.to_string(),
-                "max_cpus",
-                l.max_cpus.to_string(),
-            ));
-        }
-        for (key, pids) in [("pids", l.pids), ("max_pids", l.max_pids)] {
-            if pids == 0 {
-                return Err(format!(
-                    "limits.{key} = 0 could not even start the program: use 1 or more"
-                ));
-            }
-        }
-        if l.pids > l.max_pids {
-            return Err(above(
-                "pids",
-                l.pids.to_string(),
-                "max_pids",
-                l.max_pids.to_string(),
-            ));
-        }
-        if l.output_limit.0 > l.max_output_limit.0 {
-            let (v, m) = (
-                format_size(l.output_limit.0),
-                format_size(l.max_output_limit.0),
-            );
-            return Err(above("output_limit", v, "max_output_limit", m));
-        }
-        if !(16..=1 << 20).contains(&l.nofile) {
-            return Err(format!(
-                "limits.nofile = {} is out of range: use 16 to 1048576",
-                l.nofile
-            ));
         }
         if self.network.mode == NetworkMode::Restricted {
             return Err(
@@ -388,13 +368,8 @@ pub struct Request {
     pub lang: Option<Lang>,
     /// A program and its arguments instead of code.
     pub argv: Option<Vec<String>>,
-    pub timeout: Option<Duration>,
-    pub memory: Option<u64>,
-    pub cpus: Option<f64>,
-    pub pids: Option<u64>,
-    pub output_limit: Option<u64>,
-    pub tmp_size: Option<u64>,
-    pub work_size: Option<u64>,
+    /// Knobs the request sets (each within its range; policy decides if it is allowed).
+    pub knobs: Values,
     pub rootfs: Option<String>,
     pub env: Vec<(String, String)>,
 }
@@ -402,27 +377,33 @@ pub struct Request {
 /// Why a request cannot run under a profile.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    /// It asks for more than the profile allows.
+    /// It asks for more than the profile allows: the knob, what was asked, the most allowed.
+    #[error("{} {} is more than the profile {profile} allows (at most {}); ask for less, or use a profile that allows more", knob.flag(), knob.show(*asked), knob.show(*allowed))]
+    AboveMax {
+        profile: String,
+        knob: Knob,
+        asked: u64,
+        allowed: u64,
+    },
+    /// It sets something only a profile may set.
     #[error("{0}")]
-    Policy(String),
+    Forbidden(String),
     /// It is malformed, or names something that does not exist.
     #[error("{0}")]
     Invalid(String),
 }
 
-/// Where things live on the host, for resolving names.
+/// Where codecage keeps its data on the host (images under `rootfs/`).
 #[derive(Debug, Clone)]
-pub struct Host {
-    /// Built images are `<data_dir>/rootfs/<name>`.
-    pub data_dir: PathBuf,
-}
+pub struct DataDir(pub PathBuf);
 
-impl Host {
+impl DataDir {
     /// `$CODECAGE_DATA_DIR`, else /var/lib/codecage.
-    pub fn from_env() -> Host {
-        let data_dir = std::env::var_os("CODECAGE_DATA_DIR")
-            .map_or_else(|| PathBuf::from("/var/lib/codecage"), PathBuf::from);
-        Host { data_dir }
+    pub fn from_env() -> DataDir {
+        DataDir(
+            std::env::var_os("CODECAGE_DATA_DIR")
+                .map_or_else(|| PathBuf::from("/var/lib/codecage"), PathBuf::from),
+        )
     }
 }
 
@@ -431,78 +412,8 @@ pub fn resolve(
     profile: &Profile,
     profile_name: &str,
     request: &Request,
-    host: &Host,
+    data: &DataDir,
 ) -> Result<Spec, PolicyError> {
-    let l = &profile.limits;
-    let fs = &profile.filesystem;
-    // The request's value, or the profile's; refused past `max`.
-    let within = |flag: &str,
-                  asked: Option<u64>,
-                  default: u64,
-                  max: u64,
-                  show: fn(u64) -> String| {
-        let value = asked.unwrap_or(default);
-        if value > max {
-            return Err(PolicyError::Policy(format!(
-                "{flag} {} is more than the profile {profile_name} allows (at most {}); ask for less, or use a \
-                 profile that allows more",
-                show(value),
-                show(max)
-            )));
-        }
-        Ok(value)
-    };
-    let nanos = |d: Duration| d.as_nanos() as u64;
-    let show_duration: fn(u64) -> String = |n| format_duration(Duration::from_nanos(n));
-    let show_number: fn(u64) -> String = |n| n.to_string();
-    let show_cpus: fn(u64) -> String = |q| (q as f64 / 1e6).to_string();
-    let micro_cpus = |c: f64| (c * 1e6).round() as u64;
-    let timeout = within(
-        "--timeout",
-        request.timeout.map(nanos),
-        nanos(l.timeout.0),
-        nanos(l.max_timeout.0),
-        show_duration,
-    )?;
-    let memory = within(
-        "--memory",
-        request.memory,
-        l.memory.0,
-        l.max_memory.0,
-        format_size,
-    )?;
-    let cpus = within(
-        "--cpus",
-        request.cpus.map(micro_cpus),
-        micro_cpus(l.cpus),
-        micro_cpus(l.max_cpus),
-        show_cpus,
-    )?;
-    let pids = within("--pids", request.pids, l.pids, l.max_pids, show_number)?;
-    let output_limit = within(
-        "--output-limit",
-        request.output_limit,
-        l.output_limit.0,
-        l.max_output_limit.0,
-        format_size,
-    )?;
-    // The tmpfs sizes have no headroom: a request may only ask for less.
-    let tmp_size = within(
-        "--tmp-size",
-        request.tmp_size,
-        fs.tmp_size.0,
-        fs.tmp_size.0,
-        format_size,
-    )?;
-    let work_size = within(
-        "--work-size",
-        request.work_size,
-        fs.work_size.0,
-        fs.work_size.0,
-        format_size,
-    )?;
-    let (timeout, cpus) = (Duration::from_nanos(timeout), cpus as f64 / 1e6);
-
     let (argv, files) = match (&request.code, &request.argv) {
         (Some(code), None) => {
             let lang = request.lang.or(profile.language).ok_or_else(|| {
@@ -517,19 +428,34 @@ pub fn resolve(
             ))
         }
     };
-
     let mut spec = Spec::new(argv);
     spec.files = files;
-    spec.timeout = timeout;
-    spec.output_limit = output_limit;
-    spec.tmp_size = tmp_size;
-    spec.work_size = work_size;
-    spec.limits = Some(Limits {
-        memory,
-        cpu_quota_us: Limits::quota_for_cpus(cpus),
-        pids,
-    });
-    spec.nofile = l.nofile;
+    for knob in Knob::all() {
+        let value = match request.knobs.get(&knob) {
+            None => profile.value(knob),
+            Some(_) if !knob.requestable() => {
+                return Err(PolicyError::Forbidden(format!(
+                    "{knob} is set by the profile only (profile {profile_name}: {})",
+                    knob.show(profile.value(knob))
+                )))
+            }
+            Some(&asked) => {
+                knob.check(asked)
+                    .map_err(|e| PolicyError::Invalid(format!("{}: {e}", knob.flag())))?;
+                let allowed = profile.max(knob);
+                if asked > allowed {
+                    return Err(PolicyError::AboveMax {
+                        profile: profile_name.to_string(),
+                        knob,
+                        asked,
+                        allowed,
+                    });
+                }
+                asked
+            }
+        };
+        spec.set(knob, value);
+    }
     spec.landlock = profile.hardening.landlock;
     spec.seccomp = profile.hardening.seccomp;
     spec.cgroup = profile.hardening.cgroup;
@@ -537,10 +463,10 @@ pub fn resolve(
         spec.set_env(key, value);
     }
     for (key, value) in &request.env {
-        check_env_name(key).map_err(|e| PolicyError::Policy(format!("--env {e}")))?;
+        check_env_name(key).map_err(|e| PolicyError::Forbidden(format!("--env {e}")))?;
         spec.set_env(key, value);
     }
-    spec.rootfs = resolve_rootfs(request.rootfs.as_deref().unwrap_or(&profile.rootfs), host)?;
+    spec.rootfs = resolve_rootfs(request.rootfs.as_deref().unwrap_or(&profile.rootfs), data)?;
     spec.validate().map_err(PolicyError::Invalid)?;
     Ok(spec)
 }
@@ -548,7 +474,7 @@ pub fn resolve(
 /// "host", an image name under `<data_dir>/rootfs`, or an absolute path. A name is resolved
 /// to the image directory it points to now, so that a rebuild switching the name mid-run
 /// does not change this run's root.
-pub fn resolve_rootfs(value: &str, host: &Host) -> Result<Rootfs, PolicyError> {
+pub fn resolve_rootfs(value: &str, data: &DataDir) -> Result<Rootfs, PolicyError> {
     if value == "host" {
         return Ok(Rootfs::Host);
     }
@@ -557,7 +483,7 @@ pub fn resolve_rootfs(value: &str, host: &Host) -> Result<Rootfs, PolicyError> {
             .map_err(|e| PolicyError::Invalid(format!("rootfs {value}: {e}")))?;
         return Ok(Rootfs::Dir(path));
     }
-    let link = host.data_dir.join("rootfs").join(value);
+    let link = data.0.join("rootfs").join(value);
     match std::fs::canonicalize(&link) {
         Ok(dir) if dir.is_dir() => Ok(Rootfs::Dir(dir)),
         _ => Err(PolicyError::Invalid(format!(
@@ -573,10 +499,8 @@ pub fn resolve_rootfs(value: &str, host: &Host) -> Result<Rootfs, PolicyError> {
 mod tests {
     use super::*;
 
-    fn host() -> Host {
-        Host {
-            data_dir: "/nonexistent/codecage-data".into(),
-        }
+    fn data() -> DataDir {
+        DataDir("/nonexistent/codecage-data".into())
     }
 
     fn err(text: &str) -> String {
@@ -588,18 +512,30 @@ mod tests {
         for (name, text) in BUILT_IN {
             let profile = Profile::parse(text, name).unwrap();
             assert_eq!(profile.language.map(|l| l.name()), Some(*name));
-            assert_eq!(profile.limits.timeout.0, Duration::from_secs(30));
+            assert_eq!(profile.value(Knob::Timeout), 30_000);
         }
     }
 
     #[test]
     fn an_empty_profile_has_the_safe_defaults() {
         let p = Profile::parse("", "empty.toml").unwrap();
-        assert_eq!(p.limits.memory.0, 256 << 20);
-        assert_eq!(p.limits.cpus, 0.5);
-        assert_eq!(p.limits.output_limit.0, 1 << 20);
+        assert_eq!(p.value(Knob::Memory), 256 << 20);
+        assert_eq!(p.value(Knob::Cpus), 500);
+        assert_eq!(p.value(Knob::OutputLimit), 1 << 20);
+        assert_eq!(p.max(Knob::Timeout), 120_000);
+        assert_eq!(p.max(Knob::TmpSize), 64 << 20);
         assert_eq!(p.network.mode, NetworkMode::None);
         assert_eq!(p.hardening.landlock, LayerMode::Required);
+        assert!(p.output_types.contains(&"png".to_string()));
+    }
+
+    #[test]
+    fn a_profile_reads_back_from_its_own_serialization() {
+        for (name, text) in BUILT_IN {
+            let p = Profile::parse(text, name).unwrap();
+            let again = toml::to_string(&p).unwrap();
+            assert_eq!(Profile::parse(&again, name).unwrap(), p, "{again}");
+        }
     }
 
     #[test]
@@ -611,25 +547,32 @@ mod tests {
         );
         let e = err("colour = 1\n");
         assert!(e.contains("colour"), "{e}");
+        let e = err("[filesystem]\nmax_tmp_size = \"1G\"\n");
+        assert!(e.contains("max_tmp_size") && e.contains("work_size"), "{e}");
+        let e = err("[limits]\ntmp_size = \"1G\"\n");
+        assert!(e.contains("limits.tmp_size is not a known key"), "{e}");
     }
 
     #[test]
     fn wrong_types_are_errors() {
         let e = err("[limits]\npids = \"many\"\n");
-        assert!(e.contains("pids") && e.contains("test.toml"), "{e}");
+        assert!(e.contains("limits.pids") && e.contains("test.toml"), "{e}");
         let e = err("[limits]\nmemory = \"12Q\"\n");
         assert!(e.contains("memory") && e.contains("256M"), "{e}");
         let e = err("[hardening]\nlandlock = \"sometimes\"\n");
         assert!(e.contains("landlock") && e.contains("best-effort"), "{e}");
+        let e = err("[outputs]\ntypes = \"png\"\n");
+        assert!(e.contains("outputs.types"), "{e}");
     }
 
     #[test]
     fn out_of_range_values_are_errors() {
         assert!(err("[limits]\ntimeout = \"5m\"\n")
             .contains("limits.timeout (300s) is above limits.max_timeout (120s)"));
-        assert!(err("[limits]\nmemory = \"1M\"\n").contains("below the minimum"));
+        assert!(err("[limits]\nmemory = \"1M\"\n").contains("8M"));
         assert!(err("[limits]\ncpus = 0\n").contains("limits.cpus"));
         assert!(err("[limits]\npids = 0\n").contains("limits.pids"));
+        assert!(err("[limits]\nmax_pids = 5000000\n").contains("4194304"));
         assert!(err("[limits]\nnofile = 1\n").contains("limits.nofile"));
         assert!(err("[network]\nmode = \"restricted\"\n").contains("not available yet"));
         assert!(err("[network]\nmode = \"open\"\n").contains("mode"));
@@ -644,41 +587,47 @@ mod tests {
             rootfs: Some("host".into()),
             ..Request::default()
         };
-        r.timeout = Some(Duration::from_secs(60));
-        r.memory = Some(64 << 20);
-        let spec = resolve(&p, "python", &r, &host()).unwrap();
-        assert_eq!(spec.timeout, Duration::from_secs(60));
+        r.knobs.insert(Knob::Timeout, 60_000);
+        r.knobs.insert(Knob::Memory, 64 << 20);
+        let spec = resolve(&p, "python", &r, &data()).unwrap();
+        assert_eq!(spec.timeout, std::time::Duration::from_secs(60));
         assert_eq!(spec.limits.unwrap().memory, 64 << 20);
         assert!(spec.env.contains(&("MPLBACKEND".into(), "Agg".into())));
-        r.memory = Some(4 << 30);
-        let e = resolve(&p, "python", &r, &host()).unwrap_err();
-        assert!(matches!(e, PolicyError::Policy(_)));
+        r.knobs.insert(Knob::Memory, 4 << 30);
+        let e = resolve(&p, "python", &r, &data()).unwrap_err();
+        assert!(matches!(e, PolicyError::AboveMax { .. }));
         assert!(
             e.to_string().contains("--memory 4G") && e.to_string().contains("at most 2G"),
             "{e}"
         );
-        r.memory = None;
-        r.tmp_size = Some(128 << 20);
-        assert!(resolve(&p, "python", &r, &host())
+        r.knobs.remove(&Knob::Memory);
+        r.knobs.insert(Knob::TmpSize, 128 << 20);
+        assert!(resolve(&p, "python", &r, &data())
             .unwrap_err()
             .to_string()
             .contains("--tmp-size"));
-        r.tmp_size = None;
+        r.knobs.remove(&Knob::TmpSize);
+        r.knobs.insert(Knob::Nofile, 1024);
+        assert!(matches!(
+            resolve(&p, "python", &r, &data()),
+            Err(PolicyError::Forbidden(_))
+        ));
+        r.knobs.remove(&Knob::Nofile);
         r.env = vec![("PATH".into(), "/evil".into())];
         assert!(matches!(
-            resolve(&p, "python", &r, &host()),
-            Err(PolicyError::Policy(_))
+            resolve(&p, "python", &r, &data()),
+            Err(PolicyError::Forbidden(_))
         ));
     }
 
     #[test]
     fn a_missing_image_says_how_to_build_it() {
-        let e = resolve_rootfs("default", &host()).unwrap_err().to_string();
+        let e = resolve_rootfs("default", &data()).unwrap_err().to_string();
         assert!(
             e.contains("cargo xtask rootfs") && e.contains("--rootfs host"),
             "{e}"
         );
-        assert_eq!(resolve_rootfs("host", &host()).unwrap(), Rootfs::Host);
+        assert_eq!(resolve_rootfs("host", &data()).unwrap(), Rootfs::Host);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::WorkFile;
 
 /// A language codecage runs code in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Lang {
     Python,
@@ -16,7 +16,21 @@ pub enum Lang {
     Bash,
 }
 
+impl std::str::FromStr for Lang {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Lang, String> {
+        Lang::ALL
+            .into_iter()
+            .find(|l| l.name() == text)
+            .ok_or_else(|| {
+                format!("{text:?} is not a language: use python, node, typescript or bash")
+            })
+    }
+}
+
 impl Lang {
+    pub const ALL: [Lang; 4] = [Lang::Python, Lang::Node, Lang::Typescript, Lang::Bash];
+
     pub fn name(self) -> &'static str {
         match self {
             Lang::Python => "python",

@@ -1,13 +1,43 @@
 //! `Spec`: one sandbox run, fully resolved. The launcher reads nothing else (no config
 //! files, no environment), which keeps the privileged part small and testable. Front ends
-//! (CLI, HTTP, MCP) build a `Spec`; later, profiles resolve requests into one.
+//! (CLI, HTTP, MCP) build a `Spec`, usually by resolving a request under a profile
+//! (`profile::resolve`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::Limits;
+use crate::knobs::Knob;
+
+/// The CFS period codecage uses, in microseconds.
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// Memory, CPU and process limits, enforced through a cgroup of the run's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory (RAM plus swap: no swap beyond it), in bytes.
+    pub memory: u64,
+    /// CPU time per 100 ms period, in microseconds (0.5 CPU = 50 000).
+    pub cpu_quota_us: u64,
+    /// Processes and threads.
+    pub pids: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory: Knob::Memory.def().default,
+            cpu_quota_us: quota_for_millicpus(Knob::Cpus.def().default),
+            pids: Knob::Pids.def().default,
+        }
+    }
+}
+
+/// The CFS quota per [`CPU_PERIOD_US`] for thousandths of a CPU.
+pub fn quota_for_millicpus(millicpus: u64) -> u64 {
+    millicpus * CPU_PERIOD_US / 1000
+}
 
 /// uid and gid of the unprivileged user the payload runs as, inside the sandbox.
 pub const SANDBOX_UID: u32 = 1000;
@@ -145,35 +175,72 @@ pub struct Spec {
     pub init_exe: PathBuf,
 }
 
-/// The smallest memory limit a sandbox can start with: its init and the payload's
-/// interpreter must fit.
-pub const MIN_MEMORY: u64 = 8 << 20;
-
 /// The PATH the payload starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Spec {
-    /// A spec for `argv` with the safe defaults: host rootfs, 30 s, 1 MiB of output, 64 MiB
-    /// tmpfs for /tmp and /work, 256 MiB of memory, half a CPU, 64 processes, and the base
-    /// environment.
+    /// A spec for `argv` with every knob at its default (`crate::knobs::KNOBS`: 30 s, 1 MiB
+    /// of output, 64 MiB tmpfs for /tmp and /work, 256 MiB of memory, half a CPU, 64
+    /// processes), the host rootfs, every layer required, and the base environment.
     pub fn new(argv: Vec<String>) -> Spec {
-        Spec {
+        let mut spec = Spec {
             argv,
             env: base_env(),
             files: Vec::new(),
             rootfs: Rootfs::Host,
-            timeout: Duration::from_secs(30),
-            output_limit: 1 << 20,
-            tmp_size: 64 << 20,
-            work_size: 64 << 20,
+            timeout: Duration::ZERO,
+            output_limit: 0,
+            tmp_size: 0,
+            work_size: 0,
             limits: Some(Limits::default()),
             cgroup: LayerMode::Required,
             landlock: LayerMode::Required,
             seccomp: LayerMode::Required,
-            nofile: 256,
+            nofile: 0,
             hostname: "sandbox".into(),
             ids: IdMapping::default(),
             init_exe: PathBuf::from("/proc/self/exe"),
+        };
+        for knob in Knob::all() {
+            spec.set(knob, knob.def().default);
+        }
+        spec
+    }
+
+    /// Sets a knob, in its base unit (see [`Knob`]). The one place a knob's value reaches
+    /// the field the launcher reads.
+    pub fn set(&mut self, knob: Knob, value: u64) {
+        fn limits(spec: &mut Spec) -> &mut Limits {
+            spec.limits.get_or_insert_with(Limits::default)
+        }
+        match knob {
+            Knob::Timeout => self.timeout = Duration::from_millis(value),
+            Knob::Memory => limits(self).memory = value,
+            Knob::Cpus => limits(self).cpu_quota_us = quota_for_millicpus(value),
+            Knob::Pids => limits(self).pids = value,
+            Knob::OutputLimit => self.output_limit = value,
+            Knob::Nofile => self.nofile = value,
+            Knob::TmpSize => self.tmp_size = value,
+            Knob::WorkSize => self.work_size = value,
+            // Not a property of one sandbox: file outputs and sessions read these from
+            // the profile.
+            Knob::OutputFileSize | Knob::IdleTimeout | Knob::MaxDuration => {}
+        }
+    }
+
+    /// A knob's value in this spec, where the spec holds it (limits only with a cgroup).
+    pub fn get(&self, knob: Knob) -> Option<u64> {
+        let limits = self.limits.as_ref();
+        match knob {
+            Knob::Timeout => Some(self.timeout.as_millis() as u64),
+            Knob::Memory => limits.map(|l| l.memory),
+            Knob::Cpus => limits.map(|l| l.cpu_quota_us * 1000 / CPU_PERIOD_US),
+            Knob::Pids => limits.map(|l| l.pids),
+            Knob::OutputLimit => Some(self.output_limit),
+            Knob::Nofile => Some(self.nofile),
+            Knob::TmpSize => Some(self.tmp_size),
+            Knob::WorkSize => Some(self.work_size),
+            Knob::OutputFileSize | Knob::IdleTimeout | Knob::MaxDuration => None,
         }
     }
 
@@ -229,38 +296,10 @@ impl Spec {
             }
         }
         self.ids.validate()?;
-        if self.timeout.is_zero() {
-            return Err("timeout must be positive".into());
-        }
-        for (name, value) in [
-            ("output limit", self.output_limit),
-            ("tmp size", self.tmp_size),
-            ("work size", self.work_size),
-        ] {
-            if value == 0 {
-                return Err(format!("{name} must be positive"));
+        for knob in Knob::all() {
+            if let Some(value) = self.get(knob) {
+                knob.check(value).map_err(|e| format!("{knob}: {e}"))?;
             }
-        }
-        if let Some(limits) = &self.limits {
-            if limits.memory < MIN_MEMORY {
-                return Err(format!(
-                    "memory limit {} is too small: use at least {}",
-                    crate::units::format_size(limits.memory),
-                    crate::units::format_size(MIN_MEMORY)
-                ));
-            }
-            if limits.cpu_quota_us < 1000 {
-                return Err("CPU limit is too small: use at least 0.01 CPUs".into());
-            }
-            if limits.pids == 0 {
-                return Err("process limit must be at least 1".into());
-            }
-        }
-        if !(16..=1 << 20).contains(&self.nofile) {
-            return Err(format!(
-                "open file limit {} is out of range: use 16 to 1048576",
-                self.nofile
-            ));
         }
         let h = &self.hostname;
         if h.is_empty()

@@ -6,8 +6,8 @@
 //! server runs it on tokio). After `clone3` only the calling thread exists in the child, and
 //! any lock another thread held (the allocator's, stdio's, glibc's setxid machinery) stays
 //! locked forever. So the child runs nothing but the async-signal-safe calls below until it
-//! execs a fresh, single-threaded codecage (research pitfall 1; codex's `linux-sandbox`
-//! solves the same problem with a helper exec).
+//! execs a fresh, single-threaded codecage (codex's `linux-sandbox` solves the same problem
+//! with a helper exec; maelstrom issue #48 is the deadlock it avoids).
 
 use std::ffi::{c_char, c_int, CStr};
 use std::io;

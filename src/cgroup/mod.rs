@@ -7,14 +7,13 @@
 //! `cgroup.subtree_control` writes (the EBUSY of the no-internal-process rule goes unseen),
 //! it exposes no directory fd for `CLONE_INTO_CGROUP`, and it brings nix 0.25 and zbus
 //! (91 crates). What codecage needs is a few dozen file reads and writes, done here with
-//! errors that name the file and say what to configure
-//! (../shared/research/codebases-and-crates.md §2.1).
+//! errors that name the file and say what to configure.
 //!
 //! Layout per backend (`<run>` is `run-<pid namespace>-<launcher pid>-<start time>-<n>`):
 //! - v2: `<root>/codecage/<run>` with memory.max, memory.swap.max, cpu.max, pids.max; the
 //!   init is born in it (`CLONE_INTO_CGROUP`).
-//! - v1: `<controller>/codecage/<run>` in memory, cpu, cpuacct and pids; the launcher writes
-//!   the init's pid into each `cgroup.procs` before it lets the init go.
+//! - v1: `<controller>/codecage/<run>` in memory, cpu, cpuacct and pids; the init's raw
+//!   child moves itself in (writes "0" into each `tasks` file) before it execs anything.
 //! - hybrid: the v1 directories for limits and usage, plus `<unified>/codecage/<run>` for
 //!   `CLONE_INTO_CGROUP` and `cgroup.kill`.
 
@@ -28,49 +27,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::spec::{Limits, CPU_PERIOD_US};
 pub use detect::{Controller, Layout};
 
 /// The name of the parent cgroup every sandbox cgroup lives under.
 pub const PARENT: &str = "codecage";
-/// The CFS period codecage uses, in microseconds.
-pub const CPU_PERIOD_US: u64 = 100_000;
-
-/// The limits of one run.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Limits {
-    /// Memory (RAM plus swap: no swap beyond it), in bytes.
-    pub memory: u64,
-    /// CPU time per 100 ms period, in microseconds (0.5 CPU = 50 000).
-    pub cpu_quota_us: u64,
-    /// Processes and threads.
-    pub pids: u64,
-}
-
-impl Default for Limits {
-    /// 256 MiB, half a CPU, 64 processes.
-    fn default() -> Self {
-        Limits {
-            memory: 256 << 20,
-            cpu_quota_us: CPU_PERIOD_US / 2,
-            pids: 64,
-        }
-    }
-}
-
-impl Limits {
-    /// The quota for `cpus` CPUs.
-    pub fn quota_for_cpus(cpus: f64) -> u64 {
-        (cpus * CPU_PERIOD_US as f64).round() as u64
-    }
-
-    /// The limits as CPUs, for messages.
-    pub fn cpus(&self) -> f64 {
-        self.cpu_quota_us as f64 / CPU_PERIOD_US as f64
-    }
-}
-
 /// What a run's cgroup measured.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -352,8 +313,10 @@ impl RunCgroup {
     }
 
     /// Kills every process of the run's cgroup at once, where the kernel offers
-    /// `cgroup.kill` (v2, and the unified tree of a hybrid host; Linux 5.14).
-    pub fn kill(&self) -> bool {
+    /// `cgroup.kill` (v2, and the unified tree of a hybrid host; Linux 5.14). A run's
+    /// processes die with its init (the pid namespace); this is for a `RunCgroup` dropped
+    /// without [`RunCgroup::remove`] (an early return), whose processes may still run.
+    fn kill(&self) -> bool {
         match &self.unified {
             Some((dir, _)) => fs::write(dir.join("cgroup.kill"), "1").is_ok(),
             None => false,
@@ -376,7 +339,6 @@ impl RunCgroup {
         if let Some(dir) = self.v1_dir(Controller::Memory) {
             usage.peak_memory = read_u64(&dir.join("memory.max_usage_in_bytes"));
             // The OOM signal on v1 is this counter: failcnt stays 0 when memsw fails first
-            // (research, cgroup-v2-vm.md §1).
             usage.oom_kills = keyed(&dir.join("memory.oom_control"), "oom_kill").unwrap_or(0);
         }
         if let Some(dir) = self.v1_dir(Controller::Cpuacct) {
@@ -530,7 +492,7 @@ fn v2_parent(root: &Path) -> Result<PathBuf, CgroupError> {
 }
 
 /// Enables controllers for the children of `dir`, checking each write (cgroups-rs does
-/// not: research pitfall 17).
+/// not, so the EBUSY of the no-internal-process rule goes unseen there).
 fn enable_controllers(dir: &Path, controllers: &[&str]) -> Result<(), CgroupError> {
     let file = dir.join("cgroup.subtree_control");
     let enabled = read(&file).unwrap_or_default();
@@ -625,7 +587,7 @@ pub fn sweep_leftovers(layout: &Layout) {
     }
 }
 
-/// A `run-<pid>-<start>-<n>` directory whose launcher no longer exists.
+/// A `run-<pid ns>-<pid>-<start>-<n>` directory whose launcher no longer exists.
 fn is_leftover(name: &str) -> bool {
     let fields: Vec<u64> = match name.strip_prefix("run-") {
         Some(rest) => rest.split('-').map_while(|f| f.parse().ok()).collect(),
@@ -679,8 +641,73 @@ mod tests {
 
     #[test]
     fn cpu_quota_is_per_100ms() {
-        assert_eq!(Limits::quota_for_cpus(0.5), 50_000);
-        assert_eq!(Limits::default().cpus(), 0.5);
+        assert_eq!(crate::spec::quota_for_millicpus(500), 50_000);
+        assert_eq!(Limits::default().cpu_quota_us, 50_000);
         assert_eq!(Limits::default().memory, 256 << 20);
+    }
+
+    /// Root tests in the unit suite fail loudly without root, as the integration tests do,
+    /// unless a developer sets CODECAGE_ALLOW_SKIP=1.
+    fn require_root() -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        if std::env::var_os("CODECAGE_ALLOW_SKIP").is_some_and(|v| v == "1") {
+            eprintln!("SKIPPED: needs root (CODECAGE_ALLOW_SKIP=1)");
+            return false;
+        }
+        panic!("this test needs root: it creates cgroups (set CODECAGE_ALLOW_SKIP=1 to skip)");
+    }
+
+    /// The pure v1 backend (this host's v1 controllers without its unified tree): the run's
+    /// directories appear with the limits written, and disappear on removal.
+    #[test]
+    fn the_v1_backend_creates_limits_and_removes_them() {
+        if !require_root() {
+            return;
+        }
+        let controllers = match layout() {
+            Layout::V1 { controllers } | Layout::Hybrid { controllers, .. } => controllers.clone(),
+            other => {
+                eprintln!("this host has no v1 controllers ({other}); the v1 backend is tested where they exist");
+                return;
+            }
+        };
+        let v1 = Layout::V1 { controllers };
+        let limits = Limits {
+            memory: 48 << 20,
+            cpu_quota_us: 25_000,
+            pids: 7,
+        };
+        let run = RunCgroup::create(&v1, &limits).unwrap();
+        assert!(
+            run.clone_target().is_none(),
+            "pure v1 has no unified directory to clone into"
+        );
+        let tasks = run.v1_tasks_files();
+        assert_eq!(tasks.len(), 4, "{tasks:?}");
+        // Each limit in the directory of the hierarchy that has its file.
+        let read = |file: &str| {
+            let dir = tasks
+                .iter()
+                .map(|t| t.parent().unwrap())
+                .find(|d| d.join(file).exists())
+                .unwrap();
+            std::fs::read_to_string(dir.join(file))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("memory.limit_in_bytes"), (48u64 << 20).to_string());
+        assert_eq!(read("cpu.cfs_quota_us"), "25000");
+        assert_eq!(read("pids.max"), "7");
+        run.remove().unwrap();
+        for t in &tasks {
+            assert!(
+                !t.parent().unwrap().exists(),
+                "{} was not removed",
+                t.display()
+            );
+        }
     }
 }

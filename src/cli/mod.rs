@@ -4,7 +4,7 @@ mod run;
 
 use clap::{Parser, Subcommand};
 
-use crate::outcome::{ErrorKind, Outcome};
+use codecage::outcome::{ErrorKind, Outcome};
 
 /// Run untrusted code in a Linux sandbox built from namespaces.
 #[derive(Parser)]
@@ -48,48 +48,34 @@ pub fn main() -> i32 {
 }
 
 fn profiles(json: bool) -> i32 {
-    use crate::profile::{names, Profile};
-    use crate::units::{format_duration, format_size};
+    use codecage::knobs::Knob;
+    use codecage::profile::{names, Profile};
     let mut loaded = serde_json::Map::new();
     let mut failed = false;
     for name in names() {
         match Profile::load(&name) {
             Ok(p) => {
                 if !json {
-                    let l = &p.limits;
                     println!("{name}: {}", p.description);
                     println!(
-                        "  language {}, rootfs {}, network {:?}, landlock {:?}, seccomp {:?}",
+                        "  language {}, rootfs {}, network {:?}, landlock {:?}, seccomp {:?}, cgroup {:?}",
                         p.language.map_or("-", |l| l.name()),
                         p.rootfs,
                         p.network.mode,
                         p.hardening.landlock,
-                        p.hardening.seccomp
+                        p.hardening.seccomp,
+                        p.hardening.cgroup,
                     );
-                    println!(
-                        "  timeout {} (max {}), memory {} (max {}), cpus {} (max {}), pids {} (max {}), output {} (max {})",
-                        format_duration(l.timeout.0),
-                        format_duration(l.max_timeout.0),
-                        format_size(l.memory.0),
-                        format_size(l.max_memory.0),
-                        l.cpus,
-                        l.max_cpus,
-                        l.pids,
-                        l.max_pids,
-                        format_size(l.output_limit.0),
-                        format_size(l.max_output_limit.0)
-                    );
-                    println!(
-                        "  /tmp {}, /work {}, nofile {}, env {:?}, outputs {:?} up to {}, session idle {} max {}",
-                        format_size(p.filesystem.tmp_size.0),
-                        format_size(p.filesystem.work_size.0),
-                        l.nofile,
-                        p.env,
-                        p.outputs.types,
-                        format_size(p.outputs.max_size.0),
-                        format_duration(p.session.idle_timeout.0),
-                        format_duration(p.session.max_duration.0)
-                    );
+                    let knobs: Vec<String> = Knob::all()
+                        .map(|k| match k.max_key() {
+                            Some(_) => {
+                                format!("{k} {} (max {})", k.show(p.value(k)), k.show(p.max(k)))
+                            }
+                            None => format!("{k} {}", k.show(p.value(k))),
+                        })
+                        .collect();
+                    println!("  {}", knobs.join(", "));
+                    println!("  env {:?}, output types {:?}", p.env, p.output_types);
                 }
                 loaded.insert(name, serde_json::to_value(&p).unwrap_or_default());
             }
@@ -111,7 +97,7 @@ fn print_json_value(value: &serde_json::Value) {
 }
 
 fn doctor(json: bool) -> i32 {
-    let report = crate::doctor::probe();
+    let report = codecage::doctor::probe();
     if json {
         print_json_value(&serde_json::to_value(&report).unwrap_or_default());
     } else {

@@ -2,19 +2,18 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Args;
+use codecage::knobs::{Knob, Unit, Values};
+use codecage::outcome::{ErrorKind, Outcome};
+use codecage::profile::{self, DataDir, PolicyError, Profile, Request};
+use codecage::runner::Lang;
+use codecage::spec::Spec;
+use codecage::{launcher, Stream};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::print_json;
-use crate::outcome::{ErrorKind, Outcome};
-use crate::profile::{self, Host, PolicyError, Profile, Request};
-use crate::runner::Lang;
-use crate::spec::Spec;
-use crate::units::{parse_duration, parse_size};
-use crate::{launcher, Stream};
 
 #[derive(Args)]
 #[command(
@@ -29,8 +28,9 @@ pub struct RunArgs {
     /// TOML file. Default: the language's profile, or bash for a PROGRAM.
     #[arg(long, value_name = "NAME|FILE")]
     profile: Option<String>,
-    /// Language of CODE or FILE (default: the profile's; FILE's extension picks one too).
-    #[arg(long, value_enum)]
+    /// Language of CODE or FILE: python, node, typescript or bash (default: the profile's;
+    /// FILE's extension picks one too).
+    #[arg(long, value_parser = parse_lang, value_name = "LANG")]
     lang: Option<Lang>,
     /// Code to run.
     #[arg(short = 'c', value_name = "CODE", conflicts_with = "file")]
@@ -41,27 +41,8 @@ pub struct RunArgs {
     /// Program and arguments to run, after `--`.
     #[arg(last = true, value_name = "PROGRAM")]
     argv: Vec<String>,
-    /// Wall-clock limit: seconds, or with a unit (500ms, 30s, 2m).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
-    timeout: Option<Duration>,
-    /// Memory limit, RAM and swap together (bytes, or 256M, 1G).
-    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    memory: Option<u64>,
-    /// CPU limit, in CPUs (0.5 = half of one CPU's time).
-    #[arg(long, value_parser = parse_cpus, value_name = "CPUS", allow_hyphen_values = true)]
-    cpus: Option<f64>,
-    /// Limit on processes and threads.
-    #[arg(long, value_parser = parse_pids, value_name = "N", allow_hyphen_values = true)]
-    pids: Option<u64>,
-    /// Cap on stdout plus stderr; past it the sandbox is stopped (bytes, or 512K, 1M).
-    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    output_limit: Option<u64>,
-    /// Size of the tmpfs on /tmp.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    tmp_size: Option<u64>,
-    /// Size of the tmpfs on /work, the working directory.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
-    work_size: Option<u64>,
+    #[command(flatten)]
+    knobs: KnobFlags,
     /// Root filesystem: `host` (read-only binds of the host's /usr), an image name built by
     /// `cargo xtask rootfs` (default), or an image directory.
     #[arg(long, value_name = "host|NAME|DIR")]
@@ -145,13 +126,7 @@ fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
     let invalid = |message: String| Box::new(Outcome::failed(ErrorKind::InvalidRequest, message));
     let mut request = Request {
         lang: args.lang,
-        timeout: args.timeout,
-        memory: args.memory,
-        cpus: args.cpus,
-        pids: args.pids,
-        output_limit: args.output_limit,
-        tmp_size: args.tmp_size,
-        work_size: args.work_size,
+        knobs: args.knobs.0,
         rootfs: args.rootfs,
         ..Request::default()
     };
@@ -205,29 +180,68 @@ fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
         }
     };
     let profile = Profile::load(&profile_name).map_err(|e| invalid(e.to_string()))?;
-    profile::resolve(&profile, &profile_name, &request, &Host::from_env()).map_err(|e| match e {
-        PolicyError::Policy(message) => Box::new(Outcome::failed(ErrorKind::Policy, message)),
+    profile::resolve(&profile, &profile_name, &request, &DataDir::from_env()).map_err(|e| match e {
         PolicyError::Invalid(message) => invalid(message),
+        e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
+            Box::new(Outcome::failed(ErrorKind::Policy, e.to_string()))
+        }
     })
 }
 
-fn parse_cpus(text: &str) -> Result<f64, String> {
-    let form = "a number of CPUs from 0.01 up (0.5, 1, 2)";
-    match text.trim().parse::<f64>() {
-        Ok(cpus) if (0.01..=4096.0).contains(&cpus) => Ok(cpus),
-        Ok(_) => Err(format!("{text:?} is out of range: use {form}")),
-        Err(_) => Err(format!("{text:?} is not a number: use {form}")),
+fn parse_lang(text: &str) -> Result<Lang, String> {
+    text.parse()
+}
+
+/// One flag per knob a request may set (`--timeout`, `--memory`, ...), generated from
+/// `codecage::knobs::KNOBS`, so the flags, their parsing and their help cannot drift from
+/// the profiles.
+#[derive(Default)]
+struct KnobFlags(Values);
+
+impl clap::FromArgMatches for KnobFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut values = Values::new();
+        for knob in Knob::all().filter(|k| k.requestable()) {
+            if let Some(value) = matches.get_one::<u64>(knob.key()) {
+                values.insert(knob, *value);
+            }
+        }
+        Ok(KnobFlags(values))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
     }
 }
 
-fn parse_pids(text: &str) -> Result<u64, String> {
-    let form = "a whole number of processes from 1 up (64)";
-    match text.trim().parse::<u64>() {
-        Ok(0) => Err(format!(
-            "0 processes could not even start the program: use {form}"
-        )),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("{text:?} is not a whole number: use {form}")),
+impl clap::Args for KnobFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Knob::all()
+            .filter(|k| k.requestable())
+            .fold(cmd, |cmd, knob| {
+                let def = knob.def();
+                // Built once per process; clap wants 'static names.
+                let long: &'static str = Box::leak(knob.key().replace('_', "-").into_boxed_str());
+                let value_name = match def.unit {
+                    Unit::Duration => "DURATION",
+                    Unit::Size => "SIZE",
+                    Unit::Count => "N",
+                    Unit::Cpus => "CPUS",
+                };
+                cmd.arg(
+                    clap::Arg::new(knob.key())
+                        .long(long)
+                        .value_name(value_name)
+                        .help(def.help)
+                        .allow_hyphen_values(true)
+                        .value_parser(move |text: &str| knob.parse(text)),
+                )
+            })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 

@@ -14,7 +14,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::{pipe2, Pid};
 
 use crate::cgroup::RunCgroup;
-use crate::channel::{self, raw_error_frame, GO};
+use crate::protocol::{self, raw_error_frame, Step, CHANNEL_FD, GO, INIT_ARG_C};
 use crate::spec::Spec;
 use crate::sys::{self, Forked};
 
@@ -29,8 +29,24 @@ pub struct Sandbox {
     pub go_ns: u64,
 }
 
-/// The fds and strings the raw child needs, all made before clone3 so that the child does
-/// not allocate.
+/// The fds the raw child puts on 0..=3, and the init binary it execs.
+struct ChildFds {
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    channel: OwnedFd,
+    exe: OwnedFd,
+}
+
+/// The launcher's ends of the same pipes and socket.
+struct ParentFds {
+    stdout: File,
+    stderr: File,
+    channel: UnixStream,
+}
+
+/// What the raw child needs, as raw fds and C strings made before clone3, so that the
+/// child does not allocate.
 struct ChildPlan {
     stdin: RawFd,
     stdout: RawFd,
@@ -40,20 +56,19 @@ struct ChildPlan {
     argv: [*const c_char; 3],
     envp: [*const c_char; 1],
     /// The run's v1 `tasks` files, to write "0" into (at most one per controller).
-    cgroup_tasks: [*const c_char; 4],
+    cgroup_tasks: [*const c_char; MAX_V1_HIERARCHIES],
     cgroup_tasks_len: usize,
 }
 
-/// The fd number of the channel in the init.
-pub const CHANNEL_FD: RawFd = 3;
-
+/// The v1 hierarchies a run joins at most: memory, cpu, cpuacct, pids (fewer where the
+/// host co-mounts them).
+const MAX_V1_HIERARCHIES: usize = 4;
+/// Where fds the child must move out of 0..=3 go.
+const FIRST_FREE_FD: RawFd = 10;
 const ARGV0: &CStr = c"codecage";
-// Kept in sync with `INIT_ARG`; checked by a unit test.
-const INIT_ARG_C: &CStr = c"__sandbox-init";
 
 /// Every namespace but the cgroup one, which the init enters itself once it sits in its own
-/// cgroup (research pitfall 18): created in the child, its root would be the launcher's
-/// cgroup.
+/// cgroup: created at clone time on a v1 host, its root would be the launcher's cgroup.
 fn namespaces() -> u64 {
     (CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
@@ -68,6 +83,41 @@ fn namespaces() -> u64 {
 /// and sends it "go" and the Spec. Returns once the init is on its way; setup errors from
 /// inside arrive later on the channel.
 pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String> {
+    let (child, parent) = open_fds(spec)?;
+    let tasks = v1_tasks_paths(cgroup);
+    let plan = ChildPlan::new(&child, &tasks);
+    // The sandbox's root uid owns its user namespace (see IdMapping).
+    let slot = id_slot();
+    let owner = spec.ids.host_root(slot);
+    let (pid, pidfd, born_inside) = clone_child(&plan, cgroup, owner)?;
+    // The parent's copies of the child's ends go now, or it would never see EOF.
+    drop(child);
+    let mut sandbox = Sandbox {
+        pid,
+        pidfd,
+        stdout: parent.stdout,
+        stderr: parent.stderr,
+        channel: parent.channel,
+        go_ns: 0,
+    };
+    // In its cgroups before it may run: its limits hold from its first instruction, and its
+    // cgroup namespace (created after "go") is rooted at its own cgroup.
+    if let Some(cgroup) = cgroup {
+        if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside, owner) {
+            abort(&sandbox);
+            return Err(e.to_string());
+        }
+    }
+    if let Err(message) = handshake(spec, &mut sandbox, slot) {
+        abort(&sandbox);
+        return Err(message);
+    }
+    Ok(sandbox)
+}
+
+/// The init binary, /dev/null for stdin, the output pipes and the channel, all CLOEXEC,
+/// and none of the child's in 0..=3, where it dup2s them.
+fn open_fds(spec: &Spec) -> Result<(ChildFds, ParentFds), String> {
     let exe = open(
         &spec.init_exe,
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
@@ -91,50 +141,76 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
         pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stderr pipe: {e}"))?;
     let (channel, channel_child) =
         UnixStream::pair().map_err(|e| format!("cannot create the sandbox channel: {e}"))?;
-    // The child dup2s these onto 0..=3; a source already sitting in that range (the calling
-    // program closed its stdin, say) would be overwritten before it is copied.
-    // The init binary's fd too: it must survive those dup2s until execveat.
-    let child_fds = [stdin, stdout_w, stderr_w, OwnedFd::from(channel_child), exe].map(above_stdio);
-    let [stdin, stdout_w, stderr_w, channel_child, exe] = child_fds;
-    let (stdin, stdout_w, stderr_w, channel_child, exe) =
-        (stdin?, stdout_w?, stderr_w?, channel_child?, exe?);
+    // A source already sitting in 0..=3 (the calling program closed its stdin, say) would
+    // be overwritten by an earlier dup2 before it is copied; the init binary's fd must
+    // survive those dup2s until execveat.
+    let child = ChildFds {
+        stdin: above_stdio(stdin)?,
+        stdout: above_stdio(stdout_w)?,
+        stderr: above_stdio(stderr_w)?,
+        channel: above_stdio(OwnedFd::from(channel_child))?,
+        exe: above_stdio(exe)?,
+    };
+    let parent = ParentFds {
+        stdout: File::from(stdout_r),
+        stderr: File::from(stderr_r),
+        channel,
+    };
+    Ok((child, parent))
+}
 
-    let tasks: Vec<CString> = cgroup
+/// The run's v1 `tasks` files as C strings, for the raw child.
+fn v1_tasks_paths(cgroup: Option<&RunCgroup>) -> Vec<CString> {
+    cgroup
         .map(|c| c.v1_tasks_files())
         .unwrap_or_default()
         .into_iter()
         .filter_map(|p| CString::new(p.into_os_string().into_vec()).ok())
-        .take(4)
-        .collect();
-    let mut cgroup_tasks = [std::ptr::null(); 4];
-    for (slot, path) in cgroup_tasks.iter_mut().zip(&tasks) {
-        *slot = path.as_ptr();
+        .take(MAX_V1_HIERARCHIES)
+        .collect()
+}
+
+impl ChildPlan {
+    /// Borrows `fds` and `tasks`, which must outlive the clone.
+    fn new(fds: &ChildFds, tasks: &[CString]) -> ChildPlan {
+        let mut cgroup_tasks = [std::ptr::null(); MAX_V1_HIERARCHIES];
+        for (slot, path) in cgroup_tasks.iter_mut().zip(tasks) {
+            *slot = path.as_ptr();
+        }
+        ChildPlan {
+            stdin: fds.stdin.as_raw_fd(),
+            stdout: fds.stdout.as_raw_fd(),
+            stderr: fds.stderr.as_raw_fd(),
+            channel: fds.channel.as_raw_fd(),
+            exe: fds.exe.as_raw_fd(),
+            argv: [ARGV0.as_ptr(), INIT_ARG_C.as_ptr(), std::ptr::null()],
+            envp: [std::ptr::null()],
+            cgroup_tasks,
+            cgroup_tasks_len: tasks.len().min(MAX_V1_HIERARCHIES),
+        }
     }
-    let plan = ChildPlan {
-        stdin: stdin.as_raw_fd(),
-        stdout: stdout_w.as_raw_fd(),
-        stderr: stderr_w.as_raw_fd(),
-        channel: channel_child.as_raw_fd(),
-        exe: exe.as_raw_fd(),
-        argv: [ARGV0.as_ptr(), INIT_ARG_C.as_ptr(), std::ptr::null()],
-        envp: [std::ptr::null()],
-        cgroup_tasks,
-        cgroup_tasks_len: tasks.len(),
-    };
+}
+
+/// clone3 into the namespaces (and, on v2 and hybrid hosts, into the run's unified cgroup),
+/// with this thread's euid set to `owner` so the sandbox's root owns the user namespace.
+/// In the child, runs [`child_pre_exec`]. Returns the pid, a pidfd, and whether the child
+/// was born in its cgroup.
+fn clone_child(
+    plan: &ChildPlan,
+    cgroup: Option<&RunCgroup>,
+    owner: u32,
+) -> Result<(Pid, OwnedFd, bool), String> {
     let flags = namespaces() | sys::CLONE_CLEAR_SIGHAND;
+    let clone = |target: Option<RawFd>| {
+        // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
+        // calls on data prepared before the clone and ends in execveat or _exit.
+        unsafe { sys::with_thread_euid(owner, || sys::clone3(flags, target)) }.and_then(|r| r)
+    };
     let target = cgroup
         .and_then(|c| c.clone_target())
         .map(|fd| fd.as_raw_fd());
-    // The sandbox's root uid owns its user namespace (see IdMapping).
-    let tid = id_slot();
-    let owner = spec.ids.host_root(tid);
-    let clone = |target: Option<RawFd>| {
-        // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
-        // calls on data prepared above and ends in execveat or _exit.
-        unsafe { sys::with_thread_euid(owner, || sys::clone3(flags, target)) }.and_then(|r| r)
-    };
-    let mut forked = clone(target);
     let mut born_inside = target.is_some();
+    let mut forked = clone(target);
     if born_inside
         && forked
             .as_ref()
@@ -144,40 +220,17 @@ pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String>
         born_inside = false;
         forked = clone(None);
     }
-    let (pid, pidfd) = match forked.map_err(|e| clone_error(&e))? {
-        Forked::Child => child_pre_exec(&plan),
-        Forked::Parent { pid, pidfd } => (pid, pidfd),
-    };
-    // The parent's copies of the child's ends go now, or it would never see EOF.
-    drop((stdin, stdout_w, stderr_w, channel_child, exe));
-    let mut sandbox = Sandbox {
-        pid,
-        pidfd,
-        stdout: File::from(stdout_r),
-        stderr: File::from(stderr_r),
-        channel,
-        go_ns: 0,
-    };
-    // In its cgroups before it may run: its limits hold from its first instruction, and its
-    // cgroup namespace (created after "go") is rooted at its own cgroup.
-    if let Some(cgroup) = cgroup {
-        if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside, owner) {
-            abort(&sandbox);
-            return Err(e.to_string());
-        }
+    match forked.map_err(|e| clone_error(&e))? {
+        Forked::Child => child_pre_exec(plan),
+        Forked::Parent { pid, pidfd } => Ok((pid, pidfd, born_inside)),
     }
-    if let Err(message) = handshake(spec, &mut sandbox, tid) {
-        abort(&sandbox);
-        return Err(message);
-    }
-    Ok(sandbox)
 }
 
 /// Writes the id maps, then "go" and the Spec. A failure to send means the child already
 /// died; its raw error frame is waiting on the channel, so that is not an error here.
-fn handshake(spec: &Spec, sandbox: &mut Sandbox, tid: u32) -> Result<(), String> {
+fn handshake(spec: &Spec, sandbox: &mut Sandbox, slot: u32) -> Result<(), String> {
     let pid = sandbox.pid.as_raw() as u32;
-    let lines = spec.ids.map_lines(tid);
+    let lines = spec.ids.map_lines(slot);
     // As root in the parent namespace we may write a map with several lines and need not
     // deny setgroups (user_namespaces(7)); the payload drops its supplementary groups itself.
     for file in ["uid_map", "gid_map"] {
@@ -191,7 +244,8 @@ fn handshake(spec: &Spec, sandbox: &mut Sandbox, tid: u32) -> Result<(), String>
     // A stuck child must not hang the launcher past the run's own deadline.
     let _ = sandbox.channel.set_write_timeout(Some(spec.timeout));
     let mut frame = vec![GO];
-    channel::write_message(&mut frame, spec).map_err(|e| format!("cannot encode the spec: {e}"))?;
+    protocol::write_message(&mut frame, spec)
+        .map_err(|e| format!("cannot encode the spec: {e}"))?;
     sandbox.go_ns = crate::sys::monotonic_ns();
     let _ = send_all(&sandbox.channel, &frame);
     Ok(())
@@ -244,45 +298,46 @@ fn clone_error(e: &std::io::Error) -> String {
     format!("cannot create the sandbox process (clone3 with new user, mount, pid, net, ipc and uts namespaces): {e}{hint}")
 }
 
-/// Moves an fd to 10 or above (CLOEXEC) if it sits in 0..=3.
+/// Moves an fd to [`FIRST_FREE_FD`] or above (CLOEXEC) if it sits in 0..=3.
 fn above_stdio(fd: OwnedFd) -> Result<OwnedFd, String> {
     if fd.as_raw_fd() > CHANNEL_FD {
         return Ok(fd);
     }
-    sys::dup_above(fd.as_fd(), 10).map_err(|e| format!("cannot move an fd above stdio: {e}"))
+    sys::dup_above(fd.as_fd(), FIRST_FREE_FD)
+        .map_err(|e| format!("cannot move an fd above stdio: {e}"))
 }
 
 /// The child between clone3 and the exec of the init. It runs in a copy of a process that
 /// may have had other threads, so it only makes the raw calls of `sys` (no allocation, no
 /// locks, no panics). Each failure sends a raw error frame naming the step and exits 125.
 fn child_pre_exec(plan: &ChildPlan) -> ! {
-    let fail = |step: u8, errno: i32| -> ! {
+    let fail = |step: Step, errno: i32| -> ! {
         let _ = sys::child_write_all(plan.channel, &raw_error_frame(step, errno));
         sys::exit_now(125)
     };
-    // 0. Wait until the launcher has written our uid/gid maps.
+    // Wait until the launcher has written our uid/gid maps.
     match sys::child_read_byte(plan.channel) {
         Ok(GO) => {}
-        Ok(_) => fail(0, libc::EPROTO),
-        Err(errno) => fail(0, errno),
+        Ok(_) => fail(Step::WaitForGo, libc::EPROTO),
+        Err(errno) => fail(Step::WaitForGo, errno),
     }
-    // 1. Become the sandbox's root (an unprivileged host uid), so execve keeps the new user
+    // Become the sandbox's root (an unprivileged host uid), so execve keeps the new user
     //    namespace's capabilities, which the init needs for mounts.
     if let Err(errno) = sys::child_become_root() {
-        fail(1, errno)
+        fail(Step::EnterSandboxIds, errno)
     }
-    // 2. Into the run's v1 cgroups, by moving itself (cheap; see RunCgroup::attach), before
+    // Into the run's v1 cgroups, by moving itself (cheap; see RunCgroup::attach), before
     //    it execs anything.
     for &path in &plan.cgroup_tasks[..plan.cgroup_tasks_len] {
         if let Err(errno) = sys::child_join_cgroup(path) {
-            fail(2, errno)
+            fail(Step::JoinCgroups, errno)
         }
     }
-    // 3. Die with the launcher. After step 1: a credential change clears the death signal.
+    // Die with the launcher. After step 1: a credential change clears the death signal.
     if let Err(errno) = sys::child_set_pdeathsig() {
-        fail(3, errno)
+        fail(Step::SetParentDeathSignal, errno)
     }
-    // 4. stdin (/dev/null), stdout and stderr pipes, the channel on fd 3.
+    // stdin (/dev/null), stdout and stderr pipes, the channel on fd 3.
     for (from, to) in [
         (plan.stdin, 0),
         (plan.stdout, 1),
@@ -290,16 +345,16 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
         (plan.channel, CHANNEL_FD),
     ] {
         if let Err(errno) = sys::child_dup2(from, to) {
-            fail(4, errno)
+            fail(Step::AttachStdio, errno)
         }
     }
-    // 5. Nothing else of the calling program survives the exec (CVE-2024-21626).
+    // Nothing else of the calling program survives the exec (CVE-2024-21626).
     if let Err(errno) = sys::cloexec_from(CHANNEL_FD + 1, plan.exe) {
-        fail(5, errno)
+        fail(Step::CloseInheritedFds, errno)
     }
-    // 6. A fresh, single-threaded codecage becomes pid 1.
+    // A fresh, single-threaded codecage becomes pid 1.
     let errno = sys::child_execveat(plan.exe, plan.argv.as_ptr(), plan.envp.as_ptr());
-    fail(6, errno)
+    fail(Step::ExecInit, errno)
 }
 
 #[cfg(test)]
@@ -308,6 +363,6 @@ mod tests {
 
     #[test]
     fn init_argument_matches_the_dispatcher() {
-        assert_eq!(INIT_ARG_C.to_str().unwrap(), crate::sandbox::INIT_ARG);
+        assert_eq!(INIT_ARG_C.to_str().unwrap(), crate::protocol::INIT_ARG);
     }
 }

@@ -22,14 +22,13 @@ use std::time::Instant;
 
 use nix::sys::signalfd::SignalFd;
 
-use crate::cgroup::{self, Limits, RunCgroup, Usage};
-use crate::channel::Phase;
+use crate::cgroup::{self, RunCgroup, Usage};
 use crate::outcome::{ErrorKind, Outcome, Phases};
+use crate::protocol::Phase;
+use crate::spec::Limits;
 use crate::spec::{LayerMode, Spec};
 use crate::sys;
 use crate::units::format_size;
-
-pub use clone::CHANNEL_FD;
 
 /// Which output stream a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

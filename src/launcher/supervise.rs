@@ -15,8 +15,8 @@ use nix::sys::signalfd::SignalFd;
 
 use super::clone::Sandbox;
 use super::Stream;
-use crate::channel::{Phase, Report, ReportReader};
 use crate::outcome::{ErrorKind, Outcome};
+use crate::protocol::{FrameReader, FromSandbox, Phase};
 use crate::spec::Spec;
 use crate::sys;
 use crate::units::{format_duration, format_size};
@@ -24,13 +24,37 @@ use crate::units::{format_duration, format_size};
 /// How long to keep draining output after the init has exited. Every writer is dead by then,
 /// so EOF comes at once; the bound only guards against the impossible.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// After the launcher sent SIGKILL, it waits for the kernel to finish the kill, waking at
+/// least this often.
+const KILLED_WAKE: Duration = Duration::from_secs(60);
+/// Longest single poll: the loop re-checks its deadlines at least this often.
+const MAX_POLL: Duration = Duration::from_secs(60);
+/// What one read takes from a pipe or the channel.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// What the loop polls, by name.
+#[derive(Clone, Copy)]
+enum Slot {
+    Stdout,
+    Stderr,
+    Channel,
+    Pidfd,
+    Interrupt,
+}
+
+/// Which of the polled fds are still worth polling.
+struct Open {
+    stdout: bool,
+    stderr: bool,
+    channel: bool,
+}
 
 struct Watch<'a> {
     spec: &'a Spec,
     sink: &'a mut dyn FnMut(Stream, &[u8]),
     outcome: Outcome,
-    reports: ReportReader,
-    report: Option<Report>,
+    frames: FrameReader,
+    report: Option<FromSandbox>,
     protocol_error: Option<String>,
     killed_for: Option<ErrorKind>,
     marks: Vec<(Phase, u64)>,
@@ -64,85 +88,66 @@ pub fn supervise(
         spec,
         sink,
         outcome: Outcome::default(),
-        reports: ReportReader::default(),
+        frames: FrameReader::default(),
         report: None,
         protocol_error: None,
         killed_for: None,
         marks: Vec::new(),
     };
-    let (mut stdout_open, mut stderr_open, mut channel_open) = (true, true, true);
+    let mut open = Open {
+        stdout: true,
+        stderr: true,
+        channel: true,
+    };
     let mut exited_at: Option<Instant> = None;
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; READ_CHUNK];
 
     loop {
         let now = Instant::now();
         if let Some(at) = exited_at {
-            if (!stdout_open && !stderr_open) || now >= at + DRAIN_GRACE {
+            if (!open.stdout && !open.stderr) || now >= at + DRAIN_GRACE {
                 break;
             }
         } else if now >= deadline && watch.killed_for.is_none() {
             watch.kill(&sandbox, ErrorKind::Timeout);
         }
-        let wait_until = match exited_at {
+        let wake_at = match exited_at {
             Some(at) => at + DRAIN_GRACE,
-            None if watch.killed_for.is_some() => now + Duration::from_secs(3600),
+            None if watch.killed_for.is_some() => now + KILLED_WAKE,
             None => deadline,
         };
-        let timeout = wait_until.saturating_duration_since(now);
-        let timeout = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32 + 1)
-            .unwrap_or(PollTimeout::MAX);
-
-        // Poll order: stdout, stderr, channel, pidfd, interrupt; closed ones are skipped by
-        // giving them empty interest.
-        let interest = |open: bool| {
-            if open {
-                PollFlags::POLLIN
-            } else {
-                PollFlags::empty()
-            }
-        };
-        let mut fds = vec![
-            PollFd::new(sandbox.stdout.as_fd(), interest(stdout_open)),
-            PollFd::new(sandbox.stderr.as_fd(), interest(stderr_open)),
-            PollFd::new(sandbox.channel.as_fd(), interest(channel_open)),
-            PollFd::new(sandbox.pidfd.as_fd(), interest(exited_at.is_none())),
-        ];
-        if let Some(signals) = interrupt {
-            fds.push(PollFd::new(signals.as_fd(), interest(exited_at.is_none())));
-        }
-        match poll(&mut fds, timeout) {
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => continue,
+        let ready = match poll_once(
+            &sandbox,
+            interrupt,
+            &open,
+            exited_at.is_none(),
+            wake_at - now.min(wake_at),
+        ) {
+            Ok(ready) => ready,
             Err(e) => {
                 watch.protocol_error =
                     Some(format!("poll failed while supervising the sandbox: {e}"));
                 watch.kill(&sandbox, ErrorKind::Setup);
                 break;
             }
+        };
+        if ready(Slot::Stdout) && open.stdout {
+            open.stdout = watch.drain(&mut sandbox, Stream::Stdout, &mut buf);
         }
-        let ready: Vec<bool> = fds
-            .iter()
-            .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
-            .collect();
-        drop(fds);
-
-        if ready[0] && stdout_open {
-            stdout_open = watch.drain(&mut sandbox, Stream::Stdout, &mut buf);
-        }
-        if ready[1] && stderr_open {
-            stderr_open = watch.drain(&mut sandbox, Stream::Stderr, &mut buf);
+        if ready(Slot::Stderr) && open.stderr {
+            open.stderr = watch.drain(&mut sandbox, Stream::Stderr, &mut buf);
         }
         if watch.killed_for == Some(ErrorKind::OutputLimit) {
             // Past the cap nothing more is read; the sandbox is already being killed.
-            (stdout_open, stderr_open) = (false, false);
+            (open.stdout, open.stderr) = (false, false);
         }
-        if ready[2] && channel_open {
-            channel_open = watch.read_channel(&mut sandbox, &mut buf);
+        if ready(Slot::Channel) && open.channel {
+            open.channel = watch.read_channel(&mut sandbox, &mut buf);
         }
-        if ready[3] && exited_at.is_none() {
+        if ready(Slot::Pidfd) && exited_at.is_none() {
             exited_at = Some(Instant::now());
         }
-        if ready.get(4).copied().unwrap_or(false) {
+        if ready(Slot::Interrupt) {
             if let Some(signals) = interrupt {
                 if let Ok(Some(info)) = signals.read_signal() {
                     // Forwarded to the init, which passes it on to the payload.
@@ -158,11 +163,50 @@ pub fn supervise(
     // The init wrote its last report before exiting; collect what is still buffered.
     // One pass: what the init wrote is buffered; a copy of its end held elsewhere (a
     // program that forked without exec) must not keep us reading.
-    if channel_open {
+    if open.channel {
         watch.read_channel(&mut sandbox, &mut buf);
     }
     let marks = std::mem::take(&mut watch.marks);
     (watch.finish(reaped), Timeline { marks, reaped_ns })
+}
+
+/// Polls the fds that are still open for up to `timeout` (EINTR counts as nothing ready)
+/// and says which slots are ready.
+fn poll_once(
+    sandbox: &Sandbox,
+    interrupt: Option<&SignalFd>,
+    open: &Open,
+    running: bool,
+    timeout: Duration,
+) -> nix::Result<impl Fn(Slot) -> bool> {
+    let interest = |wanted: bool| {
+        if wanted {
+            PollFlags::POLLIN
+        } else {
+            PollFlags::empty()
+        }
+    };
+    let timeout = timeout.min(MAX_POLL).as_millis() as i32 + 1;
+    let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    // In the order of `Slot`.
+    let mut fds = vec![
+        PollFd::new(sandbox.stdout.as_fd(), interest(open.stdout)),
+        PollFd::new(sandbox.stderr.as_fd(), interest(open.stderr)),
+        PollFd::new(sandbox.channel.as_fd(), interest(open.channel)),
+        PollFd::new(sandbox.pidfd.as_fd(), interest(running)),
+    ];
+    if let Some(signals) = interrupt {
+        fds.push(PollFd::new(signals.as_fd(), interest(running)));
+    }
+    let ready: Vec<bool> = match poll(&mut fds, timeout) {
+        Ok(_) => fds
+            .iter()
+            .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
+            .collect(),
+        Err(nix::errno::Errno::EINTR) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(move |slot: Slot| ready.get(slot as usize).copied().unwrap_or(false))
 }
 
 impl Watch<'_> {
@@ -220,16 +264,16 @@ impl Watch<'_> {
         let open = loop {
             match sandbox.channel.read(buf) {
                 Ok(0) => break false,
-                Ok(n) => self.reports.feed(&buf[..n]),
+                Ok(n) => self.frames.feed(&buf[..n]),
                 Err(e) if e.kind() == IoErrorKind::WouldBlock => break true,
                 Err(e) if e.kind() == IoErrorKind::Interrupted => continue,
                 Err(_) => break false,
             }
         };
-        while let Some(report) = self.reports.next_report() {
-            match report {
-                Ok(Report::Mark { phase, at_ns }) => self.marks.push((phase, at_ns)),
-                Ok(Report::Hardened {
+        while let Some(message) = self.frames.next_message() {
+            match message {
+                Ok(FromSandbox::Mark { phase, at_ns }) => self.marks.push((phase, at_ns)),
+                Ok(FromSandbox::Hardened {
                     landlock_abi,
                     skipped,
                 }) => {
@@ -237,8 +281,8 @@ impl Watch<'_> {
                     self.outcome.skipped_layers = skipped;
                 }
                 // A setup failure stays the answer even if an exit report follows it.
-                Ok(report) if !matches!(self.report, Some(Report::SetupFailed(_))) => {
-                    self.report = Some(report)
+                Ok(message) if !matches!(self.report, Some(FromSandbox::SetupFailed(_))) => {
+                    self.report = Some(message)
                 }
                 Ok(_) => {}
                 Err(e) => self.protocol_error = Some(e),
@@ -276,16 +320,16 @@ impl Watch<'_> {
                     format_size(spec.output_limit)
                 ));
             }
-            (_, Some(Report::SetupFailed(err))) => {
+            (_, Some(FromSandbox::SetupFailed(err))) => {
                 outcome.error = Some(ErrorKind::Setup);
                 outcome.message = Some(format!("{err}; the code did not run"));
             }
-            (_, Some(Report::Exited { code, signal })) => {
+            (_, Some(FromSandbox::Exited { code, signal })) => {
                 outcome.exit_code = code;
                 outcome.signal = signal;
             }
             // (Hardened is kept in the outcome as it arrives, never as the final report.)
-            (killed, None | Some(Report::Hardened { .. } | Report::Mark { .. })) => {
+            (killed, None | Some(FromSandbox::Hardened { .. } | FromSandbox::Mark { .. })) => {
                 outcome.error = Some(ErrorKind::Setup);
                 let status = match &reaped {
                     Ok((status, _)) => describe_status(*status),

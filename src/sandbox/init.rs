@@ -1,5 +1,5 @@
 //! pid 1 of the sandbox. An interpreter run as pid 1 would ignore SIGTERM and pile up
-//! zombies (research pitfall 9), so this init forks the payload, forwards signals to it,
+//! zombies (a pid 1 gets no default signal actions, pid_namespaces(7)), so this init forks the payload, forwards signals to it,
 //! reaps every child, and when the payload ends kills whatever is left.
 
 use std::os::unix::net::UnixStream;
@@ -9,9 +9,8 @@ use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::fail;
 use super::{payload, seccomp};
-use crate::channel::Report;
+use crate::protocol::{FromSandbox, Phase, SetupError, Step};
 use crate::spec::{LayerMode, Spec};
 use crate::sys::{self, ForkedInit};
 
@@ -27,26 +26,32 @@ const FORWARDED: &[Signal] = &[
 ];
 
 /// Runs the payload to its end and reports how it ended.
-pub fn run_payload(spec: &Spec, channel: &UnixStream) -> Report {
+pub fn run_payload(spec: &Spec, channel: &UnixStream) -> FromSandbox {
     // Every signal is blocked and taken with sigwait: a blocked SIGCHLD stays pending, so
     // no child's exit is missed between two waits, and the payload inherits nothing odd
     // (it unblocks everything before exec).
     let signals = SigSet::all();
     if let Err(e) = signals.thread_block() {
-        return Report::SetupFailed(fail("block_init_signals", e, "sigprocmask"));
+        return FromSandbox::SetupFailed(SetupError::errno(
+            Step::BlockInitSignals,
+            e,
+            "sigprocmask",
+        ));
     }
     // Compiled here, once, before the fork: the payload only installs it.
     let filters = match spec.seccomp {
         LayerMode::Off => None,
         _ => match seccomp::compile() {
             Ok(filters) => Some(filters),
-            Err(e) => return Report::SetupFailed(fail("compile_seccomp", Errno::EINVAL, e)),
+            Err(e) => {
+                return FromSandbox::SetupFailed(SetupError::refused(Step::CompileSeccomp, e))
+            }
         },
     };
     let payload = match sys::fork_in_init() {
         Ok(ForkedInit::Child) => payload::exec(spec, filters.as_ref(), channel),
         Ok(ForkedInit::Parent(pid)) => pid,
-        Err(e) => return Report::SetupFailed(fail("fork_payload", e, "fork")),
+        Err(e) => return FromSandbox::SetupFailed(SetupError::errno(Step::ForkPayload, e, "fork")),
     };
     let status = loop {
         match signals.wait() {
@@ -62,17 +67,17 @@ pub fn run_payload(spec: &Spec, channel: &UnixStream) -> Report {
     // From pid 1, kill(-1) reaches every other process of the namespace: nothing the
     // payload started outlives it, double-forked, setsid'd or not.
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-    crate::channel::mark(channel, crate::channel::Phase::PayloadExited);
+    crate::protocol::mark(channel, Phase::PayloadExited);
     match status {
-        WaitStatus::Signaled(_, signal, _) => Report::Exited {
+        WaitStatus::Signaled(_, signal, _) => FromSandbox::Exited {
             code: None,
             signal: Some(signal as i32),
         },
-        WaitStatus::Exited(_, code) => Report::Exited {
+        WaitStatus::Exited(_, code) => FromSandbox::Exited {
             code: Some(code),
             signal: None,
         },
-        _ => Report::Exited {
+        _ => FromSandbox::Exited {
             code: None,
             signal: None,
         },

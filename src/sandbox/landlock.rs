@@ -1,6 +1,6 @@
 //! Landlock: what the payload may reach, by path and by port, on top of the read-only
 //! mounts and the empty network namespace. Built in the payload after pivot_root, because
-//! rules bind to the inodes their paths name (research pitfall 15).
+//! rules bind to the inodes their paths name when the ruleset is built.
 //!
 //! - read and execute everywhere under `/`;
 //! - read and write in `/tmp`, `/work` and `/dev/shm`, and on the harmless devices;
@@ -12,8 +12,7 @@ use landlock::{
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-use super::fail;
-use crate::channel::SetupError;
+use crate::protocol::{SetupError, Step};
 use crate::spec::LayerMode;
 
 /// The ABI whose rights codecage asks for: filesystem (1-3, 5), TCP (4), scopes (6).
@@ -35,8 +34,13 @@ pub fn restrict(mode: LayerMode) -> Result<Enforced, SetupError> {
             skipped: vec!["landlock: turned off by the profile".into()],
         });
     }
-    let status = build_and_restrict()
-        .map_err(|e| fail("restrict_with_landlock", nix::errno::Errno::UnknownErrno, e))?;
+    let status = build_and_restrict().map_err(|e| {
+        SetupError::from_error(
+            Step::RestrictWithLandlock,
+            &e,
+            "building the landlock ruleset",
+        )
+    })?;
     let abi = match status.landlock {
         LandlockStatus::Available {
             effective_abi,
@@ -52,9 +56,8 @@ pub fn restrict(mode: LayerMode) -> Result<Enforced, SetupError> {
     }
     let missing = missing_features(abi);
     if mode == LayerMode::Required {
-        return Err(fail(
-            "restrict_with_landlock",
-            nix::errno::Errno::EOPNOTSUPP,
+        return Err(SetupError::refused(
+            Step::RestrictWithLandlock,
             format!(
                 "landlock ABI {} is required and this kernel has {}: {missing}. Use a newer kernel (6.12+), or set \
                  landlock = \"best-effort\" in the profile to run with what this kernel enforces",

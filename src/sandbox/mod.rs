@@ -11,18 +11,12 @@ mod payload;
 mod rootfs;
 mod seccomp;
 
-use std::fmt::Display;
 use std::os::unix::net::UnixStream;
 
-use nix::errno::Errno;
 use nix::sched::{unshare, CloneFlags};
 
-use crate::channel::{self, Phase, Report, SetupError};
-use crate::launcher::CHANNEL_FD;
+use crate::protocol::{self, FromSandbox, Phase, SetupError, Step, CHANNEL_FD, INIT_ARG};
 use crate::spec::Spec;
-
-/// The hidden subcommand that turns the codecage binary into a sandbox init.
-pub const INIT_ARG: &str = "__sandbox-init";
 
 /// Compiles this architecture's seccomp policy, for `doctor`. Returns the architecture.
 pub fn seccomp_policy_check() -> Result<&'static str, String> {
@@ -51,25 +45,25 @@ fn init_main() -> ! {
     };
     let report = match build(&channel) {
         Ok(spec) => init::run_payload(&spec, &channel),
-        Err(err) => Report::SetupFailed(err),
+        Err(err) => FromSandbox::SetupFailed(err),
     };
     let code = match &report {
-        Report::SetupFailed(_) => 125,
+        FromSandbox::SetupFailed(_) => 125,
         _ => 0,
     };
     // If the launcher is gone there is nobody to tell, and nothing else to do.
-    let _ = channel::write_message(&mut &channel, &report);
+    let _ = protocol::write_message(&mut &channel, &report);
     std::process::exit(code)
 }
 
 /// Builds the sandbox around this process, in order. Returns the Spec to run.
 fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
-    channel::mark(channel, Phase::InitStarted);
+    protocol::mark(channel, Phase::InitStarted);
     // Whatever the calling program had: an ignored SIGCHLD survives execve and would let
     // the kernel reap the payload before the init sees it exit; a umask of 077 would make
     // /etc unreadable to the payload.
     crate::sys::reset_signal_dispositions()
-        .map_err(|e| fail("reset_signals", e, "sigaction SIG_DFL"))?;
+        .map_err(|e| SetupError::errno(Step::ResetSignalDispositions, e, "sigaction SIG_DFL"))?;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     // Leave the launcher's session and process group: a terminal's ^C reaches the launcher,
     // which forwards it once, and the payload cannot reach the terminal (CVE-2017-5226).
@@ -77,8 +71,9 @@ fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
     // Die with the launcher, and make sure it did not die before we asked.
     die_with_launcher(channel)?;
     let spec = receive_spec(channel)?;
-    // Only now: the launcher has placed us in our cgroup, so the new cgroup namespace is
-    // rooted there and not at the launcher's cgroup (research pitfall 18).
+    // Only now: we joined our cgroups before the exec, so the new cgroup namespace is
+    // rooted at the run's own cgroup. Created at clone time on a v1 host, it would be
+    // rooted at the launcher's cgroup instead.
     enter_cgroup_namespace()?;
     // Mounts: a new root from tmpfs and read-only binds, then pivot_root (see mount.rs).
     mount::build_root(&spec)?;
@@ -87,39 +82,21 @@ fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
     bring_up_loopback()?;
     // pid 1 holds the host binary open; other uids may not inspect it (CVE-2019-5736).
     make_init_undumpable()?;
-    channel::mark(channel, Phase::SandboxBuilt);
+    protocol::mark(channel, Phase::SandboxBuilt);
     Ok(spec)
-}
-
-/// A setup error for `step`, from an errno.
-fn fail(step: &'static str, errno: Errno, detail: impl Display) -> SetupError {
-    SetupError {
-        step: step.into(),
-        errno: errno as i32,
-        detail: detail.to_string(),
-    }
-}
-
-/// A setup error for `step`, from an io::Error.
-fn fail_io(step: &'static str, err: &std::io::Error, detail: impl Display) -> SetupError {
-    SetupError {
-        step: step.into(),
-        errno: err.raw_os_error().unwrap_or(0),
-        detail: detail.to_string(),
-    }
 }
 
 fn leave_session() -> Result<(), SetupError> {
     nix::unistd::setsid()
         .map(drop)
-        .map_err(|e| fail("leave_session", e, "setsid"))
+        .map_err(|e| SetupError::errno(Step::LeaveSession, e, "setsid"))
 }
 
 fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-        .map_err(|e| fail("die_with_launcher", e, "PR_SET_PDEATHSIG"))?;
+        .map_err(|e| SetupError::errno(Step::DieWithLauncher, e, "PR_SET_PDEATHSIG"))?;
     // The launcher may have died before the prctl: then its end of the channel is closed,
     // which a unix stream socket reports as POLLHUP.
     let mut fds = [PollFd::new(channel.as_fd(), PollFlags::empty())];
@@ -135,13 +112,13 @@ fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
 }
 
 fn receive_spec(channel: &UnixStream) -> Result<Spec, SetupError> {
-    channel::read_message(&mut &*channel)
-        .map_err(|e| fail_io("receive_spec", &e, "reading the Spec from the launcher"))
+    protocol::read_message(&mut &*channel)
+        .map_err(|e| SetupError::io(Step::ReceiveSpec, &e, "reading the Spec from the launcher"))
 }
 
 fn enter_cgroup_namespace() -> Result<(), SetupError> {
     unshare(CloneFlags::CLONE_NEWCGROUP)
-        .map_err(|e| fail("enter_cgroup_namespace", e, "unshare(CLONE_NEWCGROUP)"))
+        .map_err(|e| SetupError::errno(Step::EnterCgroupNamespace, e, "unshare(CLONE_NEWCGROUP)"))
 }
 
 /// The runner's code file, owned by the sandbox user so the payload may change it.
@@ -156,24 +133,24 @@ fn write_work_files(spec: &Spec) -> Result<(), SetupError> {
             .create_new(true)
             .mode(0o644)
             .open(&path)
-            .map_err(|e| fail_io("write_work_files", &e, detail()))?;
+            .map_err(|e| SetupError::io(Step::WriteWorkFiles, &e, detail()))?;
         std::io::Write::write_all(&mut out, file.contents.as_bytes())
-            .map_err(|e| fail_io("write_work_files", &e, detail()))?;
+            .map_err(|e| SetupError::io(Step::WriteWorkFiles, &e, detail()))?;
         std::os::unix::fs::fchown(&out, id, id)
-            .map_err(|e| fail_io("write_work_files", &e, detail()))?;
+            .map_err(|e| SetupError::io(Step::WriteWorkFiles, &e, detail()))?;
     }
     Ok(())
 }
 
 fn set_hostname(name: &str) -> Result<(), SetupError> {
     nix::unistd::sethostname(name)
-        .map_err(|e| fail("set_hostname", e, format!("sethostname({name:?})")))
+        .map_err(|e| SetupError::errno(Step::SetHostname, e, format!("sethostname({name:?})")))
 }
 
 fn bring_up_loopback() -> Result<(), SetupError> {
     crate::sys::loopback_up().map_err(|e| {
-        fail_io(
-            "bring_up_loopback",
+        SetupError::io(
+            Step::BringUpLoopback,
             &e,
             "setting lo up in the new network namespace",
         )
@@ -182,5 +159,5 @@ fn bring_up_loopback() -> Result<(), SetupError> {
 
 fn make_init_undumpable() -> Result<(), SetupError> {
     nix::sys::prctl::set_dumpable(false)
-        .map_err(|e| fail("make_init_undumpable", e, "PR_SET_DUMPABLE 0"))
+        .map_err(|e| SetupError::errno(Step::MakeInitUndumpable, e, "PR_SET_DUMPABLE 0"))
 }

@@ -16,8 +16,7 @@ use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
 
 use super::rootfs::{synthesized_etc, HOST_ETC, HOST_TOP};
-use super::{fail, fail_io};
-use crate::channel::SetupError;
+use crate::protocol::{SetupError, Step};
 use crate::spec::{Rootfs, Spec};
 
 /// Where the new root is assembled before pivot_root.
@@ -28,15 +27,16 @@ const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"]
 /// /proc entries made read-only: kernel knobs that even a namespaced root must not turn.
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus"];
 
-type Step = Result<(), SetupError>;
+type Done = Result<(), SetupError>;
 
 fn at(rel: &str) -> PathBuf {
     Path::new(NEW_ROOT).join(rel)
 }
 
 /// Builds the new root and enters it.
-pub fn build_root(spec: &Spec) -> Step {
-    // Our mounts must never propagate to the host's table (research pitfall 6).
+pub fn build_root(spec: &Spec) -> Done {
+    // Our mounts must never propagate to the host's table: with a shared / (systemd's
+    // default) they would, even from a new mount namespace.
     stop_mount_propagation()?;
     match &spec.rootfs {
         Rootfs::Host => {
@@ -54,14 +54,15 @@ pub fn build_root(spec: &Spec) -> Step {
     mount_work(spec.work_size)?;
     mount_dev(spec.tmp_size)?;
     // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
-    // a new procfs in a user namespace otherwise (research pitfall 5).
+    // a new procfs in a user namespace unless a fully visible one is already mounted there
+    // ("mount too revealing"), which is why bubblewrap keeps its old root until then.
     mount_proc()?;
     protect_proc()?;
     remount_root_readonly()?;
     enter_new_root()
 }
 
-fn stop_mount_propagation() -> Step {
+fn stop_mount_propagation() -> Done {
     mount(
         None::<&str>,
         "/",
@@ -70,23 +71,23 @@ fn stop_mount_propagation() -> Step {
         None::<&str>,
     )
     .map_err(|e| {
-        fail(
-            "stop_mount_propagation",
+        SetupError::errno(
+            Step::StopMountPropagation,
             e,
             "making / a recursive slave mount",
         )
     })
 }
 
-fn mount_root_tmpfs() -> Step {
+fn mount_root_tmpfs() -> Done {
     tmpfs(
         NEW_ROOT,
         "mode=0755,size=4m,nr_inodes=4096",
         MsFlags::empty(),
     )
     .map_err(|e| {
-        fail(
-            "mount_root_tmpfs",
+        SetupError::errno(
+            Step::MountRootTmpfs,
             e,
             format!("mounting the root tmpfs on {NEW_ROOT}"),
         )
@@ -94,60 +95,72 @@ fn mount_root_tmpfs() -> Step {
 }
 
 /// /usr, /bin, /lib* of the host: read-only binds, or the same symlinks on merged-/usr.
-fn bind_host_dirs() -> Step {
+fn bind_host_dirs() -> Done {
     for name in HOST_TOP {
-        copy_entry(Path::new("/"), Path::new(NEW_ROOT), name, "bind_host_dirs")?;
+        copy_entry(
+            Path::new("/"),
+            Path::new(NEW_ROOT),
+            name,
+            Step::BindHostDirs,
+        )?;
     }
     Ok(())
 }
 
 /// A synthesized /etc plus the harmless host entries (see rootfs.rs).
-fn write_etc(hostname: &str) -> Step {
+fn write_etc(hostname: &str) -> Done {
     let etc = at("etc");
     mkdir(&etc, 0o755)
-        .map_err(|e| fail_io("write_etc", &e, format!("creating {}", etc.display())))?;
+        .map_err(|e| SetupError::io(Step::WriteEtc, &e, format!("creating {}", etc.display())))?;
     for (name, content) in synthesized_etc(hostname) {
         let path = etc.join(name);
-        fs::write(&path, content)
-            .map_err(|e| fail_io("write_etc", &e, format!("writing {}", path.display())))?;
+        fs::write(&path, content).map_err(|e| {
+            SetupError::io(Step::WriteEtc, &e, format!("writing {}", path.display()))
+        })?;
     }
     for name in HOST_ETC {
-        copy_entry(Path::new("/etc"), &etc, name, "write_etc")?;
+        copy_entry(Path::new("/etc"), &etc, name, Step::WriteEtc)?;
     }
     Ok(())
 }
 
 /// Recreates `from/name` under `to`: a symlink is copied, a directory or file is bound
 /// read-only onto a new mount point. A missing source is skipped.
-fn copy_entry(from: &Path, to: &Path, name: &str, step: &'static str) -> Step {
+fn copy_entry(from: &Path, to: &Path, name: &str, step: Step) -> Done {
     let src = from.join(name);
     let dst = to.join(name);
     let meta = match fs::symlink_metadata(&src) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(fail_io(step, &e, format!("inspecting {}", src.display()))),
+        Err(e) => {
+            return Err(SetupError::io(
+                step,
+                &e,
+                format!("inspecting {}", src.display()),
+            ))
+        }
     };
     if let Some(parent) = dst.parent() {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
             .create(parent)
-            .map_err(|e| fail_io(step, &e, format!("creating {}", parent.display())))?;
+            .map_err(|e| SetupError::io(step, &e, format!("creating {}", parent.display())))?;
     }
     if meta.file_type().is_symlink() {
         let target = fs::read_link(&src)
-            .map_err(|e| fail_io(step, &e, format!("reading link {}", src.display())))?;
+            .map_err(|e| SetupError::io(step, &e, format!("reading link {}", src.display())))?;
         return symlink(&target, &dst)
-            .map_err(|e| fail_io(step, &e, format!("creating symlink {}", dst.display())));
+            .map_err(|e| SetupError::io(step, &e, format!("creating symlink {}", dst.display())));
     }
     let made = if meta.is_dir() {
         mkdir(&dst, 0o755)
     } else {
         fs::write(&dst, b"")
     };
-    made.map_err(|e| fail_io(step, &e, format!("creating mount point {}", dst.display())))?;
+    made.map_err(|e| SetupError::io(step, &e, format!("creating mount point {}", dst.display())))?;
     bind_readonly(&src, &dst).map_err(|e| {
-        fail(
+        SetupError::errno(
             step,
             e,
             format!("binding {} read-only on {}", src.display(), dst.display()),
@@ -155,7 +168,7 @@ fn copy_entry(from: &Path, to: &Path, name: &str, step: &'static str) -> Step {
     })
 }
 
-fn make_mount_points() -> Step {
+fn make_mount_points() -> Done {
     for (name, mode) in [
         ("tmp", 0o1777),
         ("work", 0o755),
@@ -164,8 +177,8 @@ fn make_mount_points() -> Step {
     ] {
         let path = at(name);
         mkdir(&path, mode).map_err(|e| {
-            fail_io(
-                "make_mount_points",
+            SetupError::io(
+                Step::MakeMountPoints,
                 &e,
                 format!("creating {}", path.display()),
             )
@@ -174,7 +187,7 @@ fn make_mount_points() -> Step {
     Ok(())
 }
 
-fn bind_image_root(dir: &Path) -> Step {
+fn bind_image_root(dir: &Path) -> Done {
     mount(
         Some(dir),
         NEW_ROOT,
@@ -183,8 +196,8 @@ fn bind_image_root(dir: &Path) -> Step {
         None::<&str>,
     )
     .map_err(|e| {
-        fail(
-            "bind_image_root",
+        SetupError::errno(
+            Step::BindImageRoot,
             e,
             format!("binding the rootfs {} on {NEW_ROOT}", dir.display()),
         )
@@ -192,11 +205,10 @@ fn bind_image_root(dir: &Path) -> Step {
 }
 
 /// A prepared image cannot grow mount points: it is read-only, and it is the user's.
-fn check_mount_points(dir: &Path) -> Step {
+fn check_mount_points(dir: &Path) -> Done {
     for name in ["tmp", "work", "dev", "proc"] {
         if !at(name).is_dir() {
-            return Err(fail(
-                "check_mount_points",
+            return Err(SetupError::errno(Step::CheckMountPoints,
                 Errno::ENOENT,
                 format!(
                     "the rootfs {} has no /{name} directory to mount on; every image needs /dev, /proc, \
@@ -215,38 +227,39 @@ fn sized(size: u64) -> String {
     format!("size={size},nr_inodes={}", (size / 4096).max(1024))
 }
 
-fn mount_tmp(size: u64) -> Step {
+fn mount_tmp(size: u64) -> Done {
     tmpfs(
         at("tmp"),
         &format!("mode=1777,{}", sized(size)),
         MsFlags::empty(),
     )
-    .map_err(|e| fail("mount_tmp", e, "mounting the tmpfs on /tmp"))
+    .map_err(|e| SetupError::errno(Step::MountTmp, e, "mounting the tmpfs on /tmp"))
 }
 
-fn mount_work(size: u64) -> Step {
+fn mount_work(size: u64) -> Done {
     let uid = crate::spec::SANDBOX_UID;
     tmpfs(
         at("work"),
         &format!("mode=0755,uid={uid},gid={uid},{}", sized(size)),
         MsFlags::empty(),
     )
-    .map_err(|e| fail("mount_work", e, "mounting the tmpfs on /work"))
+    .map_err(|e| SetupError::errno(Step::MountWork, e, "mounting the tmpfs on /work"))
 }
 
 /// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks and
 /// a /dev/shm tmpfs; then made read-only.
-fn mount_dev(shm_size: u64) -> Step {
+fn mount_dev(shm_size: u64) -> Done {
     let dev = at("dev");
     tmpfs(&dev, "mode=0755,size=64k,nr_inodes=64", MsFlags::MS_NOEXEC)
-        .map_err(|e| fail("mount_dev", e, "mounting the tmpfs on /dev"))?;
+        .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev"))?;
     for node in DEV_NODES {
         let (src, dst) = (Path::new("/dev").join(node), dev.join(node));
         if !src.exists() {
             continue;
         }
-        fs::write(&dst, b"")
-            .map_err(|e| fail_io("mount_dev", &e, format!("creating {}", dst.display())))?;
+        fs::write(&dst, b"").map_err(|e| {
+            SetupError::io(Step::MountDev, &e, format!("creating {}", dst.display()))
+        })?;
         mount(
             Some(&src),
             &dst,
@@ -254,7 +267,7 @@ fn mount_dev(shm_size: u64) -> Step {
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .map_err(|e| fail("mount_dev", e, format!("binding {}", src.display())))?;
+        .map_err(|e| SetupError::errno(Step::MountDev, e, format!("binding {}", src.display())))?;
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -263,50 +276,57 @@ fn mount_dev(shm_size: u64) -> Step {
         ("stderr", "/proc/self/fd/2"),
     ] {
         symlink(target, dev.join(name))
-            .map_err(|e| fail_io("mount_dev", &e, format!("creating /dev/{name}")))?;
+            .map_err(|e| SetupError::io(Step::MountDev, &e, format!("creating /dev/{name}")))?;
     }
     let shm = dev.join("shm");
-    mkdir(&shm, 0o1777).map_err(|e| fail_io("mount_dev", &e, "creating /dev/shm"))?;
+    mkdir(&shm, 0o1777).map_err(|e| SetupError::io(Step::MountDev, &e, "creating /dev/shm"))?;
     tmpfs(
         &shm,
         &format!("mode=1777,{}", sized(shm_size)),
         MsFlags::empty(),
     )
-    .map_err(|e| fail("mount_dev", e, "mounting the tmpfs on /dev/shm"))?;
-    remount_readonly(&dev).map_err(|e| fail("mount_dev", e, "making /dev read-only"))
+    .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev/shm"))?;
+    remount_readonly(&dev)
+        .map_err(|e| SetupError::errno(Step::MountDev, e, "making /dev read-only"))
 }
 
-fn mount_proc() -> Step {
+fn mount_proc() -> Done {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(Some("proc"), &at("proc"), Some("proc"), flags, None::<&str>)
-        .map_err(|e| fail("mount_proc", e, "mounting a new proc on /proc"))
+        .map_err(|e| SetupError::errno(Step::MountProc, e, "mounting a new proc on /proc"))
 }
 
-fn protect_proc() -> Step {
+fn protect_proc() -> Done {
     for name in PROC_READONLY {
         let path = at("proc").join(name);
         if !path.exists() {
             continue;
         }
-        bind_readonly(&path, &path)
-            .map_err(|e| fail("protect_proc", e, format!("making /proc/{name} read-only")))?;
+        bind_readonly(&path, &path).map_err(|e| {
+            SetupError::errno(
+                Step::ProtectProc,
+                e,
+                format!("making /proc/{name} read-only"),
+            )
+        })?;
     }
     Ok(())
 }
 
-fn remount_root_readonly() -> Step {
+fn remount_root_readonly() -> Done {
     remount_readonly(Path::new(NEW_ROOT))
-        .map_err(|e| fail("remount_root_readonly", e, "making / read-only"))
+        .map_err(|e| SetupError::errno(Step::RemountRootReadonly, e, "making / read-only"))
 }
 
 /// pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the new root
 /// alone, with no put_old directory to clean up (pivot_root(2), "NOTES").
-fn enter_new_root() -> Step {
-    chdir(NEW_ROOT).map_err(|e| fail("enter_new_root", e, format!("chdir {NEW_ROOT}")))?;
-    pivot_root(".", ".").map_err(|e| fail("enter_new_root", e, "pivot_root"))?;
+fn enter_new_root() -> Done {
+    chdir(NEW_ROOT)
+        .map_err(|e| SetupError::errno(Step::EnterNewRoot, e, format!("chdir {NEW_ROOT}")))?;
+    pivot_root(".", ".").map_err(|e| SetupError::errno(Step::EnterNewRoot, e, "pivot_root"))?;
     umount2(".", MntFlags::MNT_DETACH)
-        .map_err(|e| fail("enter_new_root", e, "detaching the old root"))?;
-    chdir("/").map_err(|e| fail("enter_new_root", e, "chdir /"))
+        .map_err(|e| SetupError::errno(Step::EnterNewRoot, e, "detaching the old root"))?;
+    chdir("/").map_err(|e| SetupError::errno(Step::EnterNewRoot, e, "chdir /"))
 }
 
 fn tmpfs(target: impl AsRef<Path>, options: &str, extra: MsFlags) -> nix::Result<()> {
@@ -331,8 +351,8 @@ fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
     remount_readonly(dst)
 }
 
-/// Makes a mount read-only, nosuid, nodev. The first bind ignores these flags; a remount
-/// applies them (research pitfall 7). Flags the kernel locked when it copied the host's
+/// Makes a mount read-only, nosuid, nodev. The first bind ignores these flags; only a
+/// remount with MS_BIND|MS_REMOUNT applies them (mount(2)). Flags the kernel locked when it copied the host's
 /// mount into our user namespace must be kept, or the remount fails with EPERM
 /// (mount_namespaces(7), "locked mounts"); atime flags are preserved by a remount anyway.
 fn remount_readonly(path: &Path) -> nix::Result<()> {

@@ -24,9 +24,9 @@ use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::SigSet;
 use nix::unistd::{chdir, execve, setgroups, setresgid, setresuid, setsid, Gid, Uid};
 
+use super::landlock;
 use super::seccomp::Filters;
-use super::{fail, landlock};
-use crate::channel::{self, Report, SetupError};
+use crate::protocol::{self, FromSandbox, SetupError, Step};
 use crate::spec::{Spec, SANDBOX_PATH, SANDBOX_UID};
 
 /// The stack limit of the payload's processes (glibc sizes thread stacks from it).
@@ -42,24 +42,24 @@ pub fn exec(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> ! {
             std::process::exit(code)
         }
         Err(err) => {
-            let _ = channel::write_message(&mut &*channel, &Report::SetupFailed(err));
+            let _ = protocol::write_message(&mut &*channel, &FromSandbox::SetupFailed(err));
             std::process::exit(125);
         }
     }
 }
 
 fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Result<(), SetupError> {
-    reset_signals()?;
-    setsid().map_err(|e| fail("new_session", e, "setsid"))?;
+    unblock_signals()?;
+    setsid().map_err(|e| SetupError::errno(Step::NewSession, e, "setsid"))?;
     set_rlimits(spec)?;
     prefer_for_oom_kill()?;
     drop_bounding_and_inheritable_caps()?;
     drop_to_sandbox_user()?;
     check_no_capabilities()?;
     // (The umask, 022, is the init's, set before it forked us.)
-    chdir("/work").map_err(|e| fail("enter_workdir", e, "chdir /work"))?;
+    chdir("/work").map_err(|e| SetupError::errno(Step::EnterWorkdir, e, "chdir /work"))?;
     nix::sys::prctl::set_no_new_privs()
-        .map_err(|e| fail("set_no_new_privs", e, "PR_SET_NO_NEW_PRIVS"))?;
+        .map_err(|e| SetupError::errno(Step::SetNoNewPrivs, e, "PR_SET_NO_NEW_PRIVS"))?;
     let landlock = landlock::restrict(spec.landlock)?;
     mark_fds_cloexec()?;
     let mut skipped = landlock.skipped;
@@ -67,31 +67,36 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
         skipped.push("seccomp: turned off by the profile".into());
     }
     // The last message before the filter: it needs no syscall the filter might deny.
-    channel::mark(channel, channel::Phase::PayloadReady);
-    let report = Report::Hardened {
+    protocol::mark(channel, protocol::Phase::PayloadReady);
+    let report = FromSandbox::Hardened {
         landlock_abi: landlock.abi,
         skipped,
     };
-    channel::write_message(&mut &*channel, &report).map_err(|e| {
-        super::fail_io(
-            "report_hardening",
+    protocol::write_message(&mut &*channel, &report).map_err(|e| {
+        SetupError::io(
+            Step::ReportHardening,
             &e,
             "telling the launcher which layers are on",
         )
     })?;
     if let Some(filters) = filters {
-        super::seccomp::apply(filters)
-            .map_err(|e| fail("apply_seccomp", Errno::UnknownErrno, e))?;
+        super::seccomp::apply(filters).map_err(|(which, e)| {
+            SetupError::from_error(
+                Step::ApplySeccomp,
+                &e,
+                format!("installing the {which} filter"),
+            )
+        })?;
     }
     Ok(())
 }
 
 /// The init reset every disposition (Rust's ignored SIGPIPE, a caller's ignored SIGCHLD)
 /// before it forked us, and set none since; what remains is the mask it blocked.
-fn reset_signals() -> Result<(), SetupError> {
+fn unblock_signals() -> Result<(), SetupError> {
     SigSet::all()
         .thread_unblock()
-        .map_err(|e| fail("reset_signals", e, "sigprocmask"))
+        .map_err(|e| SetupError::errno(Step::UnblockSignals, e, "sigprocmask"))
 }
 
 /// No core dumps; `nofile` open files; no file larger than the largest tmpfs; 8 MiB stacks;
@@ -113,11 +118,11 @@ fn set_rlimits(spec: &Spec) -> Result<(), SetupError> {
         (Resource::RLIMIT_MEMLOCK, "RLIMIT_MEMLOCK", 8 << 20),
         (Resource::RLIMIT_RTPRIO, "RLIMIT_RTPRIO", 0),
     ] {
-        let (_, hard) =
-            nix::sys::resource::getrlimit(resource).map_err(|e| fail("set_rlimits", e, name))?;
+        let (_, hard) = nix::sys::resource::getrlimit(resource)
+            .map_err(|e| SetupError::errno(Step::SetRlimits, e, name))?;
         let value = value.min(hard);
         setrlimit(resource, value, value)
-            .map_err(|e| fail("set_rlimits", e, format!("{name} = {value}")))?;
+            .map_err(|e| SetupError::errno(Step::SetRlimits, e, format!("{name} = {value}")))?;
     }
     Ok(())
 }
@@ -127,8 +132,8 @@ fn set_rlimits(spec: &Spec) -> Result<(), SetupError> {
 /// would end the run without a word), and in a host-wide shortage the sandbox goes first.
 fn prefer_for_oom_kill() -> Result<(), SetupError> {
     std::fs::write("/proc/self/oom_score_adj", "1000").map_err(|e| {
-        super::fail_io(
-            "prefer_for_oom_kill",
+        SetupError::io(
+            Step::PreferForOomKill,
             &e,
             "writing /proc/self/oom_score_adj",
         )
@@ -137,10 +142,10 @@ fn prefer_for_oom_kill() -> Result<(), SetupError> {
 
 fn drop_bounding_and_inheritable_caps() -> Result<(), SetupError> {
     let caps_err = |set: &str, e: caps::errors::CapsError| {
-        fail(
-            "drop_capabilities",
-            Errno::EPERM,
-            format!("clearing the {set} set: {e}"),
+        SetupError::from_error(
+            Step::DropCapabilities,
+            &e,
+            format!("clearing the {set} set"),
         )
     };
     caps::clear(None, CapSet::Bounding).map_err(|e| caps_err("bounding", e))?;
@@ -151,11 +156,11 @@ fn drop_bounding_and_inheritable_caps() -> Result<(), SetupError> {
 /// setgroups first (it needs the privilege the uid change drops), then gid, then uid.
 fn drop_to_sandbox_user() -> Result<(), SetupError> {
     let (uid, gid) = (Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_UID));
-    setgroups(&[]).map_err(|e| fail("drop_to_sandbox_user", e, "setgroups([])"))?;
+    setgroups(&[]).map_err(|e| SetupError::errno(Step::DropToSandboxUser, e, "setgroups([])"))?;
     setresgid(gid, gid, gid)
-        .map_err(|e| fail("drop_to_sandbox_user", e, format!("setresgid({gid})")))?;
+        .map_err(|e| SetupError::errno(Step::DropToSandboxUser, e, format!("setresgid({gid})")))?;
     setresuid(uid, uid, uid)
-        .map_err(|e| fail("drop_to_sandbox_user", e, format!("setresuid({uid})")))
+        .map_err(|e| SetupError::errno(Step::DropToSandboxUser, e, format!("setresuid({uid})")))
 }
 
 /// The uid change cleared permitted, effective and ambient (capabilities(7)); clear them
@@ -171,12 +176,16 @@ fn check_no_capabilities() -> Result<(), SetupError> {
         if !matches!(set, CapSet::Bounding) {
             let _ = caps::clear(None, set);
         }
-        let left = caps::read(None, set)
-            .map_err(|e| fail("check_no_capabilities", Errno::EPERM, e.to_string()))?;
+        let left = caps::read(None, set).map_err(|e| {
+            SetupError::from_error(
+                Step::CheckNoCapabilities,
+                &e,
+                format!("reading the {set:?} set"),
+            )
+        })?;
         if !left.is_empty() {
-            return Err(fail(
-                "check_no_capabilities",
-                Errno::EPERM,
+            return Err(SetupError::refused(
+                Step::CheckNoCapabilities,
                 format!("{set:?} still holds {left:?}"),
             ));
         }
@@ -187,8 +196,8 @@ fn check_no_capabilities() -> Result<(), SetupError> {
 /// The payload has only 0, 1, 2 open by construction; this keeps it so should that change.
 fn mark_fds_cloexec() -> Result<(), SetupError> {
     crate::sys::cloexec_from(3, -1).map_err(|e| {
-        fail(
-            "mark_fds_cloexec",
+        SetupError::errno(
+            Step::MarkFdsCloexec,
             Errno::from_raw(e),
             "close_range(3, ~0, CLOEXEC)",
         )

@@ -73,11 +73,11 @@ fn compile_policy(json: &str, arch: TargetArch) -> Result<Filters, String> {
     })
 }
 
-/// Installs the filters on the calling thread (and sets no_new_privs).
-pub fn apply(filters: &Filters) -> Result<(), String> {
-    seccompiler::apply_filter(&filters.allow)
-        .map_err(|e| format!("installing the allow filter: {e}"))?;
-    seccompiler::apply_filter(&filters.deny).map_err(|e| format!("installing the deny filter: {e}"))
+/// Installs the filters on the calling thread (and sets no_new_privs). On failure: which
+/// filter, and seccompiler's error.
+pub fn apply(filters: &Filters) -> Result<(), (&'static str, seccompiler::Error)> {
+    seccompiler::apply_filter(&filters.allow).map_err(|e| ("allow", e))?;
+    seccompiler::apply_filter(&filters.deny).map_err(|e| ("deny", e))
 }
 
 #[cfg(test)]

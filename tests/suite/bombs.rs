@@ -335,7 +335,7 @@ fn bad_limit_values_are_refused() {
         ("--memory", "12Q", "256M"),
         ("--cpus", "-1", "0.5"),
         ("--pids", "0", "64"),
-        ("--memory", "1M", "at least"),
+        ("--memory", "1M", "from 8M"),
     ] {
         let out = codecage_run()
             .args([flag, value, "--", "true"])

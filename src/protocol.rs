@@ -1,0 +1,525 @@
+//! The launcher <-> sandbox protocol, in one module both sides import: the fd the channel
+//! sits on, the frames, the setup steps, and the messages.
+//!
+//! The channel is a CLOEXEC stream socketpair whose sandbox end is fd [`CHANNEL_FD`] of the
+//! init. Frames, in order:
+//! - launcher -> sandbox: the byte [`GO`] once the id maps are written (read by the raw child
+//!   before it execs the init), then one [`TAG_MESSAGE`] frame holding the `Spec`.
+//! - sandbox -> launcher: either a 6-byte [`TAG_RAW_ERROR`] frame from the raw child (it
+//!   cannot allocate, so it sends a [`Step`] number and the errno), or [`TAG_MESSAGE`]
+//!   frames holding a [`FromSandbox`] as JSON behind a little-endian u32 length.
+//!
+//! The launcher treats every byte from the sandbox as untrusted: frames are capped at
+//! [`MAX_FRAME`], and a frame that does not decode is a protocol error, never a panic.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::os::fd::RawFd;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The fd number of the channel in the init.
+pub const CHANNEL_FD: RawFd = 3;
+/// The hidden subcommand that turns the codecage binary into a sandbox init.
+pub const INIT_ARG: &str = "__sandbox-init";
+/// [`INIT_ARG`] for the raw child's execveat, which cannot allocate.
+pub const INIT_ARG_C: &CStr = c"__sandbox-init";
+
+/// The "go" byte: maps are written; become root in the sandbox and exec the init.
+pub const GO: u8 = b'G';
+/// A raw error from the child before it exec'd the init: step number (u8), errno (i32 LE).
+pub const TAG_RAW_ERROR: u8 = b'E';
+/// A length-prefixed JSON message.
+pub const TAG_MESSAGE: u8 = b'M';
+/// The largest message body either side accepts.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Declares the setup steps once: the enum, each step's name (what errors report, the
+/// function that performs it) and what it does.
+macro_rules! steps {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal: $detail:literal,)*) => {
+        /// A step of the sandbox's setup, in the order they run: the raw child's first (their
+        /// numbers go over the wire as one byte), then the init's, then the payload's.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Step {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Step {
+            /// Every step, in order.
+            pub const ALL: &'static [Step] = &[$(Step::$variant,)*];
+
+            /// The step's name: the function that performs it.
+            pub fn name(self) -> &'static str {
+                match self { $(Step::$variant => $name,)* }
+            }
+
+            /// What the step does, for messages.
+            pub fn detail(self) -> &'static str {
+                match self { $(Step::$variant => $detail,)* }
+            }
+        }
+    };
+}
+
+steps! {
+    // The raw child, between clone3 and the exec of the init (numbered on the wire).
+    WaitForGo = "wait_for_go": "waiting for the launcher to write the id maps",
+    EnterSandboxIds = "enter_sandbox_ids": "switching to the sandbox's root user (setresgid/setresuid 0)",
+    JoinCgroups = "join_cgroups": "moving into the run's v1 cgroups (writing 0 to their tasks files)",
+    SetParentDeathSignal = "set_parent_death_signal": "setting PR_SET_PDEATHSIG",
+    AttachStdio = "attach_stdio": "attaching stdin, stdout, stderr and the channel",
+    CloseInheritedFds = "close_inherited_fds": "marking inherited fds close-on-exec",
+    ExecInit = "exec_init": "executing the sandbox init (the codecage binary)",
+    // The init, pid 1 of the sandbox.
+    ResetSignalDispositions = "reset_signal_dispositions": "setting every signal back to its default action",
+    LeaveSession = "leave_session": "leaving the launcher's session (setsid)",
+    DieWithLauncher = "die_with_launcher": "asking for SIGKILL when the launcher dies",
+    ReceiveSpec = "receive_spec": "reading the Spec from the launcher",
+    EnterCgroupNamespace = "enter_cgroup_namespace": "creating the cgroup namespace",
+    StopMountPropagation = "stop_mount_propagation": "making / a recursive slave mount",
+    MountRootTmpfs = "mount_root_tmpfs": "mounting the tmpfs the new root is assembled on",
+    BindHostDirs = "bind_host_dirs": "binding the host's /usr, /bin and /lib* read-only",
+    WriteEtc = "write_etc": "writing the sandbox's /etc",
+    MakeMountPoints = "make_mount_points": "creating /tmp, /work, /dev and /proc",
+    BindImageRoot = "bind_image_root": "binding the image directory as the new root",
+    CheckMountPoints = "check_mount_points": "checking the image has /dev, /proc, /tmp and /work",
+    MountTmp = "mount_tmp": "mounting the tmpfs on /tmp",
+    MountWork = "mount_work": "mounting the tmpfs on /work",
+    MountDev = "mount_dev": "building the minimal /dev",
+    MountProc = "mount_proc": "mounting a new proc on /proc",
+    ProtectProc = "protect_proc": "making kernel knobs in /proc read-only",
+    RemountRootReadonly = "remount_root_readonly": "making / read-only",
+    EnterNewRoot = "enter_new_root": "pivot_root into the new root and detaching the old one",
+    WriteWorkFiles = "write_work_files": "writing the code file into /work",
+    SetHostname = "set_hostname": "setting the host name",
+    BringUpLoopback = "bring_up_loopback": "setting lo up in the new network namespace",
+    MakeInitUndumpable = "make_init_undumpable": "PR_SET_DUMPABLE 0 for the init",
+    BlockInitSignals = "block_init_signals": "blocking the init's signals (taken with sigwait)",
+    CompileSeccomp = "compile_seccomp": "decoding the seccomp filters",
+    ForkPayload = "fork_payload": "forking the payload",
+    // The payload's last mile, in the child the init forked.
+    UnblockSignals = "unblock_signals": "unblocking the signals the init blocked",
+    NewSession = "new_session": "giving the payload a session of its own (setsid)",
+    SetRlimits = "set_rlimits": "setting the resource limits",
+    PreferForOomKill = "prefer_for_oom_kill": "writing oom_score_adj 1000",
+    DropCapabilities = "drop_capabilities": "clearing the bounding, inheritable and ambient capability sets",
+    DropToSandboxUser = "drop_to_sandbox_user": "switching to the sandbox user",
+    CheckNoCapabilities = "check_no_capabilities": "checking every capability set is empty",
+    EnterWorkdir = "enter_workdir": "changing to /work",
+    SetNoNewPrivs = "set_no_new_privs": "PR_SET_NO_NEW_PRIVS",
+    RestrictWithLandlock = "restrict_with_landlock": "applying the landlock rules",
+    MarkFdsCloexec = "mark_fds_cloexec": "marking fds above 2 close-on-exec",
+    ReportHardening = "report_hardening": "telling the launcher which layers are on",
+    ApplySeccomp = "apply_seccomp": "installing the seccomp filters",
+}
+
+impl Step {
+    /// The raw child's steps are numbered on the wire by their position.
+    pub const RAW: &'static [Step] = &[
+        Step::WaitForGo,
+        Step::EnterSandboxIds,
+        Step::JoinCgroups,
+        Step::SetParentDeathSignal,
+        Step::AttachStdio,
+        Step::CloseInheritedFds,
+        Step::ExecInit,
+    ];
+
+    /// The step's number in the raw child's error frame.
+    pub const fn raw_number(self) -> u8 {
+        self as u8
+    }
+
+    fn from_name(name: &str) -> Option<Step> {
+        Step::ALL.iter().copied().find(|s| s.name() == name)
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Step {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Step, D::Error> {
+        let name = String::deserialize(d)?;
+        Step::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown setup step {name:?}")))
+    }
+}
+
+/// The frame the raw child sends when `step` failed with `errno`.
+pub const fn raw_error_frame(step: Step, errno: i32) -> [u8; 6] {
+    let e = errno.to_le_bytes();
+    [TAG_RAW_ERROR, step.raw_number(), e[0], e[1], e[2], e[3]]
+}
+
+/// A sandbox setup step that failed: the step, the errno the kernel returned (if the failure
+/// was a system call), what the step was doing (its paths), and the failing layer's own
+/// message when it is not an errno (a crate's error).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetupError {
+    pub step: Step,
+    pub errno: Option<i32>,
+    pub context: String,
+    pub cause: Option<String>,
+}
+
+impl SetupError {
+    /// A failed system call.
+    pub fn errno(step: Step, errno: nix::errno::Errno, context: impl fmt::Display) -> SetupError {
+        SetupError {
+            step,
+            errno: Some(errno as i32),
+            context: context.to_string(),
+            cause: None,
+        }
+    }
+
+    /// An io::Error: its errno when it has one, else its message.
+    pub fn io(step: Step, err: &io::Error, context: impl fmt::Display) -> SetupError {
+        SetupError {
+            step,
+            errno: err.raw_os_error(),
+            context: context.to_string(),
+            cause: err.raw_os_error().is_none().then(|| err.to_string()),
+        }
+    }
+
+    /// A crate's error: its message, and the errno of the first io::Error in its chain.
+    pub fn from_error(
+        step: Step,
+        err: &(dyn std::error::Error + 'static),
+        context: impl fmt::Display,
+    ) -> SetupError {
+        let mut errno = None;
+        let mut source = Some(err);
+        while let Some(e) = source {
+            if let Some(io) = e.downcast_ref::<io::Error>() {
+                errno = io.raw_os_error();
+                break;
+            }
+            source = e.source();
+        }
+        SetupError {
+            step,
+            errno,
+            context: context.to_string(),
+            cause: Some(err.to_string()),
+        }
+    }
+
+    /// A failure that is not a system call's (a check that found something wrong).
+    pub fn refused(step: Step, context: impl fmt::Display) -> SetupError {
+        SetupError {
+            step,
+            errno: None,
+            context: context.to_string(),
+            cause: None,
+        }
+    }
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sandbox setup failed at step {}: {}",
+            self.step, self.context
+        )?;
+        if let Some(cause) = &self.cause {
+            write!(f, ": {cause}")?;
+        }
+        if let Some(errno) = self.errno {
+            let errno = nix::errno::Errno::from_raw(errno);
+            write!(f, ": {errno} ({})", errno.desc())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+/// What the sandbox tells the launcher.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromSandbox {
+    /// A setup step failed; the payload never ran.
+    SetupFailed(SetupError),
+    /// A point of the sandbox's setup was reached, at this CLOCK_MONOTONIC time: the
+    /// launcher turns these into `Outcome.phases`.
+    Mark { phase: Phase, at_ns: u64 },
+    /// The payload's hardening is in place and it is about to exec: which landlock ABI the
+    /// kernel has, and what a best-effort layer could not enforce.
+    Hardened {
+        landlock_abi: Option<u32>,
+        skipped: Vec<String>,
+    },
+    /// The payload ended: with an exit status, or by a signal.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+}
+
+/// The points the sandbox reports the time of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The init's main began (after the exec).
+    InitStarted,
+    /// Namespaces, mounts, pivot_root, host name and loopback are done.
+    SandboxBuilt,
+    /// The payload is hardened and about to exec.
+    PayloadReady,
+    /// The init reaped the payload.
+    PayloadExited,
+}
+
+/// Reports a phase mark; a launcher that is gone is not an error here.
+pub fn mark(channel: &std::os::unix::net::UnixStream, phase: Phase) {
+    let _ = write_message(
+        &mut &*channel,
+        &FromSandbox::Mark {
+            phase,
+            at_ns: crate::sys::monotonic_ns(),
+        },
+    );
+}
+
+/// Writes one length-prefixed JSON message.
+pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    let body = serde_json::to_vec(msg)?;
+    if body.len() > MAX_FRAME {
+        return Err(io::Error::other(format!(
+            "message of {} bytes is over the protocol's {MAX_FRAME}",
+            body.len()
+        )));
+    }
+    let mut frame = Vec::with_capacity(body.len() + 5);
+    frame.push(TAG_MESSAGE);
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame)
+}
+
+/// Reads one length-prefixed JSON message, blocking.
+pub fn read_message<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<T> {
+    let mut head = [0u8; 5];
+    r.read_exact(&mut head)?;
+    let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidData, msg);
+    if head[0] != TAG_MESSAGE {
+        return Err(invalid(format!("unexpected frame tag {:#x}", head[0])));
+    }
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(invalid(format!(
+            "a frame of {len} bytes is over {MAX_FRAME}"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map_err(|e| invalid(e.to_string()))
+}
+
+/// Reassembles the sandbox's frames from the bytes the launcher reads as they arrive.
+#[derive(Default)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+    broken: bool,
+}
+
+impl FrameReader {
+    /// Appends bytes read from the channel. After a protocol error nothing more is kept.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if !self.broken {
+            self.buf.extend_from_slice(bytes);
+        }
+    }
+
+    /// The next complete message, if one has arrived. A raw error frame becomes a
+    /// `SetupFailed` naming the raw step. After an error the reader stays broken: what
+    /// follows a bad frame cannot be trusted to be framed.
+    pub fn next_message(&mut self) -> Option<Result<FromSandbox, String>> {
+        if self.broken {
+            return None;
+        }
+        let result = self.decode()?;
+        if result.is_err() {
+            self.broken = true;
+            self.buf = Vec::new();
+        }
+        Some(result)
+    }
+
+    fn decode(&mut self) -> Option<Result<FromSandbox, String>> {
+        match *self.buf.first()? {
+            TAG_RAW_ERROR if self.buf.len() >= 6 => {
+                let number = self.buf[1];
+                let errno =
+                    i32::from_le_bytes([self.buf[2], self.buf[3], self.buf[4], self.buf[5]]);
+                self.buf.drain(..6);
+                let Some(&step) = Step::RAW.get(usize::from(number)) else {
+                    return Some(Err(format!(
+                        "raw error frame names step {number}, which does not exist"
+                    )));
+                };
+                Some(Ok(FromSandbox::SetupFailed(SetupError {
+                    step,
+                    errno: Some(errno),
+                    context: step.detail().into(),
+                    cause: None,
+                })))
+            }
+            TAG_MESSAGE if self.buf.len() >= 5 => {
+                let len = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
+                if len > MAX_FRAME {
+                    return Some(Err(format!(
+                        "the sandbox sent a frame of {len} bytes, over the protocol's {MAX_FRAME}"
+                    )));
+                }
+                if self.buf.len() < 5 + len {
+                    return None;
+                }
+                let message = serde_json::from_slice(&self.buf[5..5 + len])
+                    .map_err(|e| format!("the sandbox sent a message that does not decode: {e}"));
+                self.buf.drain(..5 + len);
+                Some(message)
+            }
+            TAG_RAW_ERROR | TAG_MESSAGE => None,
+            other => Some(Err(format!(
+                "unexpected frame tag {other:#x} from the sandbox"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_reassemble_across_partial_reads() {
+        let mut wire = Vec::new();
+        write_message(
+            &mut wire,
+            &FromSandbox::Exited {
+                code: Some(3),
+                signal: None,
+            },
+        )
+        .unwrap();
+        wire.extend_from_slice(&raw_error_frame(Step::ExecInit, libc::ENOENT));
+        let mut reader = FrameReader::default();
+        let mut messages = Vec::new();
+        for byte in wire {
+            reader.feed(&[byte]);
+            while let Some(r) = reader.next_message() {
+                messages.push(r.unwrap());
+            }
+        }
+        assert_eq!(
+            messages[0],
+            FromSandbox::Exited {
+                code: Some(3),
+                signal: None
+            }
+        );
+        let FromSandbox::SetupFailed(err) = &messages[1] else {
+            panic!("{messages:?}")
+        };
+        assert_eq!(err.step, Step::ExecInit);
+        assert_eq!(err.errno, Some(libc::ENOENT));
+        assert!(
+            err.to_string().contains("exec_init") && err.to_string().contains("ENOENT"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_hang_and_nothing_after_it_is_trusted() {
+        let mut reader = FrameReader::default();
+        reader.feed(b"xyz");
+        assert!(reader.next_message().unwrap().is_err());
+        let mut wire = Vec::new();
+        write_message(
+            &mut wire,
+            &FromSandbox::Exited {
+                code: Some(0),
+                signal: None,
+            },
+        )
+        .unwrap();
+        reader.feed(&wire);
+        assert!(reader.next_message().is_none());
+    }
+
+    #[test]
+    fn oversized_frames_and_unknown_steps_are_refused() {
+        let mut reader = FrameReader::default();
+        let mut frame = vec![TAG_MESSAGE];
+        frame.extend_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
+        reader.feed(&frame);
+        assert!(reader.next_message().unwrap().unwrap_err().contains("over"));
+        let mut reader = FrameReader::default();
+        reader.feed(&[TAG_RAW_ERROR, 200, 1, 0, 0, 0]);
+        assert!(reader.next_message().unwrap().unwrap_err().contains("200"));
+        let bad = br#"{"SetupFailed":{"step":"rm_rf","errno":1,"context":"","cause":null}}"#;
+        let mut reader = FrameReader::default();
+        let mut frame = vec![TAG_MESSAGE];
+        frame.extend_from_slice(&(bad.len() as u32).to_le_bytes());
+        frame.extend_from_slice(bad);
+        reader.feed(&frame);
+        assert!(reader
+            .next_message()
+            .unwrap()
+            .unwrap_err()
+            .contains("rm_rf"));
+    }
+
+    #[test]
+    fn steps_have_unique_names_and_raw_numbers_are_their_positions() {
+        let mut names = std::collections::BTreeSet::new();
+        for step in Step::ALL {
+            assert!(names.insert(step.name()), "{step} twice");
+            assert!(!step.detail().is_empty());
+        }
+        for (i, step) in Step::RAW.iter().enumerate() {
+            assert_eq!(usize::from(step.raw_number()), i);
+        }
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let mut wire = Vec::new();
+        let msg = FromSandbox::SetupFailed(SetupError::errno(
+            Step::MountProc,
+            nix::errno::Errno::EPERM,
+            "d",
+        ));
+        write_message(&mut wire, &msg).unwrap();
+        let back: FromSandbox = read_message(&mut wire.as_slice()).unwrap();
+        assert_eq!(back, msg);
+    }
+
+    #[test]
+    fn a_crate_error_carries_the_errno_of_its_io_source() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("wrapped")]
+        struct Wrapped(#[source] io::Error);
+        let e = Wrapped(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        let s = SetupError::from_error(Step::RestrictWithLandlock, &e, "ctx");
+        assert_eq!(s.errno, Some(libc::EOPNOTSUPP));
+        assert_eq!(s.cause.as_deref(), Some("wrapped"));
+    }
+}
