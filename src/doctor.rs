@@ -155,7 +155,7 @@ fn cgroup_checks(layout: &Layout) -> Vec<Check> {
         detail: layout.to_string(),
     }];
     // The real test: create a run cgroup with limits, then remove it.
-    let created = RunCgroup::create(layout, &Limits::default());
+    let created = RunCgroup::create(layout, &Limits::default(), false);
     let (ok, why) = match created {
         Ok(run) => match run.remove() {
             Ok(()) => (true, String::new()),

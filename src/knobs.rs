@@ -152,7 +152,7 @@ pub const KNOBS: &[Definition] = &[
         min: 1,
         max: MAX_PIDS,
         range_reason: "from 1 to 4194304 (the kernel's largest pids.max)",
-        help: "Processes and threads the code may have at once",
+        help: "Processes and threads the code may have at once (the sandbox's init comes on top)",
     },
     Definition {
         knob: Knob::OutputLimit,

@@ -63,6 +63,9 @@ pub struct Outcome {
     pub peak_memory_bytes: Option<u64>,
     /// A fork or thread creation failed because the sandbox reached its process limit.
     pub pids_limit_hit: bool,
+    /// Processes of the sandbox the kernel's OOM killer killed. The run's `error` is `oom`
+    /// only when that is what ended it.
+    pub oom_kills: u64,
     /// The kernel's landlock ABI the payload was restricted with.
     pub landlock_abi: Option<u32>,
     /// Hardening a best-effort profile could not apply on this host.

@@ -97,6 +97,10 @@ pub struct RunCgroup {
     /// v1 directories, one per distinct hierarchy, with the controllers each serves.
     v1: Vec<(Vec<Controller>, PathBuf)>,
     limits: Limits,
+    /// In best-effort mode a controller that cannot be set up is skipped, alone.
+    best_effort: bool,
+    /// What a best-effort run goes without, one line per controller.
+    skipped: Vec<String>,
     removed: bool,
 }
 
@@ -145,8 +149,14 @@ fn process_start_time(pid: u32) -> Option<u64> {
 
 impl RunCgroup {
     /// Creates this run's cgroups with `limits` on `layout`. Fails closed: a missing
-    /// controller is an error naming it.
-    pub fn create(layout: &Layout, limits: &Limits) -> Result<RunCgroup, CgroupError> {
+    /// controller or a limit the kernel refuses is an error naming it, unless
+    /// `best_effort`, where that controller alone is skipped and listed in
+    /// [`RunCgroup::skipped`].
+    pub fn create(
+        layout: &Layout,
+        limits: &Limits,
+        best_effort: bool,
+    ) -> Result<RunCgroup, CgroupError> {
         sweep_leftovers_once(layout);
         let name = run_name();
         let mut run = RunCgroup {
@@ -154,13 +164,15 @@ impl RunCgroup {
             v2: false,
             v1: Vec::new(),
             limits: *limits,
+            best_effort,
+            skipped: Vec::new(),
             removed: false,
         };
         match layout {
             Layout::V2 { root } => {
                 let mut attempts = 0;
                 let dir = loop {
-                    let dir = v2_parent(root)?.join(&name);
+                    let dir = v2_parent(root, &mut run)?.join(&name);
                     match mkdir_755(&dir) {
                         // The parent went away with a concurrent run: make it again.
                         Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 8 => attempts += 1,
@@ -170,7 +182,7 @@ impl RunCgroup {
                 };
                 run.open_unified(dir)?;
                 run.v2 = true;
-                run.write_v2_limits()?;
+                run.write_v2_limits(layout)?;
             }
             Layout::V1 { .. } => run.make_v1(layout, &name)?,
             Layout::Hybrid { unified, .. } => {
@@ -212,10 +224,33 @@ impl RunCgroup {
         }
     }
 
+    /// What a best-effort run goes without (empty in required mode).
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
+    }
+
+    /// A controller's setup step: in best-effort mode a failure skips that controller
+    /// only, and is listed; otherwise it is the error.
+    fn or_skip(
+        &mut self,
+        controller: &str,
+        result: Result<(), CgroupError>,
+    ) -> Result<(), CgroupError> {
+        match result {
+            Err(e) if self.best_effort => {
+                self.skipped.push(format!("cgroup {controller} limit: {e}"));
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     fn make_v1(&mut self, layout: &Layout, name: &str) -> Result<(), CgroupError> {
         for controller in Controller::ALL {
             let Some(mount) = layout.v1(controller) else {
-                return Err(missing_controller(layout, controller));
+                let missing = Err(missing_controller(layout, controller));
+                self.or_skip(controller.name(), missing)?;
+                continue;
             };
             if let Some((served, _)) = self.v1.iter_mut().find(|(_, dir)| dir.starts_with(mount)) {
                 served.push(controller);
@@ -235,43 +270,87 @@ impl RunCgroup {
             .map(|(_, dir)| dir.as_path())
     }
 
-    fn write_v2_limits(&self) -> Result<(), CgroupError> {
+    fn write_v2_limits(&mut self, layout: &Layout) -> Result<(), CgroupError> {
         let Some((dir, _)) = &self.unified else {
             return Ok(());
         };
-        let l = &self.limits;
-        write(&dir.join("memory.max"), &l.memory.to_string())?;
-        // No swap beyond the memory limit. Absent when the kernel has no swap support.
-        let swap = dir.join("memory.swap.max");
-        if swap.exists() {
-            write(&swap, "0")?;
-        }
-        write(
-            &dir.join("cpu.max"),
-            &format!("{} {CPU_PERIOD_US}", l.cpu_quota_us),
-        )?;
-        write(&dir.join("pids.max"), &l.pids.to_string())
+        let (dir, l) = (dir.clone(), self.limits);
+        let available = match layout {
+            Layout::V2 { root } => {
+                read(&root.join(PARENT).join("cgroup.subtree_control")).unwrap_or_default()
+            }
+            _ => String::new(),
+        };
+        let has = |c: &str| available.split_whitespace().any(|a| a == c);
+        // No swap beyond the memory limit (memory.swap.max is absent without swap support).
+        // Socket buffers are charged to memory.current on v2 without further setup.
+        let memory = if has("memory") {
+            write(&dir.join("memory.max"), &l.memory.to_string()).and_then(|()| {
+                let swap = dir.join("memory.swap.max");
+                if swap.exists() {
+                    write(&swap, "0")
+                } else {
+                    Ok(())
+                }
+            })
+        } else {
+            Err(unavailable_v2(&dir, "memory"))
+        };
+        self.or_skip("memory", memory)?;
+        let cpu = if has("cpu") {
+            write(
+                &dir.join("cpu.max"),
+                &format!("{} {CPU_PERIOD_US}", l.cpu_quota_us),
+            )
+        } else {
+            Err(unavailable_v2(&dir, "cpu"))
+        };
+        self.or_skip("cpu", cpu)?;
+        let pids = if has("pids") {
+            write(&dir.join("pids.max"), &pids_max(&l))
+        } else {
+            Err(unavailable_v2(&dir, "pids"))
+        };
+        self.or_skip("pids", pids)
     }
 
-    fn write_v1_limits(&self) -> Result<(), CgroupError> {
-        let l = &self.limits;
-        if let Some(dir) = self.v1_dir(Controller::Memory) {
-            write(&dir.join("memory.limit_in_bytes"), &l.memory.to_string())?;
-            // memory+swap, after the memory limit (it may not be below it). Without swap
-            // accounting, swappiness 0 keeps the sandbox out of swap instead.
-            let memsw = dir.join("memory.memsw.limit_in_bytes");
-            if memsw.exists() {
-                write(&memsw, &l.memory.to_string())?;
-            } else {
-                let _ = write(&dir.join("memory.swappiness"), "0");
-            }
+    fn write_v1_limits(&mut self) -> Result<(), CgroupError> {
+        let l = self.limits;
+        if let Some(dir) = self.v1_dir(Controller::Memory).map(Path::to_path_buf) {
+            let memory = write(&dir.join("memory.limit_in_bytes"), &l.memory.to_string())
+                .and_then(|()| {
+                    // memory+swap, after the memory limit (it may not be below it). Without
+                    // swap accounting, swappiness 0 keeps the sandbox out of swap instead.
+                    let memsw = dir.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        write(&memsw, &l.memory.to_string())
+                    } else {
+                        let _ = write(&dir.join("memory.swappiness"), "0");
+                        Ok(())
+                    }
+                })
+                .and_then(|()| {
+                    // v1 charges TCP and UDP socket buffers to no cgroup unless this limit is
+                    // set: a sandbox could pin gigabytes of host memory in socket queues.
+                    // Setting it turns the accounting on for every socket created after; the
+                    // buffers are then capped at the memory limit (a counter of their own).
+                    let tcp = dir.join("memory.kmem.tcp.limit_in_bytes");
+                    if tcp.exists() {
+                        write(&tcp, &l.memory.to_string())
+                    } else {
+                        Ok(())
+                    }
+                });
+            self.or_skip("memory", memory)?;
         }
-        if let Some(dir) = self.v1_dir(Controller::Cpu) {
-            write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-            write(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?;
+        if let Some(dir) = self.v1_dir(Controller::Cpu).map(Path::to_path_buf) {
+            let cpu = write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())
+                .and_then(|()| write(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string()));
+            self.or_skip("cpu", cpu)?;
         }
-        if let Some(dir) = self.v1_dir(Controller::Pids) {
-            write(&dir.join("pids.max"), &l.pids.to_string())?;
+        if let Some(dir) = self.v1_dir(Controller::Pids).map(Path::to_path_buf) {
+            let pids = write(&dir.join("pids.max"), &pids_max(&l));
+            self.or_skip("pids", pids)?;
         }
         Ok(())
     }
@@ -453,15 +532,13 @@ fn missing_controller(layout: &Layout, controller: Controller) -> CgroupError {
 /// The v2 parent `<root>/codecage`, with the memory, cpu and pids controllers enabled for
 /// its children. The root is exempt from the no-internal-process rule; `codecage` itself
 /// never holds a process, so enabling controllers in it cannot meet EBUSY.
-fn v2_parent(root: &Path) -> Result<PathBuf, CgroupError> {
-    let wanted = ["memory", "cpu", "pids"];
+fn v2_parent(root: &Path, run: &mut RunCgroup) -> Result<PathBuf, CgroupError> {
     let available = read(&root.join("cgroup.controllers")).unwrap_or_default();
-    let missing: Vec<&str> = wanted
-        .iter()
-        .copied()
-        .filter(|c| !available.split_whitespace().any(|a| a == *c))
-        .collect();
-    if !missing.is_empty() {
+    let (wanted, missing): (Vec<&str>, Vec<&str>) = ["memory", "cpu", "pids"]
+        .into_iter()
+        .partition(|c| available.split_whitespace().any(|a| a == *c));
+    // A best-effort run goes on with what there is; write_v2_limits lists the rest.
+    if !missing.is_empty() && !run.best_effort {
         return Err(CgroupError {
             op: "checking controllers in",
             path: root.join("cgroup.controllers"),
@@ -489,6 +566,20 @@ fn v2_parent(root: &Path) -> Result<PathBuf, CgroupError> {
         &parent,
         io::Error::from(io::ErrorKind::NotFound),
     ))
+}
+
+/// `pids.max` for a run: the payload's processes and threads, plus the sandbox's init.
+fn pids_max(limits: &Limits) -> String {
+    (limits.pids + 1).to_string()
+}
+
+fn unavailable_v2(dir: &Path, controller: &str) -> CgroupError {
+    CgroupError {
+        op: "enabling the controller for",
+        path: dir.to_path_buf(),
+        source: io::Error::from(io::ErrorKind::Unsupported),
+        hint: format!("; the {controller} controller is not available in this cgroup"),
+    }
 }
 
 /// Enables controllers for the children of `dir`, checking each write (cgroups-rs does
@@ -679,7 +770,7 @@ mod tests {
             cpu_quota_us: 25_000,
             pids: 7,
         };
-        let run = RunCgroup::create(&v1, &limits).unwrap();
+        let run = RunCgroup::create(&v1, &limits, false).unwrap();
         assert!(
             run.clone_target().is_none(),
             "pure v1 has no unified directory to clone into"
@@ -700,7 +791,7 @@ mod tests {
         };
         assert_eq!(read("memory.limit_in_bytes"), (48u64 << 20).to_string());
         assert_eq!(read("cpu.cfs_quota_us"), "25000");
-        assert_eq!(read("pids.max"), "7");
+        assert_eq!(read("pids.max"), "8", "the payload's 7 and the init");
         run.remove().unwrap();
         for t in &tasks {
             assert!(

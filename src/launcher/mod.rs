@@ -61,13 +61,17 @@ pub fn run_with(
         outcome.duration = start.elapsed();
         outcome
     };
-    let mut skipped = None;
+    let mut skipped = Vec::new();
     let cgroup = match (&spec.limits, spec.cgroup) {
-        (Some(limits), LayerMode::Required | LayerMode::BestEffort) => {
-            match RunCgroup::create(cgroup::layout(), limits) {
-                Ok(cgroup) => Some(cgroup),
-                Err(e) if spec.cgroup == LayerMode::BestEffort => {
-                    skipped = Some(format!("cgroup limits: {e}"));
+        (Some(limits), mode @ (LayerMode::Required | LayerMode::BestEffort)) => {
+            let best_effort = mode == LayerMode::BestEffort;
+            match RunCgroup::create(cgroup::layout(), limits, best_effort) {
+                Ok(cgroup) => {
+                    skipped.extend(cgroup.skipped().iter().cloned());
+                    Some(cgroup)
+                }
+                Err(e) if best_effort => {
+                    skipped.push(format!("cgroup limits: {e}"));
                     None
                 }
                 Err(e) => return failed(e.to_string()),
@@ -83,13 +87,17 @@ pub fn run_with(
     let go_ns = sandbox.go_ns;
     let (mut outcome, timeline) = supervise::supervise(sandbox, spec, start, sink, interrupt);
     outcome.skipped_layers.extend(skipped);
+    let payload_started = timeline
+        .marks
+        .iter()
+        .any(|(p, _)| *p == Phase::PayloadReady);
     if spec.cgroup == LayerMode::Off {
         outcome
             .skipped_layers
             .push("cgroup limits: turned off by the profile".into());
     }
     if let (Some(cgroup), Some(limits)) = (cgroup, &spec.limits) {
-        account(&mut outcome, cgroup.usage(), limits);
+        account(&mut outcome, cgroup.usage(), limits, payload_started);
         if let Err(e) = cgroup.remove() {
             let note = format!("codecage could not remove the run's cgroup: {e}");
             outcome.message = Some(match outcome.message.take() {
@@ -131,8 +139,11 @@ fn phases(timeline: &supervise::Timeline, [start_ns, clone_ns, go_ns]: [u64; 3])
 }
 
 /// Puts what the cgroup measured into the Outcome: the whole sandbox's figures replace the
-/// init's rusage, and an OOM kill anywhere in the sandbox becomes the run's error.
-fn account(outcome: &mut Outcome, usage: Usage, limits: &Limits) {
+/// init's rusage, OOM kills are counted, and the verdict names what ended the run. A run
+/// the launcher stopped (timeout, output limit) keeps that verdict; OOM kills along the way
+/// are only counted. Otherwise the run ended by OOM if the kernel's OOM killer took the
+/// program itself (SIGKILL) or the init.
+fn account(outcome: &mut Outcome, usage: Usage, limits: &Limits, payload_started: bool) {
     if let Some(peak) = usage.peak_memory {
         outcome.peak_memory_bytes = Some(peak);
     }
@@ -140,21 +151,42 @@ fn account(outcome: &mut Outcome, usage: Usage, limits: &Limits) {
         outcome.cpu = cpu;
     }
     outcome.pids_limit_hit = usage.pids_limit_hits > 0;
-    // A setup failure the sandbox reported stays one; an init that died silently while the
-    // OOM killer was at work was its victim (tmpfs and pipe pages belong to no process, so
-    // the killer may pick the init when the payload is small).
-    let setup_failed = outcome.error == Some(ErrorKind::Setup) && !outcome.init_lost;
-    if usage.oom_kills > 0 && !setup_failed {
-        outcome.error = Some(ErrorKind::Oom);
-        let who = match outcome.signal {
-            _ if outcome.init_lost => "the sandbox's init, and with it every process".to_string(),
-            Some(libc::SIGKILL) => "the program".to_string(),
-            _ => format!("{} process(es) of the sandbox", usage.oom_kills),
-        };
-        outcome.message = Some(format!(
-            "the code reached the memory limit of {} and the kernel's OOM killer killed {who}; the output up to \
-             then is kept. Use less memory (process data in chunks, free large objects), or allow more (--memory).",
-            format_size(limits.memory)
-        ));
+    outcome.oom_kills = usage.oom_kills;
+    if usage.oom_kills == 0 {
+        return;
     }
+    let memory = format_size(limits.memory);
+    let killed_by_oom = match outcome.error {
+        // A setup failure the sandbox reported stays one; an init that died silently
+        // while the OOM killer was at work was its victim (tmpfs and pipe pages belong to
+        // no process, so the killer may pick the init when the payload is small).
+        Some(ErrorKind::Setup) => outcome.init_lost,
+        Some(_) => false,
+        // The program, or the child a shell was waiting for (its status 128 + SIGKILL).
+        None => {
+            outcome.signal == Some(libc::SIGKILL) || outcome.exit_code == Some(128 + libc::SIGKILL)
+        }
+    };
+    if !killed_by_oom {
+        return;
+    }
+    outcome.error = Some(ErrorKind::Oom);
+    outcome.message = Some(if !payload_started {
+        format!(
+            "the sandbox ran out of memory while it was being built (the code file in /work and the \
+             interpreter's start count against the memory limit of {memory}); the code did not run. Allow \
+             more memory, or send less code."
+        )
+    } else {
+        let who = if outcome.init_lost {
+            "the sandbox's init, and with it every process".to_string()
+        } else {
+            "the program".to_string()
+        };
+        format!(
+            "the code reached the memory limit of {memory} and the kernel's OOM killer killed {who}; the \
+             output up to then is kept. Use less memory (process data in chunks, free large objects), or \
+             allow more memory."
+        )
+    });
 }

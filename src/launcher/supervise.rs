@@ -307,7 +307,7 @@ impl Watch<'_> {
                 outcome.message = Some(format!(
                     "the code ran longer than the time limit of {} and was stopped, with every process \
                      it started; the output up to that point is kept. Make it faster or do less per run, \
-                     or allow more time (--timeout).",
+                     or allow more time.",
                     format_duration(spec.timeout)
                 ));
             }

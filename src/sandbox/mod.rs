@@ -8,6 +8,7 @@ mod init;
 mod landlock;
 mod mount;
 mod payload;
+mod procfs;
 mod rootfs;
 mod seccomp;
 
@@ -76,6 +77,9 @@ fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
     // rooted at the launcher's cgroup instead.
     enter_cgroup_namespace()?;
     // Mounts: a new root from tmpfs and read-only binds, then pivot_root (see mount.rs).
+    // /proc/sys/net shows the reader's network namespace, whichever procfs it is read from;
+    // the sandbox's own /proc/sys is read-only once built.
+    set_network_sysctls()?;
     mount::build_root(&spec)?;
     write_work_files(&spec)?;
     set_hostname(&spec.hostname)?;
@@ -155,6 +159,28 @@ fn bring_up_loopback() -> Result<(), SetupError> {
             "setting lo up in the new network namespace",
         )
     })
+}
+
+/// The network namespace's own sysctls (its /proc/sys/net, writable by the sandbox's root
+/// before /proc/sys is made read-only). TCP Fast Open would let `sendto(MSG_FASTOPEN)` open
+/// a connection without connect(2), which landlock's connect rule does not see. The rest
+/// of the namespace's defaults are safe: ICMP sockets are off (ping_group_range "1 0"),
+/// ports below 1024 need a capability the payload lacks, and socket buffers are charged to
+/// the run's memory cgroup.
+const NETWORK_SYSCTLS: &[(&str, &str)] = &[("net/ipv4/tcp_fastopen", "0")];
+
+fn set_network_sysctls() -> Result<(), SetupError> {
+    for (key, value) in NETWORK_SYSCTLS {
+        let path = std::path::Path::new("/proc/sys").join(key);
+        std::fs::write(&path, value).map_err(|e| {
+            SetupError::io(
+                Step::SetNetworkSysctls,
+                &e,
+                format!("writing {value} to {}", path.display()),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 fn make_init_undumpable() -> Result<(), SetupError> {

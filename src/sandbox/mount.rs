@@ -15,6 +15,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
 
+use super::procfs;
 use super::rootfs::{synthesized_etc, HOST_ETC, HOST_TOP};
 use crate::protocol::{SetupError, Step};
 use crate::spec::{Rootfs, Spec};
@@ -53,11 +54,16 @@ pub fn build_root(spec: &Spec) -> Done {
     mount_tmp(spec.tmp_size)?;
     mount_work(spec.work_size)?;
     mount_dev(spec.tmp_size)?;
+    procfs::mount_sys(&at("sys"), spec)?;
     // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
     // a new procfs in a user namespace unless a fully visible one is already mounted there
     // ("mount too revealing"), which is why bubblewrap keeps its old root until then.
     mount_proc()?;
     protect_proc()?;
+    procfs::mask_host_entries(&at("proc"), &at("dev/.codecage-empty"))?;
+    // Staged on /dev's tmpfs, which is still writable, then unlinked.
+    procfs::write_sandbox_files(&at("proc"), &at("dev/.codecage-proc"), spec)?;
+    seal_dev()?;
     remount_root_readonly()?;
     enter_new_root()
 }
@@ -174,6 +180,7 @@ fn make_mount_points() -> Done {
         ("work", 0o755),
         ("dev", 0o755),
         ("proc", 0o555),
+        ("sys", 0o555),
     ] {
         let path = at(name);
         mkdir(&path, mode).map_err(|e| {
@@ -247,10 +254,11 @@ fn mount_work(size: u64) -> Done {
 }
 
 /// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks and
-/// a /dev/shm tmpfs; then made read-only.
+/// a /dev/shm tmpfs; [`seal_dev`] makes it read-only once /proc's files are staged. (Its
+/// size leaves room for those files.)
 fn mount_dev(shm_size: u64) -> Done {
     let dev = at("dev");
-    tmpfs(&dev, "mode=0755,size=64k,nr_inodes=64", MsFlags::MS_NOEXEC)
+    tmpfs(&dev, "mode=0755,size=512k,nr_inodes=64", MsFlags::MS_NOEXEC)
         .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev"))?;
     for node in DEV_NODES {
         let (src, dst) = (Path::new("/dev").join(node), dev.join(node));
@@ -285,9 +293,12 @@ fn mount_dev(shm_size: u64) -> Done {
         &format!("mode=1777,{}", sized(shm_size)),
         MsFlags::empty(),
     )
-    .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev/shm"))?;
-    remount_readonly(&dev)
-        .map_err(|e| SetupError::errno(Step::MountDev, e, "making /dev read-only"))
+    .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev/shm"))
+}
+
+fn seal_dev() -> Done {
+    remount_readonly(&at("dev"))
+        .map_err(|e| SetupError::errno(Step::SealDev, e, "making /dev read-only"))
 }
 
 fn mount_proc() -> Done {
@@ -329,7 +340,7 @@ fn enter_new_root() -> Done {
     chdir("/").map_err(|e| SetupError::errno(Step::EnterNewRoot, e, "chdir /"))
 }
 
-fn tmpfs(target: impl AsRef<Path>, options: &str, extra: MsFlags) -> nix::Result<()> {
+pub(super) fn tmpfs(target: impl AsRef<Path>, options: &str, extra: MsFlags) -> nix::Result<()> {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra;
     mount(
         Some("tmpfs"),
@@ -340,7 +351,7 @@ fn tmpfs(target: impl AsRef<Path>, options: &str, extra: MsFlags) -> nix::Result
     )
 }
 
-fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
+pub(super) fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
     mount(
         Some(src),
         dst,
@@ -368,7 +379,7 @@ fn remount_readonly(path: &Path) -> nix::Result<()> {
     mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
 }
 
-fn mkdir(path: &Path, mode: u32) -> std::io::Result<()> {
+pub(super) fn mkdir(path: &Path, mode: u32) -> std::io::Result<()> {
     fs::DirBuilder::new().mode(mode).create(path)?;
     // The umask must not narrow a mode we chose (1777 for /tmp).
     if mode & 0o022 != 0 {

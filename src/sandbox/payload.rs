@@ -107,8 +107,10 @@ fn unblock_signals() -> Result<(), SetupError> {
 fn set_rlimits(spec: &Spec) -> Result<(), SetupError> {
     let largest_file = spec.tmp_size.max(spec.work_size) + (64 << 10);
     // The pids limit again, per uid: the payload's uid is the run's own, so this holds
-    // even where a best-effort profile ran without a cgroup.
-    let nproc = spec.limits.map_or(4096, |l| l.pids);
+    // even where a best-effort profile ran without a cgroup. One above the cgroup's limit
+    // for the payload: the kernel checks RLIMIT_NPROC before the pids controller, and a
+    // fork refused by the cgroup is the one that `pids_limit_hit` can report.
+    let nproc = spec.limits.map_or(4096, |l| l.pids + 1);
     for (resource, name, value) in [
         (Resource::RLIMIT_CORE, "RLIMIT_CORE", 0),
         (Resource::RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile),

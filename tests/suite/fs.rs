@@ -99,17 +99,19 @@ fn etc_holds_the_sandbox_user_and_no_host_secrets() {
 }
 
 #[test]
-fn there_is_no_sys_and_dev_is_minimal() {
+fn sys_holds_only_the_cpu_count_and_dev_is_minimal() {
     if !require_root() {
         return;
     }
     let run = bash(
-        &[],
-        "ls -d /sys 2>&1 | grep -c 'No such'; ls /dev | tr '\\n' ' '",
+        &["--cpus", "0.5"],
+        "find /sys -type f | sort | tr '\\n' ' '; cat /sys/devices/system/cpu/online; \
+         touch /sys/x 2>&1 | grep -c 'Read-only'; ls /dev | tr '\\n' ' '",
     );
     assert_eq!(
         run.stdout(),
-        "1\nfd full null random shm stderr stdin stdout tty urandom zero ",
+        "/sys/devices/system/cpu/online /sys/devices/system/cpu/possible /sys/devices/system/cpu/present \
+         0\n1\nfd full null random shm stderr stdin stdout tty urandom zero ",
         "{}",
         run.json
     );
