@@ -12,8 +12,10 @@
 //!
 //! The public surface is what a front end needs: [`knobs`] and [`profile`] (policy),
 //! [`spec`] (the resolved sandbox), [`launcher`] (running it), [`outcome`] (the result),
-//! [`runner`] (languages), [`units`], and [`doctor`] (what the host supports).
+//! [`runner`] (languages), [`units`], [`caller`] (who a front end acts for), and
+//! [`doctor`] (what the host supports).
 
+pub mod caller;
 mod cgroup;
 pub mod doctor;
 pub mod knobs;

@@ -35,13 +35,18 @@ impl ErrorKind {
 }
 
 /// The result of one run. Partial output is always kept.
+///
+/// In JSON, `stdout` and `stderr` are text when the bytes are UTF-8 that JSON carries
+/// without blowing up (`stdout_encoding: "utf-8"`), else base64 of the exact bytes
+/// (`"base64"`): output is never altered, and the JSON stays within twice the output limit
+/// plus a constant.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Outcome {
     /// What the payload wrote to stdout, up to the output limit.
-    #[serde(serialize_with = "lossy_utf8")]
+    #[serde(flatten, serialize_with = "stdout_fields")]
     pub stdout: Vec<u8>,
     /// What the payload wrote to stderr, up to the output limit.
-    #[serde(serialize_with = "lossy_utf8")]
+    #[serde(flatten, serialize_with = "stderr_fields")]
     pub stderr: Vec<u8>,
     /// The payload's exit status, when it exited by itself.
     pub exit_code: Option<i32>,
@@ -124,8 +129,54 @@ impl Outcome {
     }
 }
 
-fn lossy_utf8<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(bytes))
+/// How a stream's bytes are carried in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Encoding {
+    #[serde(rename = "utf-8")]
+    Utf8,
+    #[serde(rename = "base64")]
+    Base64,
+}
+
+/// Text when the bytes are UTF-8 whose JSON escaping at most doubles them (control
+/// characters cost 6 bytes each in JSON; colours and tabs in ordinary output stay well
+/// below), else base64.
+pub fn encode_stream(bytes: &[u8]) -> (Encoding, String) {
+    use base64::Engine as _;
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        let escaped: usize = text
+            .bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+                0..=0x1f => 6,
+                _ => 1,
+            })
+            .sum();
+        if escaped <= 2 * bytes.len() {
+            return (Encoding::Utf8, text.to_string());
+        }
+    }
+    (
+        Encoding::Base64,
+        base64::engine::general_purpose::STANDARD.encode(bytes),
+    )
+}
+
+fn stream_fields<S: Serializer>(name: &str, bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let (encoding, value) = encode_stream(bytes);
+    let mut map = s.serialize_map(Some(2))?;
+    map.serialize_entry(name, &value)?;
+    map.serialize_entry(&format!("{name}_encoding"), &encoding)?;
+    map.end()
+}
+
+fn stdout_fields<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    stream_fields("stdout", bytes, s)
+}
+
+fn stderr_fields<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    stream_fields("stderr", bytes, s)
 }
 
 fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -161,6 +212,34 @@ mod tests {
         }
         assert_eq!(json["duration_ms"], 12.5);
         assert_eq!(json["stdout"], "hi\n");
+        assert_eq!(json["stdout_encoding"], "utf-8");
+        assert_eq!(json["stderr_encoding"], "utf-8");
+    }
+
+    #[test]
+    fn output_that_is_not_text_is_carried_exactly_and_the_json_stays_bounded() {
+        use base64::Engine as _;
+        let binary = vec![0xffu8, 0xfe, 0x00, 0x41];
+        assert_eq!(encode_stream(&binary).0, Encoding::Base64);
+        let nuls = vec![0u8; 1 << 20];
+        let outcome = Outcome {
+            stdout: nuls.clone(),
+            stderr: binary.clone(),
+            ..Outcome::default()
+        };
+        let text = serde_json::to_string(&outcome).unwrap();
+        assert!(text.len() < (1 << 20) * 4 / 3 + 1024, "{}", text.len());
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["stdout_encoding"], "base64");
+        let back = base64::engine::general_purpose::STANDARD
+            .decode(json["stdout"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(back, nuls);
+        // Ordinary text with colours and tabs stays text.
+        assert_eq!(
+            encode_stream("\x1b[1mbold\x1b[0m\tok\n".repeat(10).as_bytes()).0,
+            Encoding::Utf8
+        );
     }
 
     #[test]

@@ -164,6 +164,29 @@ pub unsafe fn with_thread_euid<T>(euid: u32, clone: impl FnOnce() -> T) -> io::R
     Ok(result)
 }
 
+/// Gives the calling thread (only) the file-system credentials of `uid`: its supplementary
+/// groups, then fsgid and fsuid. Raw syscalls, because glibc's setgroups changes every
+/// thread of the process. The thread keeps these credentials until it exits.
+pub fn become_fs_user(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    // SAFETY: the kernel reads `groups.len()` gids from a live slice.
+    let ret = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: integer arguments only. setfs[ug]id returns the previous id and cannot report
+    // failure itself; the read-back below checks it took.
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        libc::syscall(libc::SYS_setfsuid, uid);
+    }
+    // SAFETY: -1 (an invalid id) only reads the current fsuid.
+    let now = unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) };
+    if now != i64::from(uid) {
+        return Err(io::Error::other(format!("could not switch to fsuid {uid}")));
+    }
+    Ok(())
+}
+
 /// pidfd_send_signal(2): signal the process behind a pidfd. Unlike kill(2) it cannot hit a
 /// recycled pid.
 pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: c_int) -> io::Result<()> {

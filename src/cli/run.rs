@@ -4,6 +4,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use clap::Args;
+use codecage::caller::Caller;
 use codecage::knobs::{Knob, Unit, Values};
 use codecage::outcome::{ErrorKind, Outcome};
 use codecage::profile::{self, DataDir, PolicyError, Profile, Request};
@@ -47,7 +48,7 @@ pub struct RunArgs {
     /// `cargo xtask rootfs` (default), or an image directory.
     #[arg(long, value_name = "host|NAME|DIR")]
     rootfs: Option<String>,
-    /// Set an environment variable (K=V; a bare K copies the host's value). Repeatable.
+    /// Set an environment variable (K=V). Repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
     /// Print one JSON object with the outcome instead of passing output through.
@@ -124,6 +125,7 @@ fn forward_signals() -> Option<SignalFd> {
 /// Translates the flags into a Request, picks the profile, and resolves both into a Spec.
 fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
     let invalid = |message: String| Box::new(Outcome::failed(ErrorKind::InvalidRequest, message));
+    let caller = Caller::from_sudo();
     let mut request = Request {
         lang: args.lang,
         knobs: args.knobs.0,
@@ -134,7 +136,7 @@ fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
         (Some(code), None, true) => request.code = Some(code),
         (None, Some(file), true) => {
             request.lang = request.lang.or_else(|| Lang::from_extension(&file));
-            request.code = Some(read_code(&file).map_err(invalid)?);
+            request.code = Some(read_code(&file, caller.as_ref()).map_err(invalid)?);
         }
         (None, None, false) => {
             if request.lang.is_some() {
@@ -156,18 +158,19 @@ fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
         }
     }
     for item in &args.env {
-        let (key, value) = match item.split_once('=') {
-            Some((key, value)) => (key.to_string(), value.to_string()),
-            None => {
-                let value = std::env::var(item).map_err(|_| {
-                    invalid(format!(
-                        "--env {item}: use K=V, or a bare K that is set on the host"
-                    ))
-                })?;
-                (item.clone(), value)
-            }
+        // codecage never copies its own environment into a sandbox: a bare NAME would hand
+        // over whatever the launcher (root, perhaps via sudo) happens to have.
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(invalid(format!(
+                "--env {item}: give NAME=VALUE; codecage does not copy its own environment into the sandbox \
+                 (from a shell: --env {item}=\"${item}\")"
+            )));
         };
-        request.env.push((key, value));
+        request.env.push((key.to_string(), value.to_string()));
+    }
+    if let Some(caller) = &caller {
+        refuse_paths_for(caller, args.profile.as_deref(), request.rootfs.as_deref())
+            .map_err(invalid)?;
     }
     let profile_name = match (&args.profile, request.lang) {
         (Some(name), _) => name.clone(),
@@ -245,13 +248,41 @@ impl clap::Args for KnobFlags {
     }
 }
 
-fn read_code(file: &std::path::Path) -> Result<String, String> {
-    let mut code = String::new();
-    let read = if file.as_os_str() == "-" {
-        std::io::stdin().read_to_string(&mut code)
+/// Reads the code of FILE, with the invoking user's credentials when codecage runs for
+/// someone through sudo.
+fn read_code(file: &std::path::Path, caller: Option<&Caller>) -> Result<String, String> {
+    let failed = |e: std::io::Error| format!("cannot read {}: {e}", file.display());
+    let bytes = if file.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes).map_err(failed)?;
+        bytes
+    } else if let Some(caller) = caller {
+        caller.read(file).map_err(failed)?
     } else {
-        std::fs::File::open(file).and_then(|mut f| f.read_to_string(&mut code))
+        std::fs::read(file).map_err(failed)?
     };
-    read.map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    Ok(code)
+    String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", file.display()))
+}
+
+/// Through sudo, the profile and the image come from what the host's administrator
+/// configured, by name: a profile file could turn every layer off, and an image directory
+/// is a root file system of the caller's choosing.
+fn refuse_paths_for(
+    caller: &Caller,
+    profile: Option<&str>,
+    rootfs: Option<&str>,
+) -> Result<(), String> {
+    let who = format!("codecage runs for uid {} (through sudo)", caller.uid);
+    if let Some(p) = profile.filter(|p| p.contains('/') || p.ends_with(".toml")) {
+        return Err(format!(
+            "--profile {p}: {who}, so --profile takes the name of an installed profile (see `codecage profiles`), \
+             not a file"
+        ));
+    }
+    if let Some(r) = rootfs.filter(|r| r.contains('/')) {
+        return Err(format!(
+            "--rootfs {r}: {who}, so --rootfs takes host or the name of a built image, not a directory"
+        ));
+    }
+    Ok(())
 }
