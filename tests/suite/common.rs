@@ -1,12 +1,13 @@
 //! Helpers: running the real binary, and checking the host after a run.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+pub use super::host::*;
 
 /// The codecage binary under test.
 pub fn codecage() -> Command {
@@ -156,30 +157,9 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-/// The host's mount table as a set of (mount point, fs type, source) lines.
-pub fn host_mounts() -> BTreeSet<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let dash = fields
-                .iter()
-                .position(|f| *f == "-")
-                .unwrap_or(fields.len() - 1);
-            format!(
-                "{} {} {}",
-                fields[4],
-                fields.get(dash + 1).unwrap_or(&""),
-                fields.get(dash + 2).unwrap_or(&"")
-            )
-        })
-        .collect()
-}
-
 /// What the host looked like before a test, to compare after it.
 pub struct HostState {
-    mounts: BTreeSet<String>,
+    mounts: Vec<Mount>,
 }
 
 impl HostState {
@@ -189,12 +169,15 @@ impl HostState {
         }
     }
 
-    /// No mount added to the host's table, no process named by `marker` left.
+    /// No mount added to or removed from the host's table, no process named by `marker`
+    /// left.
     pub fn assert_clean(&self, marker: &str) {
-        let added: Vec<_> = host_mounts().difference(&self.mounts).cloned().collect();
+        let mounts = host_mounts();
+        let added = missing_from(&mounts, &self.mounts);
+        let removed = missing_from(&self.mounts, &mounts);
         assert!(
-            added.is_empty(),
-            "mounts leaked into the host's table: {added:?}"
+            added.is_empty() && removed.is_empty(),
+            "the host's mount table changed: added {added:?}, removed {removed:?}"
         );
         let left = host_pids_with(marker);
         assert!(

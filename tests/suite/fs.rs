@@ -25,11 +25,13 @@ fn the_root_usr_and_etc_are_read_only() {
         run.json
     );
     // And the mounts say so: read-only, nosuid, nodev.
-    let run = bash(&[], "grep -E ' / | /usr ' /proc/self/mounts");
-    for line in run.stdout().lines() {
-        let opts = line.split(' ').nth(3).unwrap();
+    let run = bash(&[], "cat /proc/self/mountinfo");
+    let mounts = parse_mountinfo(run.stdout());
+    for point in ["/", "/usr"] {
+        let mount = mounts.iter().rfind(|m| m.mount_point == point);
+        let mount = mount.unwrap_or_else(|| panic!("no {point} mount: {mounts:?}"));
         for flag in ["ro", "nosuid", "nodev"] {
-            assert!(opts.split(',').any(|o| o == flag), "{line}");
+            assert!(mount.options.iter().any(|o| o == flag), "{mount:?}");
         }
     }
 }
@@ -125,11 +127,18 @@ fn proc_is_the_sandboxs_own_and_its_kernel_knobs_are_read_only() {
     if !require_root() {
         return;
     }
-    let run = bash(&[], "ls /proc | grep -cE '^[0-9]+$'; grep ' /proc/sys ' /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1");
+    let run = bash(
+        &[],
+        "ls /proc | grep -cE '^[0-9]+$'; cat /proc/self/mountinfo",
+    );
+    let (count, mountinfo) = run.stdout().split_once('\n').unwrap();
     // init, bash, ls (or grep): a handful, not the host's hundreds.
-    let count: u32 = run.stdout().lines().next().unwrap().parse().unwrap();
+    let count: u32 = count.parse().unwrap();
     assert!(count <= 5, "{}", run.json);
-    assert!(run.stdout().ends_with("ro\n"), "{}", run.json);
+    let mounts = parse_mountinfo(mountinfo);
+    let sys = mounts.iter().rfind(|m| m.mount_point == "/proc/sys");
+    let sys = sys.unwrap_or_else(|| panic!("no /proc/sys mount: {mounts:?}"));
+    assert!(sys.options.iter().any(|o| o == "ro"), "{sys:?}");
 }
 
 #[test]
