@@ -1,7 +1,8 @@
-//! Helpers: running the real binary, and checking the host after a run.
+//! Helpers: running the real binary and reading its answer. The harness that checks the
+//! host after a test is in [`super::host`], re-exported here.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use serde_json::Value;
 
 pub use super::host::*;
 
-/// The codecage binary under test.
+/// The codecage binary under test. Start it with [`Launch`], so that the host check
+/// finds the cgroups it leaves.
 pub fn codecage() -> Command {
     Command::new(env!("CARGO_BIN_EXE_codecage"))
 }
@@ -21,18 +23,50 @@ pub fn codecage_run() -> Command {
     cmd
 }
 
-/// Fails loudly when not root: these tests build real sandboxes, and a skipped isolation
-/// test proves nothing. `CODECAGE_ALLOW_SKIP=1` turns that into a printed skip, for
-/// developers without root; CI never sets it.
-pub fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
+/// Starting a process of the test (a `codecage` launcher, or a program that becomes one):
+/// its pid is noted, because a launcher names its cgroups after it, and the check after an
+/// [`as_root`] test looks for those.
+pub trait Launch {
+    /// Spawns the command.
+    fn launch(&mut self) -> Child;
+    /// Runs the command to its end, like [`Command::output`]: stdin from /dev/null, stdout
+    /// and stderr captured.
+    fn launch_output(&mut self) -> Output;
+}
+
+impl Launch for Command {
+    fn launch(&mut self) -> Child {
+        let child = self
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {self:?}: {e}"));
+        note_launcher(child.id());
+        child
     }
-    if std::env::var_os("CODECAGE_ALLOW_SKIP").is_some_and(|v| v == "1") {
-        eprintln!("SKIPPED: needs root (CODECAGE_ALLOW_SKIP=1)");
-        return false;
+
+    fn launch_output(&mut self) -> Output {
+        self.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .launch()
+            .wait_with_output()
+            .unwrap()
     }
-    panic!("this test needs root: it creates namespaces and mounts (set CODECAGE_ALLOW_SKIP=1 to skip)");
+}
+
+/// SIGKILLs a launcher and reaps it. Its sandbox dies with it (`PR_SET_PDEATHSIG`): the
+/// processes named `mark` must be gone within 5 s. A launcher killed so cannot remove its
+/// cgroups, and the next launcher sweeps them: one runs here, and the host check after the
+/// test proves the sweep.
+pub fn kill_launcher(child: &mut Child, mark: &str) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || host_pids_with(mark).is_empty()),
+        "sandbox processes survived their launcher: {:?}",
+        host_pids_with(mark)
+    );
+    let next = run_json(&["--", "true"]);
+    assert_eq!(next.error(), None, "{}", next.json);
 }
 
 /// Seconds scaled for where the tests run: the VM lane (`CODECAGE_IN_VM=1`) emulates its CPU
@@ -51,14 +85,37 @@ pub fn slowdown() -> u64 {
     }
 }
 
-/// A string unique to this test process and call, to find its processes on the host.
+/// A string unique to this test process and call, to name sandbox processes by
+/// (`exec -a`) and find them on the host: the check after an [`as_root`] test fails if any
+/// process named by one of its markers is left.
 pub fn marker(name: &str) -> String {
+    let marker = unique(name);
+    note_marker(&marker);
+    marker
+}
+
+/// `ccmark-NAME-PID-N`: unique to this test process and call.
+fn unique(name: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     format!(
         "ccmark-{name}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// The arguments that run `argv` in a sandbox under the name `mark`: `-- bash -c 'exec -a
+/// MARK "$@"' bash ARGV...` (forked copies keep the name).
+pub fn marked(mark: &str, argv: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--".to_string(),
+        "bash".into(),
+        "-c".into(),
+        format!("exec -a {mark} \"$@\""),
+        "bash".into(),
+    ];
+    args.extend(argv.iter().map(|s| s.to_string()));
+    args
 }
 
 /// The outcome of one `codecage run --json ...`.
@@ -94,7 +151,7 @@ pub fn run_json(args: &[&str]) -> Run {
     {
         cmd.args(["--rootfs", "host"]);
     }
-    parse(cmd.args(args).output().expect("spawn codecage"))
+    parse(cmd.args(args).launch_output())
 }
 
 /// Runs a bash script in a sandbox (host rootfs), with extra flags before it.
@@ -119,32 +176,6 @@ pub fn parse(output: Output) -> Run {
     Run { json, status }
 }
 
-/// Host pids whose command line starts with `needle` (NUL separates arguments).
-pub fn host_pids_with(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    let me = std::process::id();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            // The codecage invocation carries the marker in its arguments too; only
-            // processes *named* by it count.
-            if String::from_utf8_lossy(&cmdline).starts_with(needle) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
-
 /// Waits up to `limit` for `cond`.
 pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
@@ -157,43 +188,15 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-/// What the host looked like before a test, to compare after it.
-pub struct HostState {
-    mounts: Vec<Mount>,
-}
-
-impl HostState {
-    pub fn take() -> HostState {
-        HostState {
-            mounts: host_mounts(),
-        }
-    }
-
-    /// No mount added to or removed from the host's table, no process named by `marker`
-    /// left.
-    pub fn assert_clean(&self, marker: &str) {
-        let mounts = host_mounts();
-        let added = missing_from(&mounts, &self.mounts);
-        let removed = missing_from(&self.mounts, &mounts);
-        assert!(
-            added.is_empty() && removed.is_empty(),
-            "the host's mount table changed: added {added:?}, removed {removed:?}"
-        );
-        let left = host_pids_with(marker);
-        assert!(
-            left.is_empty(),
-            "processes named {marker} outlived the run: {left:?}"
-        );
-    }
-}
-
-/// A throwaway directory of the test's own, removed on drop.
+/// A throwaway directory of the test's own, removed on drop; the check after an
+/// [`as_root`] test proves it is gone.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let path = std::env::temp_dir().join(marker(name));
+        let path = std::env::temp_dir().join(unique(name));
         std::fs::create_dir_all(&path).unwrap();
+        note_temp_dir(&path);
         TempDir(path)
     }
     pub fn path(&self) -> &Path {

@@ -21,142 +21,137 @@ fn spec(argv: &[&str]) -> Spec {
 /// nothing deadlocks, and every run gets its own output.
 #[test]
 fn runs_from_many_threads_at_once() {
-    if !require_root() {
-        return;
-    }
-    let host = HostState::take();
-    let start = Arc::new(Barrier::new(9));
-    let busy = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let churn = {
-        let (busy, stop) = (busy.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let mut held = busy.lock().unwrap();
-                held.push(vec![0u8; 4096]);
-                if held.len() > 64 {
-                    held.clear();
-                }
-            }
-        })
-    };
-    let workers: Vec<_> = (0..8)
-        .map(|i| {
-            let start = start.clone();
+    as_root(|| {
+        in_process_launcher();
+        let start = Arc::new(Barrier::new(9));
+        let busy = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (busy, stop) = (busy.clone(), stop.clone());
             std::thread::spawn(move || {
-                let spec = spec(&[
-                    "bash",
-                    "-c",
-                    &format!("echo run {i}; cat /proc/self/uid_map | wc -l"),
-                ]);
-                start.wait();
-                codecage::run(&spec)
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut held = busy.lock().unwrap();
+                    held.push(vec![0u8; 4096]);
+                    if held.len() > 64 {
+                        held.clear();
+                    }
+                }
             })
-        })
-        .collect();
-    start.wait();
-    for (i, worker) in workers.into_iter().enumerate() {
-        let outcome = worker.join().unwrap();
-        assert_eq!(outcome.error, None, "{:?}", outcome.message);
-        assert_eq!(
-            String::from_utf8_lossy(&outcome.stdout),
-            format!("run {i}\n2\n")
-        );
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    churn.join().unwrap();
-    host.assert_clean("ccmark-library-none");
+        };
+        let workers: Vec<_> = (0..8)
+            .map(|i| {
+                let start = start.clone();
+                std::thread::spawn(move || {
+                    let spec = spec(&[
+                        "bash",
+                        "-c",
+                        &format!("echo run {i}; cat /proc/self/uid_map | wc -l"),
+                    ]);
+                    start.wait();
+                    codecage::run(&spec)
+                })
+            })
+            .collect();
+        start.wait();
+        for (i, worker) in workers.into_iter().enumerate() {
+            let outcome = worker.join().unwrap();
+            assert_eq!(outcome.error, None, "{:?}", outcome.message);
+            assert_eq!(
+                String::from_utf8_lossy(&outcome.stdout),
+                format!("run {i}\n2\n")
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
+    });
 }
 
 /// The pure v1 backend (this host's v1 controllers without its unified tree): the run's
 /// directories appear with the limits written, and disappear on removal.
 #[test]
 fn the_v1_backend_creates_limits_and_removes_them() {
-    if !require_root() {
-        return;
-    }
-    let controllers = match cgroup::layout() {
-        Layout::V1 { controllers } | Layout::Hybrid { controllers, .. } => controllers.clone(),
-        other => {
-            eprintln!("this host has no v1 controllers ({other}); the v1 backend is tested where they exist");
-            return;
-        }
-    };
-    let v1 = Layout::V1 { controllers };
-    let limits = Limits {
-        memory: 48 << 20,
-        cpu_quota_us: 25_000,
-        pids: 7,
-    };
-    let run = RunCgroup::create(&v1, &limits).unwrap();
-    assert!(
-        run.clone_target().is_none(),
-        "pure v1 has no unified directory to clone into"
-    );
-    let tasks = run.v1_tasks_files();
-    assert_eq!(tasks.len(), 4, "{tasks:?}");
-    // Each limit in the directory of the hierarchy that has its file.
-    let read = |file: &str| {
-        let dir = tasks
-            .iter()
-            .map(|t| t.parent().unwrap())
-            .find(|d| d.join(file).exists())
-            .unwrap();
-        std::fs::read_to_string(dir.join(file))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
-    assert_eq!(read("memory.limit_in_bytes"), (48u64 << 20).to_string());
-    assert_eq!(read("cpu.cfs_quota_us"), "25000");
-    assert_eq!(read("pids.max"), "7");
-    run.remove().unwrap();
-    for t in &tasks {
+    as_root(|| {
+        in_process_launcher();
+        let controllers = match cgroup::layout() {
+            Layout::V1 { controllers } | Layout::Hybrid { controllers, .. } => controllers.clone(),
+            other => {
+                eprintln!("this host has no v1 controllers ({other}); the v1 backend is tested where they exist");
+                return;
+            }
+        };
+        let v1 = Layout::V1 { controllers };
+        let limits = Limits {
+            memory: 48 << 20,
+            cpu_quota_us: 25_000,
+            pids: 7,
+        };
+        let run = RunCgroup::create(&v1, &limits).unwrap();
         assert!(
-            !t.parent().unwrap().exists(),
-            "{} was not removed",
-            t.display()
+            run.clone_target().is_none(),
+            "pure v1 has no unified directory to clone into"
         );
-    }
+        let tasks = run.v1_tasks_files();
+        assert_eq!(tasks.len(), 4, "{tasks:?}");
+        // Each limit in the directory of the hierarchy that has its file.
+        let read = |file: &str| {
+            let dir = tasks
+                .iter()
+                .map(|t| t.parent().unwrap())
+                .find(|d| d.join(file).exists())
+                .unwrap();
+            std::fs::read_to_string(dir.join(file))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("memory.limit_in_bytes"), (48u64 << 20).to_string());
+        assert_eq!(read("cpu.cfs_quota_us"), "25000");
+        assert_eq!(read("pids.max"), "7");
+        run.remove().unwrap();
+        for t in &tasks {
+            assert!(
+                !t.parent().unwrap().exists(),
+                "{} was not removed",
+                t.display()
+            );
+        }
+    });
 }
 
 /// A run cgroup whose launcher died (named after a pid that does not exist) is swept by
 /// the next launcher.
 #[test]
 fn leftovers_of_a_dead_launcher_are_swept() {
-    if !require_root() {
-        return;
-    }
-    use std::os::unix::fs::MetadataExt;
-    let pid_ns = std::fs::metadata("/proc/self/ns/pid").unwrap().ino();
-    let name = format!("run-{pid_ns}-4194303-1-0");
-    let mut made = Vec::new();
-    for dir in [
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup/memory",
-        "/sys/fs/cgroup",
-    ] {
-        let parent = std::path::Path::new(dir).join(cgroup::PARENT);
-        if !std::path::Path::new(dir).join("cgroup.procs").exists() {
-            continue;
+    as_root(|| {
+        let name = format!("run-{}-4194303-1-0", pid_namespace());
+        let mut made = Vec::new();
+        for dir in [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/memory",
+            "/sys/fs/cgroup",
+        ] {
+            let parent = std::path::Path::new(dir).join(cgroup::PARENT);
+            if !std::path::Path::new(dir).join("cgroup.procs").exists() {
+                continue;
+            }
+            let _ = std::fs::create_dir(&parent);
+            let leftover = parent.join(&name);
+            if std::fs::create_dir(&leftover).is_ok() {
+                made.push(leftover);
+            }
         }
-        let _ = std::fs::create_dir(&parent);
-        let leftover = parent.join(&name);
-        if std::fs::create_dir(&leftover).is_ok() {
-            made.push(leftover);
-        }
-    }
-    assert!(
-        !made.is_empty(),
-        "no cgroup hierarchy to plant a leftover in"
-    );
-    let run = run_json(&["--", "true"]);
-    assert_eq!(run.error(), None, "{}", run.json);
-    for leftover in &made {
         assert!(
-            !leftover.exists(),
-            "{} survived the sweep",
-            leftover.display()
+            !made.is_empty(),
+            "no cgroup hierarchy to plant a leftover in"
         );
-    }
+        let run = run_json(&["--", "true"]);
+        assert_eq!(run.error(), None, "{}", run.json);
+        for leftover in &made {
+            assert!(
+                !leftover.exists(),
+                "{} survived the sweep",
+                leftover.display()
+            );
+        }
+    });
 }

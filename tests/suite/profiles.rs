@@ -4,57 +4,54 @@ use super::common::*;
 
 #[test]
 fn python_tracebacks_name_the_file_and_line() {
-    if !require_root() {
-        return;
-    }
-    let run = run_json(&["--lang", "python", "-c", "x = 1\ny = 0\nprint(x / y)\n"]);
-    assert_eq!(run.exit_code(), Some(1));
-    assert!(
-        run.stderr_field()
-            .contains("File \"/work/main.py\", line 3"),
-        "{}",
-        run.json
-    );
-    assert!(
-        run.stderr_field().contains("ZeroDivisionError"),
-        "{}",
-        run.json
-    );
+    as_root(|| {
+        let run = run_json(&["--lang", "python", "-c", "x = 1\ny = 0\nprint(x / y)\n"]);
+        assert_eq!(run.exit_code(), Some(1));
+        assert!(
+            run.stderr_field()
+                .contains("File \"/work/main.py\", line 3"),
+            "{}",
+            run.json
+        );
+        assert!(
+            run.stderr_field().contains("ZeroDivisionError"),
+            "{}",
+            run.json
+        );
+    });
 }
 
 #[test]
 fn node_runs_commonjs_and_es_modules() {
-    if !require_root() {
-        return;
-    }
-    let cjs = run_json(&[
-        "--lang",
-        "node",
-        "-c",
-        "const os = require('os'); console.log(typeof module.exports)",
-    ]);
-    assert_eq!(cjs.stdout(), "object\n", "{}", cjs.json);
-    let esm = run_json(&[
-        "--lang",
-        "node",
-        "-c",
-        "import { hostname } from 'node:os';\nconsole.log(hostname(), typeof module)",
-    ]);
-    assert_eq!(esm.stdout(), "sandbox undefined\n", "{}", esm.json);
+    as_root(|| {
+        let cjs = run_json(&[
+            "--lang",
+            "node",
+            "-c",
+            "const os = require('os'); console.log(typeof module.exports)",
+        ]);
+        assert_eq!(cjs.stdout(), "object\n", "{}", cjs.json);
+        let esm = run_json(&[
+            "--lang",
+            "node",
+            "-c",
+            "import { hostname } from 'node:os';\nconsole.log(hostname(), typeof module)",
+        ]);
+        assert_eq!(esm.stdout(), "sandbox undefined\n", "{}", esm.json);
+    });
 }
 
 #[test]
 fn the_python_profile_sets_its_environment() {
-    if !require_root() {
-        return;
-    }
-    let run = run_json(&[
-        "--lang",
-        "python",
-        "-c",
-        "import os; print(os.environ['MPLBACKEND'], os.environ['PYTHONUNBUFFERED'])",
-    ]);
-    assert_eq!(run.stdout(), "Agg 1\n", "{}", run.json);
+    as_root(|| {
+        let run = run_json(&[
+            "--lang",
+            "python",
+            "-c",
+            "import os; print(os.environ['MPLBACKEND'], os.environ['PYTHONUNBUFFERED'])",
+        ]);
+        assert_eq!(run.stdout(), "Agg 1\n", "{}", run.json);
+    });
 }
 
 #[test]
@@ -82,11 +79,10 @@ fn a_request_above_the_profile_is_refused_with_policy() {
 
 #[test]
 fn a_request_up_to_the_profile_maximum_or_below_the_default_runs() {
-    if !require_root() {
-        return;
-    }
-    let run = run_json(&["--timeout", "120s", "--memory", "64M", "--", "true"]);
-    assert_eq!(run.error(), None, "{}", run.json);
+    as_root(|| {
+        let run = run_json(&["--timeout", "120s", "--memory", "64M", "--", "true"]);
+        assert_eq!(run.error(), None, "{}", run.json);
+    });
 }
 
 #[test]
@@ -106,8 +102,7 @@ fn a_profile_file_can_be_given_and_bad_ones_are_explained() {
                 "-c",
                 "true",
             ])
-            .output()
-            .unwrap(),
+            .launch_output(),
     );
     assert_eq!(run.error(), Some("policy"), "{}", run.json);
     let bad = dir.path().join("bad.toml");
@@ -122,8 +117,7 @@ fn a_profile_file_can_be_given_and_bad_ones_are_explained() {
                 "--",
                 "true",
             ])
-            .output()
-            .unwrap(),
+            .launch_output(),
     );
     assert_eq!(run.error(), Some("invalid_request"), "{}", run.json);
     let message = run.json["message"].as_str().unwrap();
@@ -134,8 +128,7 @@ fn a_profile_file_can_be_given_and_bad_ones_are_explained() {
     let run = parse(
         codecage()
             .args(["run", "--json", "--profile", "cobol", "--", "true"])
-            .output()
-            .unwrap(),
+            .launch_output(),
     );
     assert!(
         run.json["message"].as_str().unwrap().contains("python"),
@@ -146,7 +139,7 @@ fn a_profile_file_can_be_given_and_bad_ones_are_explained() {
 
 #[test]
 fn profiles_lists_every_profile_with_its_values() {
-    let out = codecage().args(["profiles", "--json"]).output().unwrap();
+    let out = codecage().args(["profiles", "--json"]).launch_output();
     assert_eq!(out.status.code(), Some(0));
     let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for name in ["python", "node", "typescript", "bash"] {
@@ -161,8 +154,7 @@ fn without_a_built_image_the_message_says_how_to_build_one() {
     let out = codecage()
         .env("CODECAGE_DATA_DIR", "/nonexistent/codecage-data")
         .args(["run", "--json", "--lang", "python", "-c", "print(1)"])
-        .output()
-        .unwrap();
+        .launch_output();
     let run = parse(out);
     let message = run.json["message"].as_str().unwrap();
     assert!(
