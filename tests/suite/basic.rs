@@ -100,7 +100,7 @@ fn stdin_is_at_eof() {
             .stdout(std::process::Stdio::piped())
             .launch();
         let _keep_open = child.stdin.take();
-        let run = parse(child.wait_with_output().unwrap());
+        let run = finish(child);
         assert_eq!(run.stdout(), "''\n", "{}", run.json);
         assert_eq!(run.error(), None);
     });

@@ -8,16 +8,7 @@ use super::common::*;
 #[test]
 fn a_setup_failure_is_typed_and_leaves_nothing() {
     as_root(|| {
-        let dir = TempDir::new("badroot");
-        minimal_rootfs(dir.path(), false);
-        let run = run_json(&[
-            "--rootfs",
-            dir.path().to_str().unwrap(),
-            "--",
-            "/bin/bash",
-            "-c",
-            "echo never",
-        ]);
+        let (dir, run) = bash_in_minimal_rootfs(false, "echo never");
         assert_eq!(run.error(), Some("setup"), "{}", run.json);
         assert_eq!(run.status, 125);
         let message = run.json["message"].as_str().unwrap();
@@ -47,13 +38,8 @@ fn a_missing_rootfs_is_refused_before_anything_is_built() {
 fn sigkill_of_the_payload_leaves_nothing() {
     as_root(|| {
         let mark = marker("kill9");
-        let child = codecage_run()
-            .args(["--json", "--timeout", "20", "--", "bash", "-c"])
-            .arg(format!(
-                "(exec -a {mark}-child sleep 100) & exec -a {mark} sleep 100"
-            ))
-            .stdout(std::process::Stdio::piped())
-            .launch();
+        let script = format!("(exec -a {mark}-child sleep 100) & exec -a {mark} sleep 100");
+        let child = spawn_bash(&["--timeout", "20"], &script);
         assert!(wait_for(Duration::from_secs(10), || host_pids_with(&mark)
             .len()
             == 2));
@@ -64,7 +50,7 @@ fn sigkill_of_the_payload_leaves_nothing() {
             nix::sys::signal::Signal::SIGKILL,
         )
         .unwrap();
-        let run = parse(child.wait_with_output().unwrap());
+        let run = finish(child);
         assert_eq!(run.json["signal"], 9, "{}", run.json);
         assert_eq!(run.status, 137);
     });
@@ -94,18 +80,7 @@ fn sigkill_of_the_launcher_takes_the_sandbox_with_it_and_its_cgroups_are_swept()
 #[test]
 fn a_launcher_in_another_pid_namespace_does_not_sweep_live_runs() {
     as_root(|| {
-        let host_run = codecage_run()
-            .args([
-                "--json",
-                "--timeout",
-                &secs(20),
-                "--",
-                "bash",
-                "-c",
-                "sleep 2; echo survived",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .launch();
+        let host_run = spawn_bash(&["--timeout", &secs(20)], "sleep 2; echo survived");
         std::thread::sleep(Duration::from_millis(500 * slowdown()));
         let other = std::process::Command::new("unshare")
             .args([
@@ -123,7 +98,7 @@ fn a_launcher_in_another_pid_namespace_does_not_sweep_live_runs() {
             .wait()
             .unwrap();
         assert!(other.success());
-        let run = parse(host_run.wait_with_output().unwrap());
+        let run = finish(host_run);
         assert_eq!(run.stdout(), "survived\n", "{}", run.json);
         assert_eq!(run.error(), None);
     });

@@ -139,6 +139,22 @@ impl Run {
     }
 }
 
+/// Starts a bash script in a sandbox like [`bash`], without waiting for it: [`finish`]
+/// reads its answer.
+pub fn spawn_bash(flags: &[&str], script: &str) -> Child {
+    codecage_run()
+        .arg("--json")
+        .args(flags)
+        .args(["--", "bash", "-c", script])
+        .stdout(Stdio::piped())
+        .launch()
+}
+
+/// Waits for a `codecage run --json` started in the background and parses its answer.
+pub fn finish(child: Child) -> Run {
+    parse(child.wait_with_output().unwrap())
+}
+
 /// Runs `codecage run --json ARGS...` and parses its one JSON object.
 pub fn run_json(args: &[&str]) -> Run {
     let mut cmd = codecage();
@@ -210,9 +226,12 @@ impl Drop for TempDir {
     }
 }
 
-/// A minimal image directory: bash and the libraries it links, plus the mount points.
-/// `with_mount_points = false` leaves them out, for the setup-failure tests.
-pub fn minimal_rootfs(dir: &Path, with_mount_points: bool) {
+/// Runs a bash script from a minimal image directory of the test's own: bash and the
+/// libraries it links, plus the mount points (`with_mount_points = false` leaves them
+/// out, for the setup-failure tests). The directory is returned with the run, to look at.
+pub fn bash_in_minimal_rootfs(with_mount_points: bool, script: &str) -> (TempDir, Run) {
+    let image = TempDir::new("rootfs");
+    let dir = image.path();
     let bash = Path::new("/usr/bin/bash");
     let ldd = Command::new("ldd").arg(bash).output().expect("ldd");
     let mut files = vec![bash.to_path_buf()];
@@ -238,4 +257,7 @@ pub fn minimal_rootfs(dir: &Path, with_mount_points: bool) {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
     }
+    let rootfs = dir.to_str().unwrap();
+    let run = run_json(&["--rootfs", rootfs, "--", "/bin/bash", "-c", script]);
+    (image, run)
 }

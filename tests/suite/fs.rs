@@ -139,16 +139,10 @@ fn proc_is_the_sandboxs_own_and_its_kernel_knobs_are_read_only() {
 #[test]
 fn a_prepared_rootfs_directory_is_mounted_read_only_as_root() {
     as_root(|| {
-        let dir = TempDir::new("rootfs");
-        minimal_rootfs(dir.path(), true);
-        let run = run_json(&[
-            "--rootfs",
-            dir.path().to_str().unwrap(),
-            "--",
-            "/bin/bash",
-            "-c",
+        let (dir, run) = bash_in_minimal_rootfs(
+            true,
             "echo in-image; echo x > /bin/x || true; echo y > /work/y && echo work-ok",
-        ]);
+        );
         assert_eq!(run.stdout(), "in-image\nwork-ok\n", "{}", run.json);
         assert!(run.stderr_field().contains("Read-only"), "{}", run.json);
         assert!(

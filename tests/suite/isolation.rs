@@ -50,11 +50,7 @@ fn the_hostname_is_sandbox() {
 fn the_payloads_host_uid_is_not_root() {
     as_root(|| {
         let mark = marker("uid");
-        let mut child = codecage_run()
-            .args(["--json", "--timeout", "20", "--", "bash", "-c"])
-            .arg(format!("exec -a {mark} sleep 30"))
-            .stdout(std::process::Stdio::null())
-            .launch();
+        let mut child = spawn_bash(&["--timeout", "20"], &format!("exec -a {mark} sleep 30"));
         assert!(
             wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
                 .is_empty()),
@@ -152,16 +148,12 @@ fn concurrent_runs_do_not_collide() {
     as_root(|| {
         let children: Vec<_> = (0..8)
             .map(|i| {
-                codecage_run()
-                    .args(["--json", "--", "bash", "-c"])
-                    .arg(format!("echo {i} > /work/f; sleep 0.3; cat /work/f; id -u; cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ' '"))
-                    .stdout(std::process::Stdio::piped())
-                    .launch()
+                spawn_bash(&[], &format!("echo {i} > /work/f; sleep 0.3; cat /work/f; id -u; cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ' '"))
             })
             .collect();
         let mut host_uids = std::collections::BTreeSet::new();
         for (i, child) in children.into_iter().enumerate() {
-            let run = parse(child.wait_with_output().unwrap());
+            let run = finish(child);
             let lines: Vec<&str> = run.stdout().lines().collect();
             assert_eq!(lines[0], i.to_string(), "{}", run.json);
             assert_eq!(lines[1], "1000");

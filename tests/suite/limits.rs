@@ -75,13 +75,10 @@ fn output_flows_without_blocking_the_payload() {
 fn sigterm_to_codecage_reaches_the_payload() {
     as_root(|| {
         let mark = marker("term");
-        let child = codecage_run()
-            .args(["--json", "--timeout", "20", "--", "bash", "-c"])
-            .arg(format!(
-                "trap 'echo got-term; exit 7' TERM; echo ready; exec -a {mark} sleep 100 & wait"
-            ))
-            .stdout(std::process::Stdio::piped())
-            .launch();
+        let script = format!(
+            "trap 'echo got-term; exit 7' TERM; echo ready; exec -a {mark} sleep 100 & wait"
+        );
+        let child = spawn_bash(&["--timeout", "20"], &script);
         assert!(wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
             .is_empty()));
         nix::sys::signal::kill(
@@ -89,7 +86,7 @@ fn sigterm_to_codecage_reaches_the_payload() {
             nix::sys::signal::Signal::SIGTERM,
         )
         .unwrap();
-        let run = parse(child.wait_with_output().unwrap());
+        let run = finish(child);
         assert_eq!(run.stdout(), "ready\ngot-term\n", "{}", run.json);
         assert_eq!(run.exit_code(), Some(7));
     });

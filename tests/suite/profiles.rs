@@ -90,51 +90,30 @@ fn a_profile_file_can_be_given_and_bad_ones_are_explained() {
     let dir = TempDir::new("profile");
     let good = dir.path().join("tight.toml");
     std::fs::write(&good, "language = \"bash\"\nrootfs = \"host\"\n[limits]\ntimeout = \"5s\"\nmax_timeout = \"5s\"\n").unwrap();
-    let run = parse(
-        codecage()
-            .args([
-                "run",
-                "--json",
-                "--profile",
-                good.to_str().unwrap(),
-                "--timeout",
-                "6s",
-                "-c",
-                "true",
-            ])
-            .launch_output(),
-    );
+    let run = run_with_profile(good.to_str().unwrap(), &["--timeout", "6s", "-c", "true"]);
     assert_eq!(run.error(), Some("policy"), "{}", run.json);
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[limits]\nmemroy = \"1G\"\n").unwrap();
-    let run = parse(
-        codecage()
-            .args([
-                "run",
-                "--json",
-                "--profile",
-                bad.to_str().unwrap(),
-                "--",
-                "true",
-            ])
-            .launch_output(),
-    );
+    let run = run_with_profile(bad.to_str().unwrap(), &["--", "true"]);
     assert_eq!(run.error(), Some("invalid_request"), "{}", run.json);
     let message = run.json["message"].as_str().unwrap();
     assert!(
         message.contains("bad.toml") && message.contains("memroy"),
         "{message}"
     );
-    let run = parse(
-        codecage()
-            .args(["run", "--json", "--profile", "cobol", "--", "true"])
-            .launch_output(),
-    );
+    let run = run_with_profile("cobol", &["--", "true"]);
     assert!(
         run.json["message"].as_str().unwrap().contains("python"),
         "{}",
         run.json
     );
+}
+
+/// `codecage run --json --profile PROFILE ARGS...`, the rootfs the profile's own.
+fn run_with_profile(profile: &str, args: &[&str]) -> Run {
+    let mut cmd = codecage();
+    cmd.args(["run", "--json", "--profile", profile]).args(args);
+    parse(cmd.launch_output())
 }
 
 #[test]
