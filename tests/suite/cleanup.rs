@@ -82,6 +82,8 @@ fn a_launcher_in_another_pid_namespace_does_not_sweep_live_runs() {
     as_root(|| {
         let host_run = spawn_bash(&["--timeout", &secs(20)], "sleep 2; echo survived");
         std::thread::sleep(Duration::from_millis(500 * slowdown()));
+        // The host check cannot look for that run's cgroups: they are named after a pid of
+        // its own namespace (see run_cgroups); that launcher exits normally and removes them.
         let other = std::process::Command::new("unshare")
             .args([
                 "--pid",
