@@ -1,5 +1,5 @@
 //! The bomb suite: each bomb runs inside codecage under a small limit, then the host is
-//! checked (no process, cgroup or mount left, no OOM kill outside the sandbox's cgroup).
+//! checked (no process, cgroup or mount left: [`as_root`]).
 //! The same tests run on the native (v1/hybrid) host and in the cgroup v2 VM
 //! (`cargo xtask vm-test`).
 
@@ -7,26 +7,15 @@ use std::time::{Duration, Instant};
 
 use super::common::*;
 
-/// Runs a bomb with `flags` and `argv`, named by a marker so that its processes can be
-/// looked for on the host afterwards (forked copies keep argv[0]).
+/// Runs a bomb with `flags` and `argv`, named by a marker so that the host check after the
+/// test finds any of its processes left (forked copies keep argv[0]).
 fn bomb(name: &str, flags: &[&str], argv: &[&str]) -> (Run, Duration) {
-    let host = HostState::take();
-    let mark = marker(name);
-    let mut args: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
-    args.extend([
-        "--".into(),
-        "bash".into(),
-        "-c".into(),
-        format!("exec -a {mark} \"$@\""),
-        "bash".into(),
-    ]);
-    args.extend(argv.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let marked = marked(&marker(name), argv);
+    let mut args: Vec<&str> = flags.to_vec();
+    args.extend(marked.iter().map(String::as_str));
     let start = Instant::now();
     let run = run_json(&args);
-    let took = start.elapsed();
-    host.assert_clean(&mark);
-    (run, took)
+    (run, start.elapsed())
 }
 
 fn python(code: &str) -> Vec<&str> {
@@ -35,163 +24,156 @@ fn python(code: &str) -> Vec<&str> {
 
 #[test]
 fn bash_fork_bomb_is_contained() {
-    if !require_root() {
-        return;
-    }
-    let (run, took) = bomb(
-        "forkbomb",
-        &["--pids", "32", "--timeout", "20"],
-        &["bash", "-c", ":(){ :|:& };:; sleep 2; echo survived"],
-    );
-    assert!(
-        run.json["pids_limit_hit"].as_bool().unwrap(),
-        "{}",
-        run.json
-    );
-    assert_eq!(run.stdout(), "survived\n", "{}", run.json);
-    assert!(took < Duration::from_secs(20), "{took:?}");
+    as_root(|| {
+        let (run, took) = bomb(
+            "forkbomb",
+            &["--pids", "32", "--timeout", "20"],
+            &["bash", "-c", ":(){ :|:& };:; sleep 2; echo survived"],
+        );
+        assert!(
+            run.json["pids_limit_hit"].as_bool().unwrap(),
+            "{}",
+            run.json
+        );
+        assert_eq!(run.stdout(), "survived\n", "{}", run.json);
+        assert!(took < Duration::from_secs(20), "{took:?}");
+    });
 }
 
 #[test]
 fn python_fork_loop_meets_eagain() {
-    if !require_root() {
-        return;
-    }
-    let code = "import os, time\n\
-        for i in range(1000):\n\
-        \x20   try:\n\
-        \x20       if os.fork() == 0:\n\
-        \x20           time.sleep(30); os._exit(0)\n\
-        \x20   except OSError as e:\n\
-        \x20       print('fork failed', e.errno, 'after', i); break\n";
-    let (run, _) = bomb(
-        "pyfork",
-        &["--pids", "16", "--timeout", "20"],
-        &python(code),
-    );
-    assert!(
-        run.stdout().starts_with("fork failed 11 after"),
-        "{}",
-        run.json
-    );
-    let forks: u32 = run
-        .stdout()
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!((10..16).contains(&forks), "{}", run.json);
-    assert!(run.json["pids_limit_hit"].as_bool().unwrap());
-    assert_eq!(run.exit_code(), Some(0));
+    as_root(|| {
+        let code = "import os, time\n\
+            for i in range(1000):\n\
+            \x20   try:\n\
+            \x20       if os.fork() == 0:\n\
+            \x20           time.sleep(30); os._exit(0)\n\
+            \x20   except OSError as e:\n\
+            \x20       print('fork failed', e.errno, 'after', i); break\n";
+        let (run, _) = bomb(
+            "pyfork",
+            &["--pids", "16", "--timeout", "20"],
+            &python(code),
+        );
+        assert!(
+            run.stdout().starts_with("fork failed 11 after"),
+            "{}",
+            run.json
+        );
+        let forks: u32 = run
+            .stdout()
+            .trim()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((10..16).contains(&forks), "{}", run.json);
+        assert!(run.json["pids_limit_hit"].as_bool().unwrap());
+        assert_eq!(run.exit_code(), Some(0));
+    });
 }
 
 #[test]
 fn node_spawn_loop_meets_eagain() {
-    if !require_root() {
-        return;
-    }
-    let code = "const { spawn } = require('child_process'); let n = 0;\n\
-        function go() { const c = spawn('sleep', ['30']);\n\
-        c.on('error', e => { console.log('spawn failed', e.code); process.exit(0); });\n\
-        c.on('spawn', () => { n++; if (n > 500) { console.log('no limit'); process.exit(1); } go(); }); }\n\
-        go();";
-    let (run, _) = bomb(
-        "nodespawn",
-        &["--pids", "40", "--timeout", "60", "--memory", "512M"],
-        &["node", "-e", code],
-    );
-    assert_eq!(run.stdout(), "spawn failed EAGAIN\n", "{}", run.json);
-    assert!(run.json["pids_limit_hit"].as_bool().unwrap());
+    as_root(|| {
+        let code = "const { spawn } = require('child_process'); let n = 0;\n\
+            function go() { const c = spawn('sleep', ['30']);\n\
+            c.on('error', e => { console.log('spawn failed', e.code); process.exit(0); });\n\
+            c.on('spawn', () => { n++; if (n > 500) { console.log('no limit'); process.exit(1); } go(); }); }\n\
+            go();";
+        let (run, _) = bomb(
+            "nodespawn",
+            &["--pids", "40", "--timeout", "60", "--memory", "512M"],
+            &["node", "-e", code],
+        );
+        assert_eq!(run.stdout(), "spawn failed EAGAIN\n", "{}", run.json);
+        assert!(run.json["pids_limit_hit"].as_bool().unwrap());
+    });
 }
 
 #[test]
 fn thread_bomb_is_contained() {
-    if !require_root() {
-        return;
-    }
-    let code = "import threading, time\n\
-        n = 0\n\
-        try:\n\
-        \x20   while n < 10000:\n\
-        \x20       threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n\
-        except RuntimeError as e:\n\
-        \x20   print('thread failed after', n)\n";
-    let (run, _) = bomb(
-        "threads",
-        &["--pids", "24", "--timeout", "20"],
-        &python(code),
-    );
-    assert!(
-        run.stdout().starts_with("thread failed after"),
-        "{}",
-        run.json
-    );
-    assert!(run.json["pids_limit_hit"].as_bool().unwrap());
+    as_root(|| {
+        let code = "import threading, time\n\
+            n = 0\n\
+            try:\n\
+            \x20   while n < 10000:\n\
+            \x20       threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n\
+            except RuntimeError as e:\n\
+            \x20   print('thread failed after', n)\n";
+        let (run, _) = bomb(
+            "threads",
+            &["--pids", "24", "--timeout", "20"],
+            &python(code),
+        );
+        assert!(
+            run.stdout().starts_with("thread failed after"),
+            "{}",
+            run.json
+        );
+        assert!(run.json["pids_limit_hit"].as_bool().unwrap());
+    });
 }
 
 #[test]
 fn python_memory_bomb_is_oom_killed_at_the_limit() {
-    if !require_root() {
-        return;
-    }
-    let code =
-        "x = []\nwhile True:\n    x.append(bytearray(8 << 20)); print(len(x) * 8, flush=True)";
-    let (run, took) = bomb(
-        "pymem",
-        &["--memory", "64M", "--timeout", "30"],
-        &python(code),
-    );
-    assert_eq!(run.error(), Some("oom"), "{}", run.json);
-    assert_eq!(run.status, 137);
-    assert!(
-        run.json["message"].as_str().unwrap().contains("64M"),
-        "{}",
-        run.json
-    );
-    let peak = run.json["peak_memory_bytes"].as_u64().unwrap();
-    assert!(peak <= 64 << 20 && peak > 32 << 20, "peak {peak}");
-    // Partial output is kept.
-    assert!(run.stdout().starts_with("8\n16\n"), "{}", run.json);
-    assert!(took < Duration::from_secs(30));
+    as_root(|| {
+        let code =
+            "x = []\nwhile True:\n    x.append(bytearray(8 << 20)); print(len(x) * 8, flush=True)";
+        let (run, took) = bomb(
+            "pymem",
+            &["--memory", "64M", "--timeout", "30"],
+            &python(code),
+        );
+        assert_eq!(run.error(), Some("oom"), "{}", run.json);
+        assert_eq!(run.status, 137);
+        assert!(
+            run.json["message"].as_str().unwrap().contains("64M"),
+            "{}",
+            run.json
+        );
+        let peak = run.json["peak_memory_bytes"].as_u64().unwrap();
+        assert!(peak <= 64 << 20 && peak > 32 << 20, "peak {peak}");
+        // Partial output is kept.
+        assert!(run.stdout().starts_with("8\n16\n"), "{}", run.json);
+        assert!(took < Duration::from_secs(30));
+    });
 }
 
 #[test]
 fn node_buffer_bomb_is_oom_killed() {
-    if !require_root() {
-        return;
-    }
-    let code =
-        "const b = []; for (;;) { b.push(Buffer.alloc(16 << 20, 1)); console.log(b.length * 16); }";
-    let (run, _) = bomb(
-        "nodemem",
-        &["--memory", "160M", "--timeout", "60"],
-        &["node", "-e", code],
-    );
-    assert_eq!(run.error(), Some("oom"), "{}", run.json);
-    assert!(run.json["peak_memory_bytes"].as_u64().unwrap() <= 160 << 20);
+    as_root(|| {
+        let code =
+            "const b = []; for (;;) { b.push(Buffer.alloc(16 << 20, 1)); console.log(b.length * 16); }";
+        let (run, _) = bomb(
+            "nodemem",
+            &["--memory", "160M", "--timeout", "60"],
+            &["node", "-e", code],
+        );
+        assert_eq!(run.error(), Some("oom"), "{}", run.json);
+        assert!(run.json["peak_memory_bytes"].as_u64().unwrap() <= 160 << 20);
+    });
 }
 
 #[test]
 fn memory_bomb_across_threads_is_oom_killed() {
-    if !require_root() {
-        return;
-    }
-    let code = "import threading, time\n\
-        hold = []\n\
-        def eat():\n\
-        \x20   for _ in range(64): hold.append(bytearray(4 << 20)); time.sleep(0.001)\n\
-        ts = [threading.Thread(target=eat) for _ in range(8)]\n\
-        [t.start() for t in ts]; [t.join() for t in ts]\n\
-        print('survived', len(hold))";
-    let (run, _) = bomb(
-        "threadmem",
-        &["--memory", "64M", "--timeout", "30"],
-        &python(code),
-    );
-    assert_eq!(run.error(), Some("oom"), "{}", run.json);
-    assert!(!run.stdout().contains("survived"), "{}", run.json);
+    as_root(|| {
+        let code = "import threading, time\n\
+            hold = []\n\
+            def eat():\n\
+            \x20   for _ in range(64): hold.append(bytearray(4 << 20)); time.sleep(0.001)\n\
+            ts = [threading.Thread(target=eat) for _ in range(8)]\n\
+            [t.start() for t in ts]; [t.join() for t in ts]\n\
+            print('survived', len(hold))";
+        let (run, _) = bomb(
+            "threadmem",
+            &["--memory", "64M", "--timeout", "30"],
+            &python(code),
+        );
+        assert_eq!(run.error(), Some("oom"), "{}", run.json);
+        assert!(!run.stdout().contains("survived"), "{}", run.json);
+    });
 }
 
 /// Children each take a slice; the OOM killer takes some of them. The payload itself
@@ -199,65 +181,61 @@ fn memory_bomb_across_threads_is_oom_killed() {
 /// counted beside it.
 #[test]
 fn oom_kills_of_children_are_counted_when_the_parent_survives() {
-    if !require_root() {
-        return;
-    }
-    let code = "import os, time\n\
-        kids = []\n\
-        for i in range(8):\n\
-        \x20   pid = os.fork()\n\
-        \x20   if pid == 0:\n\
-        \x20       x = bytearray(24 << 20); time.sleep(3); os._exit(0)\n\
-        \x20   kids.append(pid)\n\
-        codes = [os.waitpid(k, 0)[1] for k in kids]\n\
-        print('killed', sum(1 for c in codes if os.WIFSIGNALED(c)))";
-    let (run, _) = bomb(
-        "forkmem",
-        &["--memory", "96M", "--timeout", "30"],
-        &python(code),
-    );
-    assert_eq!(run.error(), None, "{}", run.json);
-    assert_eq!(run.exit_code(), Some(0), "{}", run.json);
-    let killed: u64 = run
-        .stdout()
-        .strip_prefix("killed ")
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("the parent survived and reported: {}", run.json));
-    assert!(killed > 0, "{}", run.json);
-    assert_eq!(run.json["oom_kills"].as_u64(), Some(killed), "{}", run.json);
+    as_root(|| {
+        let code = "import os, time\n\
+            kids = []\n\
+            for i in range(8):\n\
+            \x20   pid = os.fork()\n\
+            \x20   if pid == 0:\n\
+            \x20       x = bytearray(24 << 20); time.sleep(3); os._exit(0)\n\
+            \x20   kids.append(pid)\n\
+            codes = [os.waitpid(k, 0)[1] for k in kids]\n\
+            print('killed', sum(1 for c in codes if os.WIFSIGNALED(c)))";
+        let (run, _) = bomb(
+            "forkmem",
+            &["--memory", "96M", "--timeout", "30"],
+            &python(code),
+        );
+        assert_eq!(run.error(), None, "{}", run.json);
+        assert_eq!(run.exit_code(), Some(0), "{}", run.json);
+        let killed: u64 = run
+            .stdout()
+            .strip_prefix("killed ")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the parent survived and reported: {}", run.json));
+        assert!(killed > 0, "{}", run.json);
+        assert_eq!(run.json["oom_kills"].as_u64(), Some(killed), "{}", run.json);
+    });
 }
 
 #[test]
 fn cpu_spin_gets_half_a_cpu() {
-    if !require_root() {
-        return;
-    }
-    // Two spinning processes, 3 s of wall time, --cpus 0.5: about 1.5 s of CPU in all.
-    let (run, _) = bomb(
-        "spin",
-        &["--cpus", "0.5", "--timeout", "3"],
-        &["bash", "-c", "while :; do :; done & while :; do :; done"],
-    );
-    assert_eq!(run.error(), Some("timeout"), "{}", run.json);
-    let cpu = run.json["cpu_ms"].as_f64().unwrap();
-    let wall = run.json["duration_ms"].as_f64().unwrap();
-    let share = cpu / wall;
-    assert!(
-        (0.35..0.65).contains(&share),
-        "cpu {cpu} ms over {wall} ms = {share:.2} CPUs"
-    );
+    as_root(|| {
+        // Two spinning processes, 3 s of wall time, --cpus 0.5: about 1.5 s of CPU in all.
+        let (run, _) = bomb(
+            "spin",
+            &["--cpus", "0.5", "--timeout", "3"],
+            &["bash", "-c", "while :; do :; done & while :; do :; done"],
+        );
+        assert_eq!(run.error(), Some("timeout"), "{}", run.json);
+        let cpu = run.json["cpu_ms"].as_f64().unwrap();
+        let wall = run.json["duration_ms"].as_f64().unwrap();
+        let share = cpu / wall;
+        assert!(
+            (0.35..0.65).contains(&share),
+            "cpu {cpu} ms over {wall} ms = {share:.2} CPUs"
+        );
+    });
 }
 
 #[test]
 fn disk_bomb_meets_enospc_at_the_tmpfs_size() {
-    if !require_root() {
-        return;
-    }
-    // Data and inodes: a big file, then a flood of empty files (from one process: a
-    // shell forking `touch` 2000 times is slow under the VM lane's emulated CPU).
-    let script = "head -c 100M /dev/zero > /tmp/big 2>/dev/null; echo tmp $?; \
-                  head -c 100M /dev/zero > /work/big 2>/dev/null; echo work $?; rm -f /tmp/big /work/big; \
-                  python3 -c \"
+    as_root(|| {
+        // Data and inodes: a big file, then a flood of empty files (from one process: a
+        // shell forking `touch` 2000 times is slow under the VM lane's emulated CPU).
+        let script = "head -c 100M /dev/zero > /tmp/big 2>/dev/null; echo tmp $?; \
+                      head -c 100M /dev/zero > /work/big 2>/dev/null; echo work $?; rm -f /tmp/big /work/big; \
+                      python3 -c \"
 import errno
 i = 0
 try:
@@ -265,63 +243,61 @@ try:
         open(f'/tmp/f{i}', 'w').close(); i += 1
 except OSError as e:
     print('files', i, errno.errorcode[e.errno])\"";
-    let (run, _) = bomb(
-        "disk",
-        &["--tmp-size", "8M", "--work-size", "8M", "--timeout", "60"],
-        &["bash", "-c", script],
-    );
-    let lines: Vec<&str> = run.stdout().lines().collect();
-    assert_eq!(lines[..2], ["tmp 1", "work 1"], "{}", run.json);
-    let (files, why) = lines[2]
-        .strip_prefix("files ")
-        .unwrap()
-        .split_once(' ')
-        .unwrap();
-    let files: u64 = files.parse().unwrap();
-    assert_eq!(why, "ENOSPC", "{}", run.json);
-    assert!((1000..=2100).contains(&files), "inode cap: {files} files");
+        let (run, _) = bomb(
+            "disk",
+            &["--tmp-size", "8M", "--work-size", "8M", "--timeout", "60"],
+            &["bash", "-c", script],
+        );
+        let lines: Vec<&str> = run.stdout().lines().collect();
+        assert_eq!(lines[..2], ["tmp 1", "work 1"], "{}", run.json);
+        let (files, why) = lines[2]
+            .strip_prefix("files ")
+            .unwrap()
+            .split_once(' ')
+            .unwrap();
+        let files: u64 = files.parse().unwrap();
+        assert_eq!(why, "ENOSPC", "{}", run.json);
+        assert!((1000..=2100).contains(&files), "inode cap: {files} files");
+    });
 }
 
 #[test]
 fn stdout_and_stderr_floods_stop_at_the_cap() {
-    if !require_root() {
-        return;
-    }
-    let (run, took) = bomb(
-        "flood",
-        &["--output-limit", "256K", "--timeout", "20"],
-        &["bash", "-c", "cat /dev/urandom >&2 & yes"],
-    );
-    assert_eq!(run.error(), Some("output_limit"), "{}", run.json);
-    assert!(took < Duration::from_secs(20));
+    as_root(|| {
+        let (run, took) = bomb(
+            "flood",
+            &["--output-limit", "256K", "--timeout", "20"],
+            &["bash", "-c", "cat /dev/urandom >&2 & yes"],
+        );
+        assert_eq!(run.error(), Some("output_limit"), "{}", run.json);
+        assert!(took < Duration::from_secs(20));
+    });
 }
 
 #[test]
 fn fd_exhaustion_stays_inside() {
-    if !require_root() {
-        return;
-    }
-    let code = "fs = []\ntry:\n    while True: fs.append(open('/dev/null'))\nexcept OSError as e:\n    print('open failed', e.errno)";
-    let (run, _) = bomb("fds", &["--timeout", "20"], &python(code));
-    assert_eq!(run.stdout(), "open failed 24\n", "{}", run.json);
+    as_root(|| {
+        let code = "fs = []\ntry:\n    while True: fs.append(open('/dev/null'))\nexcept OSError as e:\n    print('open failed', e.errno)";
+        let (run, _) = bomb("fds", &["--timeout", "20"], &python(code));
+        assert_eq!(run.stdout(), "open failed 24\n", "{}", run.json);
+    });
 }
 
 #[test]
 fn zombie_pile_up_is_reaped() {
-    if !require_root() {
-        return;
-    }
-    // Children exit at once and are never waited for: zombies fill the pids limit, then
-    // the payload exits and the init reaps them all.
-    let code = "import os\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0: os._exit(0)\n        n += 1\n\
-                except OSError as e:\n    print('zombies', n >= 10, e.errno)";
-    let (run, _) = bomb(
-        "zombies",
-        &["--pids", "16", "--timeout", "20"],
-        &python(code),
-    );
-    assert_eq!(run.stdout(), "zombies True 11\n", "{}", run.json);
-    assert!(run.json["pids_limit_hit"].as_bool().unwrap());
+    as_root(|| {
+        // Children exit at once and are never waited for: zombies fill the pids limit, then
+        // the payload exits and the init reaps them all.
+        let code = "import os\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0: os._exit(0)\n        n += 1\n\
+                    except OSError as e:\n    print('zombies', n >= 10, e.errno)";
+        let (run, _) = bomb(
+            "zombies",
+            &["--pids", "16", "--timeout", "20"],
+            &python(code),
+        );
+        assert_eq!(run.stdout(), "zombies True 11\n", "{}", run.json);
+        assert!(run.json["pids_limit_hit"].as_bool().unwrap());
+    });
 }
 
 #[test]
@@ -334,8 +310,7 @@ fn bad_limit_values_are_refused() {
     ] {
         let out = codecage_run()
             .args([flag, value, "--", "true"])
-            .output()
-            .unwrap();
+            .launch_output();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(125), "{flag} {value}: {stderr}");
         assert!(stderr.contains(needle), "{flag} {value}: {stderr}");
@@ -347,18 +322,17 @@ fn bad_limit_values_are_refused() {
 
 #[test]
 fn the_cgroup_layout_is_the_expected_one_and_every_limit_is_enforceable() {
-    if !require_root() {
-        return;
-    }
-    let out = codecage().args(["doctor", "--json"]).output().unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    if let Ok(expected) = std::env::var("CODECAGE_TEST_LAYOUT") {
-        assert_eq!(report["cgroup_layout"], expected.as_str(), "{report}");
-    }
-    for check in report["checks"].as_array().unwrap() {
-        assert_eq!(check["ok"], true, "{check}");
-    }
-    assert_eq!(out.status.code(), Some(0));
+    as_root(|| {
+        let out = codecage().args(["doctor", "--json"]).launch_output();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if let Ok(expected) = std::env::var("CODECAGE_TEST_LAYOUT") {
+            assert_eq!(report["cgroup_layout"], expected.as_str(), "{report}");
+        }
+        for check in report["checks"].as_array().unwrap() {
+            assert_eq!(check["ok"], true, "{check}");
+        }
+        assert_eq!(out.status.code(), Some(0));
+    });
 }
 
 /// Memory that belongs to no process (a tmpfs file) pushes the sandbox over its limit: the
@@ -366,14 +340,13 @@ fn the_cgroup_layout_is_the_expected_one_and_every_limit_is_enforceable() {
 /// the run says `oom`, not `setup`.
 #[test]
 fn a_tmpfs_memory_bomb_is_reported_as_oom() {
-    if !require_root() {
-        return;
-    }
-    let (run, _) = bomb(
-        "shmbomb",
-        &["--memory", "16M", "--timeout", &secs(20)],
-        &["sh", "-c", "head -c 30000000 /dev/zero > /dev/shm/x"],
-    );
-    assert_eq!(run.error(), Some("oom"), "{}", run.json);
-    assert_eq!(run.status, 137);
+    as_root(|| {
+        let (run, _) = bomb(
+            "shmbomb",
+            &["--memory", "16M", "--timeout", &secs(20)],
+            &["sh", "-c", "head -c 30000000 /dev/zero > /dev/shm/x"],
+        );
+        assert_eq!(run.error(), Some("oom"), "{}", run.json);
+        assert_eq!(run.status, 137);
+    });
 }

@@ -1,14 +1,17 @@
-//! Helpers: running the real binary, and checking the host after a run.
+//! Helpers: running the real binary and reading its answer. The harness that checks the
+//! host after a test is in [`super::host`], re-exported here.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The codecage binary under test.
+pub use super::host::*;
+
+/// The codecage binary under test. Start it with [`Launch`], so that the host check
+/// finds the cgroups it leaves.
 pub fn codecage() -> Command {
     Command::new(env!("CARGO_BIN_EXE_codecage"))
 }
@@ -20,18 +23,50 @@ pub fn codecage_run() -> Command {
     cmd
 }
 
-/// Fails loudly when not root: these tests build real sandboxes, and a skipped isolation
-/// test proves nothing. `CODECAGE_ALLOW_SKIP=1` turns that into a printed skip, for
-/// developers without root; CI never sets it.
-pub fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
+/// Starting a process of the test (a `codecage` launcher, or a program that becomes one):
+/// its pid is noted, because a launcher names its cgroups after it, and the check after an
+/// [`as_root`] test looks for those.
+pub trait Launch {
+    /// Spawns the command.
+    fn launch(&mut self) -> Child;
+    /// Runs the command to its end, like [`Command::output`]: stdin from /dev/null, stdout
+    /// and stderr captured.
+    fn launch_output(&mut self) -> Output;
+}
+
+impl Launch for Command {
+    fn launch(&mut self) -> Child {
+        let child = self
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {self:?}: {e}"));
+        note_launcher(child.id());
+        child
     }
-    if std::env::var_os("CODECAGE_ALLOW_SKIP").is_some_and(|v| v == "1") {
-        eprintln!("SKIPPED: needs root (CODECAGE_ALLOW_SKIP=1)");
-        return false;
+
+    fn launch_output(&mut self) -> Output {
+        self.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .launch()
+            .wait_with_output()
+            .unwrap()
     }
-    panic!("this test needs root: it creates namespaces and mounts (set CODECAGE_ALLOW_SKIP=1 to skip)");
+}
+
+/// SIGKILLs a launcher and reaps it. Its sandbox dies with it (`PR_SET_PDEATHSIG`): the
+/// processes named `mark` must be gone within 5 s. A launcher killed so cannot remove its
+/// cgroups, and the next launcher sweeps them: one runs here, and the host check after the
+/// test proves the sweep.
+pub fn kill_launcher(child: &mut Child, mark: &str) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || host_pids_with(mark).is_empty()),
+        "sandbox processes survived their launcher: {:?}",
+        host_pids_with(mark)
+    );
+    let next = run_json(&["--", "true"]);
+    assert_eq!(next.error(), None, "{}", next.json);
 }
 
 /// Seconds scaled for where the tests run: the VM lane (`CODECAGE_IN_VM=1`) emulates its CPU
@@ -50,14 +85,37 @@ pub fn slowdown() -> u64 {
     }
 }
 
-/// A string unique to this test process and call, to find its processes on the host.
+/// A string unique to this test process and call, to name sandbox processes by
+/// (`exec -a`) and find them on the host: the check after an [`as_root`] test fails if any
+/// process named by one of its markers is left.
 pub fn marker(name: &str) -> String {
+    let marker = unique(name);
+    note_marker(&marker);
+    marker
+}
+
+/// `ccmark-NAME-PID-N`: unique to this test process and call.
+fn unique(name: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     format!(
         "ccmark-{name}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// The arguments that run `argv` in a sandbox under the name `mark`: `-- bash -c 'exec -a
+/// MARK "$@"' bash ARGV...` (forked copies keep the name).
+pub fn marked(mark: &str, argv: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--".to_string(),
+        "bash".into(),
+        "-c".into(),
+        format!("exec -a {mark} \"$@\""),
+        "bash".into(),
+    ];
+    args.extend(argv.iter().map(|s| s.to_string()));
+    args
 }
 
 /// The outcome of one `codecage run --json ...`.
@@ -81,6 +139,22 @@ impl Run {
     }
 }
 
+/// Starts a bash script in a sandbox like [`bash`], without waiting for it: [`finish`]
+/// reads its answer.
+pub fn spawn_bash(flags: &[&str], script: &str) -> Child {
+    codecage_run()
+        .arg("--json")
+        .args(flags)
+        .args(["--", "bash", "-c", script])
+        .stdout(Stdio::piped())
+        .launch()
+}
+
+/// Waits for a `codecage run --json` started in the background and parses its answer.
+pub fn finish(child: Child) -> Run {
+    parse(child.wait_with_output().unwrap())
+}
+
 /// Runs `codecage run --json ARGS...` and parses its one JSON object.
 pub fn run_json(args: &[&str]) -> Run {
     let mut cmd = codecage();
@@ -93,7 +167,7 @@ pub fn run_json(args: &[&str]) -> Run {
     {
         cmd.args(["--rootfs", "host"]);
     }
-    parse(cmd.args(args).output().expect("spawn codecage"))
+    parse(cmd.args(args).launch_output())
 }
 
 /// Runs a bash script in a sandbox (host rootfs), with extra flags before it.
@@ -118,32 +192,6 @@ pub fn parse(output: Output) -> Run {
     Run { json, status }
 }
 
-/// Host pids whose command line starts with `needle` (NUL separates arguments).
-pub fn host_pids_with(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    let me = std::process::id();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            // The codecage invocation carries the marker in its arguments too; only
-            // processes *named* by it count.
-            if String::from_utf8_lossy(&cmdline).starts_with(needle) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
-
 /// Waits up to `limit` for `cond`.
 pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
@@ -156,61 +204,15 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-/// The host's mount table as a set of (mount point, fs type, source) lines.
-pub fn host_mounts() -> BTreeSet<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let dash = fields
-                .iter()
-                .position(|f| *f == "-")
-                .unwrap_or(fields.len() - 1);
-            format!(
-                "{} {} {}",
-                fields[4],
-                fields.get(dash + 1).unwrap_or(&""),
-                fields.get(dash + 2).unwrap_or(&"")
-            )
-        })
-        .collect()
-}
-
-/// What the host looked like before a test, to compare after it.
-pub struct HostState {
-    mounts: BTreeSet<String>,
-}
-
-impl HostState {
-    pub fn take() -> HostState {
-        HostState {
-            mounts: host_mounts(),
-        }
-    }
-
-    /// No mount added to the host's table, no process named by `marker` left.
-    pub fn assert_clean(&self, marker: &str) {
-        let added: Vec<_> = host_mounts().difference(&self.mounts).cloned().collect();
-        assert!(
-            added.is_empty(),
-            "mounts leaked into the host's table: {added:?}"
-        );
-        let left = host_pids_with(marker);
-        assert!(
-            left.is_empty(),
-            "processes named {marker} outlived the run: {left:?}"
-        );
-    }
-}
-
-/// A throwaway directory of the test's own, removed on drop.
+/// A throwaway directory of the test's own, removed on drop; the check after an
+/// [`as_root`] test proves it is gone.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let path = std::env::temp_dir().join(marker(name));
+        let path = std::env::temp_dir().join(unique(name));
         std::fs::create_dir_all(&path).unwrap();
+        note_temp_dir(&path);
         TempDir(path)
     }
     pub fn path(&self) -> &Path {
@@ -224,9 +226,12 @@ impl Drop for TempDir {
     }
 }
 
-/// A minimal image directory: bash and the libraries it links, plus the mount points.
-/// `with_mount_points = false` leaves them out, for the setup-failure tests.
-pub fn minimal_rootfs(dir: &Path, with_mount_points: bool) {
+/// Runs a bash script from a minimal image directory of the test's own: bash and the
+/// libraries it links, plus the mount points (`with_mount_points = false` leaves them
+/// out, for the setup-failure tests). The directory is returned with the run, to look at.
+pub fn bash_in_minimal_rootfs(with_mount_points: bool, script: &str) -> (TempDir, Run) {
+    let image = TempDir::new("rootfs");
+    let dir = image.path();
     let bash = Path::new("/usr/bin/bash");
     let ldd = Command::new("ldd").arg(bash).output().expect("ldd");
     let mut files = vec![bash.to_path_buf()];
@@ -252,4 +257,7 @@ pub fn minimal_rootfs(dir: &Path, with_mount_points: bool) {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
     }
+    let rootfs = dir.to_str().unwrap();
+    let run = run_json(&["--rootfs", rootfs, "--", "/bin/bash", "-c", script]);
+    (image, run)
 }

@@ -2,23 +2,27 @@
 //! no setuid file. CI builds the image before the tests; the VM lane skips this module.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::common::*;
 
-/// The default image's directory, or a loud failure: these tests prove the image, and a
-/// missing one proves nothing. `CODECAGE_ALLOW_SKIP=1` turns that into a printed skip.
-fn image() -> Option<PathBuf> {
+/// The default image's directory, or why there is none.
+fn image() -> Result<PathBuf, String> {
     let data = std::env::var_os("CODECAGE_DATA_DIR")
         .map_or_else(|| PathBuf::from("/var/lib/codecage"), PathBuf::from);
-    match std::fs::canonicalize(data.join("rootfs/default")) {
-        Ok(dir) => Some(dir),
-        Err(_) if std::env::var_os("CODECAGE_ALLOW_SKIP").is_some_and(|v| v == "1") => {
-            eprintln!("SKIPPED: no image built (CODECAGE_ALLOW_SKIP=1)");
-            None
-        }
-        Err(e) => panic!("the default image is not built ({e}): run `cargo xtask rootfs` first"),
-    }
+    std::fs::canonicalize(data.join("rootfs/default")).map_err(|e| {
+        format!("the default image, which is not built ({e}): run `cargo xtask rootfs` first")
+    })
+}
+
+/// Runs a test of the default image, as root: it runs sandboxes from the image, or reads
+/// all of it. These tests prove the image, and a missing one proves nothing: it is
+/// [`unavailable`].
+fn image_test(test: impl FnOnce(&Path)) {
+    as_root(|| match image() {
+        Ok(dir) => test(&dir),
+        Err(why) => unavailable(&why),
+    });
 }
 
 fn in_image(args: &[&str]) -> Run {
@@ -29,95 +33,91 @@ fn in_image(args: &[&str]) -> Run {
 
 #[test]
 fn python_has_numpy_pandas_matplotlib_and_requests() {
-    if !require_root() || image().is_none() {
-        return;
-    }
-    let code = "import sys, numpy, pandas, matplotlib, requests\n\
-                print(sys.version_info[:2] >= (3, 9), numpy.__version__ > '1', pandas.DataFrame({'a': [1, 2]}).a.sum())\n\
-                print(matplotlib.get_backend().lower())";
-    let run = in_image(&["--lang", "python", "-c", code]);
-    assert_eq!(run.stdout(), "True True 3\nagg\n", "{}", run.json);
+    image_test(|_| {
+        let code = "import sys, numpy, pandas, matplotlib, requests\n\
+                    print(sys.version_info[:2] >= (3, 9), numpy.__version__ > '1', pandas.DataFrame({'a': [1, 2]}).a.sum())\n\
+                    print(matplotlib.get_backend().lower())";
+        let run = in_image(&["--lang", "python", "-c", code]);
+        assert_eq!(run.stdout(), "True True 3\nagg\n", "{}", run.json);
+    });
 }
 
 #[test]
 fn matplotlib_saves_a_png_into_the_working_directory() {
-    if !require_root() || image().is_none() {
-        return;
-    }
-    let code = "import matplotlib.pyplot as plt\n\
-                plt.plot([1, 2, 3], [3, 1, 2]); plt.title('codecage'); plt.savefig('plot.png')\n\
-                data = open('/work/plot.png', 'rb').read()\n\
-                print(data[:8] == b'\\x89PNG\\r\\n\\x1a\\n', len(data) > 1000)";
-    let run = in_image(&["--lang", "python", "--timeout", &secs(60), "-c", code]);
-    assert_eq!(run.stdout(), "True True\n", "{}", run.json);
+    image_test(|_| {
+        let code = "import matplotlib.pyplot as plt\n\
+                    plt.plot([1, 2, 3], [3, 1, 2]); plt.title('codecage'); plt.savefig('plot.png')\n\
+                    data = open('/work/plot.png', 'rb').read()\n\
+                    print(data[:8] == b'\\x89PNG\\r\\n\\x1a\\n', len(data) > 1000)";
+        let run = in_image(&["--lang", "python", "--timeout", &secs(60), "-c", code]);
+        assert_eq!(run.stdout(), "True True\n", "{}", run.json);
+    });
 }
 
 #[test]
 fn node_prints_its_version() {
-    if !require_root() || image().is_none() {
-        return;
-    }
-    let run = in_image(&[
-        "--lang",
-        "node",
-        "-c",
-        "console.log(process.version.startsWith('v'))",
-    ]);
-    assert_eq!(run.stdout(), "true\n", "{}", run.json);
+    image_test(|_| {
+        let run = in_image(&[
+            "--lang",
+            "node",
+            "-c",
+            "console.log(process.version.startsWith('v'))",
+        ]);
+        assert_eq!(run.stdout(), "true\n", "{}", run.json);
+    });
 }
 
 #[test]
 fn a_typescript_file_with_types_runs() {
-    if !require_root() || image().is_none() {
-        return;
-    }
-    let dir = TempDir::new("ts");
-    let file = dir.path().join("typed.ts");
-    std::fs::write(
-        &file,
-        "interface Point { x: number; y: number }\n\
-         const norm = (p: Point): number => Math.hypot(p.x, p.y);\n\
-         const p: Point = { x: 3, y: 4 };\n\
-         console.log(`norm ${norm(p)}`);\n",
-    )
-    .unwrap();
-    let run = in_image(&["--timeout", &secs(60), file.to_str().unwrap()]);
-    assert_eq!(run.stdout(), "norm 5\n", "{}", run.json);
+    image_test(|_| {
+        let dir = TempDir::new("ts");
+        let file = dir.path().join("typed.ts");
+        std::fs::write(
+            &file,
+            "interface Point { x: number; y: number }\n\
+             const norm = (p: Point): number => Math.hypot(p.x, p.y);\n\
+             const p: Point = { x: 3, y: 4 };\n\
+             console.log(`norm ${norm(p)}`);\n",
+        )
+        .unwrap();
+        let run = in_image(&["--timeout", &secs(60), file.to_str().unwrap()]);
+        assert_eq!(run.stdout(), "norm 5\n", "{}", run.json);
+    });
 }
 
 #[test]
 fn bash_runs_a_pipeline_of_the_usual_tools() {
-    if !require_root() || image().is_none() {
-        return;
-    }
-    let script = "printf 'b 2\\na 1\\nc 3\\n' | sort | awk '{s += $2; print $1} END {print s}' | sed 's/a/A/' | grep -v c | tr '\\n' ' '; \
-                  find /usr/bin -maxdepth 1 -name 'gawk' | wc -l";
-    let run = in_image(&["--lang", "bash", "-c", script]);
-    assert_eq!(run.stdout(), "A b 6 1\n", "{}", run.json);
+    image_test(|_| {
+        let script = "printf 'b 2\\na 1\\nc 3\\n' | sort | awk '{s += $2; print $1} END {print s}' | sed 's/a/A/' | grep -v c | tr '\\n' ' '; \
+                      find /usr/bin -maxdepth 1 -name 'gawk' | wc -l";
+        let run = in_image(&["--lang", "bash", "-c", script]);
+        assert_eq!(run.stdout(), "A b 6 1\n", "{}", run.json);
+    });
 }
 
 #[test]
 fn the_image_has_no_setuid_or_setgid_file_and_a_manifest() {
-    let Some(dir) = image() else { return };
-    let mut found = Vec::new();
-    let mut stack = vec![dir.clone()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            let meta = entry.path().symlink_metadata().unwrap();
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else if meta.permissions().mode() & 0o6000 != 0 {
-                found.push(entry.path());
+    image_test(|dir| {
+        let mut found = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap().flatten() {
+                let meta = entry.path().symlink_metadata().unwrap();
+                if meta.is_dir() {
+                    stack.push(entry.path());
+                } else if meta.permissions().mode() & 0o6000 != 0 {
+                    found.push(entry.path());
+                }
             }
         }
-    }
-    assert!(
-        found.is_empty(),
-        "setuid/setgid files in the image: {found:?}"
-    );
-    let manifest: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("usr/share/codecage/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    assert!(manifest.to_string().contains("numpy"), "{manifest}");
+        assert!(
+            found.is_empty(),
+            "setuid/setgid files in the image: {found:?}"
+        );
+        let manifest: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("usr/share/codecage/manifest.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(manifest.to_string().contains("numpy"), "{manifest}");
+    });
 }

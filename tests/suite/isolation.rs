@@ -7,86 +7,72 @@ use super::common::*;
 
 #[test]
 fn ps_sees_only_the_sandbox_and_pid_1_is_codecage_init() {
-    if !require_root() {
-        return;
-    }
-    let run = bash(&[], "ps -eo pid=,comm=,args=; true");
-    let lines: Vec<&str> = run.stdout().lines().collect();
-    assert!(lines[0].trim_start().starts_with("1 codecage"), "{lines:?}");
-    assert!(lines[0].contains("__sandbox-init"), "{lines:?}");
-    // init, bash, ps: nothing of the host.
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    as_root(|| {
+        let run = bash(&[], "ps -eo pid=,comm=,args=; true");
+        let lines: Vec<&str> = run.stdout().lines().collect();
+        assert!(lines[0].trim_start().starts_with("1 codecage"), "{lines:?}");
+        assert!(lines[0].contains("__sandbox-init"), "{lines:?}");
+        // init, bash, ps: nothing of the host.
+        assert_eq!(lines.len(), 3, "{lines:?}");
+    });
 }
 
 #[test]
 fn the_network_namespace_has_only_loopback_and_it_is_up() {
-    if !require_root() {
-        return;
-    }
-    let run = bash(&[], "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '");
-    assert_eq!(run.stdout(), "lo\n", "{}", run.json);
-    // lo is up: a datagram goes round. TCP, even on loopback, is refused by landlock (ABI 4+).
-    let script = "import socket, errno\n\
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', 0))\n\
-        c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.sendto(b'ping', s.getsockname())\n\
-        print(s.recv(4).decode())\n\
-        try:\n\
-        \x20   socket.socket().bind(('127.0.0.1', 0)); print('tcp bind allowed')\n\
-        except OSError as e: print('tcp bind', errno.errorcode[e.errno])";
-    let run = run_json(&["--lang", "python", "-c", script]);
-    assert_eq!(run.stdout(), "ping\ntcp bind EACCES\n", "{}", run.json);
+    as_root(|| {
+        let run = bash(&[], "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '");
+        assert_eq!(run.stdout(), "lo\n", "{}", run.json);
+        // lo is up: a datagram goes round. TCP, even on loopback, is refused by landlock (ABI 4+).
+        let script = "import socket, errno\n\
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', 0))\n\
+            c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.sendto(b'ping', s.getsockname())\n\
+            print(s.recv(4).decode())\n\
+            try:\n\
+            \x20   socket.socket().bind(('127.0.0.1', 0)); print('tcp bind allowed')\n\
+            except OSError as e: print('tcp bind', errno.errorcode[e.errno])";
+        let run = run_json(&["--lang", "python", "-c", script]);
+        assert_eq!(run.stdout(), "ping\ntcp bind EACCES\n", "{}", run.json);
+    });
 }
 
 #[test]
 fn the_hostname_is_sandbox() {
-    if !require_root() {
-        return;
-    }
-    let run = bash(&[], "hostname; cat /proc/sys/kernel/hostname");
-    assert_eq!(run.stdout(), "sandbox\nsandbox\n");
-    assert_ne!(nix::unistd::gethostname().unwrap(), "sandbox");
+    as_root(|| {
+        let run = bash(&[], "hostname; cat /proc/sys/kernel/hostname");
+        assert_eq!(run.stdout(), "sandbox\nsandbox\n");
+        assert_ne!(nix::unistd::gethostname().unwrap(), "sandbox");
+    });
 }
 
 /// From the host, every id of the payload (real, effective, saved, fs) is an unprivileged
 /// host id, and so are the init's.
 #[test]
 fn the_payloads_host_uid_is_not_root() {
-    if !require_root() {
-        return;
-    }
-    let mark = marker("uid");
-    let host = HostState::take();
-    let mut child = codecage_run()
-        .args(["--json", "--timeout", "20", "--", "bash", "-c"])
-        .arg(format!("exec -a {mark} sleep 30"))
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
-            .is_empty()),
-        "payload never appeared"
-    );
-    let pid = host_pids_with(&mark)[0];
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let ppid: u32 = field(&status, "PPid:")[0].parse().unwrap();
-    let init_status = std::fs::read_to_string(format!("/proc/{ppid}/status")).unwrap();
-    for (who, status) in [("payload", &status), ("init", &init_status)] {
-        for key in ["Uid:", "Gid:"] {
-            for id in field(status, key) {
-                let id: u32 = id.parse().unwrap();
-                assert!(
-                    id >= 0x7100_0000,
-                    "{who} {key} {id} is not in codecage's unprivileged range"
-                );
+    as_root(|| {
+        let mark = marker("uid");
+        let mut child = spawn_bash(&["--timeout", "20"], &format!("exec -a {mark} sleep 30"));
+        assert!(
+            wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
+                .is_empty()),
+            "payload never appeared"
+        );
+        let pid = host_pids_with(&mark)[0];
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let ppid: u32 = field(&status, "PPid:")[0].parse().unwrap();
+        let init_status = std::fs::read_to_string(format!("/proc/{ppid}/status")).unwrap();
+        for (who, status) in [("payload", &status), ("init", &init_status)] {
+            for key in ["Uid:", "Gid:"] {
+                for id in field(status, key) {
+                    let id: u32 = id.parse().unwrap();
+                    assert!(
+                        id >= 0x7100_0000,
+                        "{who} {key} {id} is not in codecage's unprivileged range"
+                    );
+                }
             }
         }
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    // The launcher died by SIGKILL: PR_SET_PDEATHSIG takes the sandbox with it.
-    assert!(wait_for(Duration::from_secs(5), || host_pids_with(&mark).is_empty()));
-    host.assert_clean(&mark);
+        kill_launcher(&mut child, &mark);
+    });
 }
 
 fn field<'a>(status: &'a str, key: &str) -> Vec<&'a str> {
@@ -101,94 +87,82 @@ fn field<'a>(status: &'a str, key: &str) -> Vec<&'a str> {
 
 #[test]
 fn the_payload_can_neither_signal_nor_ptrace_pid_1() {
-    if !require_root() {
-        return;
-    }
-    let script = "import ctypes, os\n\
-        libc = ctypes.CDLL(None, use_errno=True)\n\
-        for sig in (0, 9, 15):\n\
-        \x20   try:\n\
-        \x20       os.kill(1, sig); print('kill', sig, 'ok')\n\
-        \x20   except PermissionError: print('kill', sig, 'EPERM')\n\
-        r = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH\n\
-        print('ptrace', r, os.strerror(ctypes.get_errno()))\n\
-        try:\n\
-        \x20   open('/proc/1/environ').read(); print('environ readable')\n\
-        except PermissionError: print('environ EACCES')\n";
-    let run = run_json(&["--lang", "python", "-c", script]);
-    assert_eq!(
-        run.stdout(),
-        "kill 0 EPERM\nkill 9 EPERM\nkill 15 EPERM\nptrace -1 Operation not permitted\nenviron EACCES\n",
-        "{}",
-        run.json
-    );
+    as_root(|| {
+        let script = "import ctypes, os\n\
+            libc = ctypes.CDLL(None, use_errno=True)\n\
+            for sig in (0, 9, 15):\n\
+            \x20   try:\n\
+            \x20       os.kill(1, sig); print('kill', sig, 'ok')\n\
+            \x20   except PermissionError: print('kill', sig, 'EPERM')\n\
+            r = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH\n\
+            print('ptrace', r, os.strerror(ctypes.get_errno()))\n\
+            try:\n\
+            \x20   open('/proc/1/environ').read(); print('environ readable')\n\
+            except PermissionError: print('environ EACCES')\n";
+        let run = run_json(&["--lang", "python", "-c", script]);
+        assert_eq!(
+            run.stdout(),
+            "kill 0 EPERM\nkill 9 EPERM\nkill 15 EPERM\nptrace -1 Operation not permitted\nenviron EACCES\n",
+            "{}",
+            run.json
+        );
+    });
 }
 
 #[test]
 fn only_stdio_fds_reach_the_payload() {
-    if !require_root() {
-        return;
-    }
-    // Leak a file and a socket into codecage the way a careless caller would: no CLOEXEC.
-    let file = std::fs::File::open("/etc/hostname").unwrap();
-    let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
-    for fd in [file.as_fd(), sock.as_fd()] {
-        nix::fcntl::fcntl(
-            fd,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-        )
-        .unwrap();
-    }
-    let output = codecage_run()
-        .args(["--json", "--", "ls", "/proc/self/fd"])
-        .output()
-        .unwrap();
-    let run = parse(output);
-    // 0, 1, 2, and the directory ls itself opened to list them.
-    assert_eq!(run.stdout(), "0\n1\n2\n3\n", "{}", run.json);
-    let run = run_json(&[
-        "--lang",
-        "python",
-        "-c",
-        "import os; print(sorted(os.listdir('/proc/self/fd')))",
-    ]);
-    assert_eq!(run.stdout(), "['0', '1', '2', '3']\n", "{}", run.json);
-    let run = bash(
-        &[],
-        "readlink /proc/self/fd/0; ls -l /proc/1/fd 2>&1 | tail -n 1",
-    );
-    assert!(run.stdout().starts_with("/dev/null\n"), "{}", run.json);
+    as_root(|| {
+        // Leak a file and a socket into codecage the way a careless caller would: no CLOEXEC.
+        let file = std::fs::File::open("/etc/hostname").unwrap();
+        let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        for fd in [file.as_fd(), sock.as_fd()] {
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )
+            .unwrap();
+        }
+        let output = codecage_run()
+            .args(["--json", "--", "ls", "/proc/self/fd"])
+            .launch_output();
+        let run = parse(output);
+        // 0, 1, 2, and the directory ls itself opened to list them.
+        assert_eq!(run.stdout(), "0\n1\n2\n3\n", "{}", run.json);
+        let run = run_json(&[
+            "--lang",
+            "python",
+            "-c",
+            "import os; print(sorted(os.listdir('/proc/self/fd')))",
+        ]);
+        assert_eq!(run.stdout(), "['0', '1', '2', '3']\n", "{}", run.json);
+        let run = bash(
+            &[],
+            "readlink /proc/self/fd/0; ls -l /proc/1/fd 2>&1 | tail -n 1",
+        );
+        assert!(run.stdout().starts_with("/dev/null\n"), "{}", run.json);
+    });
 }
 
 #[test]
 fn concurrent_runs_do_not_collide() {
-    if !require_root() {
-        return;
-    }
-    let host = HostState::take();
-    let mark = marker("conc");
-    let children: Vec<_> = (0..8)
-        .map(|i| {
-            codecage_run()
-                .args(["--json", "--", "bash", "-c"])
-                .arg(format!("echo {i} > /work/f; sleep 0.3; cat /work/f; id -u; cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ' '"))
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let mut host_uids = std::collections::BTreeSet::new();
-    for (i, child) in children.into_iter().enumerate() {
-        let run = parse(child.wait_with_output().unwrap());
-        let lines: Vec<&str> = run.stdout().lines().collect();
-        assert_eq!(lines[0], i.to_string(), "{}", run.json);
-        assert_eq!(lines[1], "1000");
-        host_uids.insert(lines[2].to_string());
-    }
-    assert_eq!(
-        host_uids.len(),
-        8,
-        "each run has its own host ids: {host_uids:?}"
-    );
-    host.assert_clean(&mark);
+    as_root(|| {
+        let children: Vec<_> = (0..8)
+            .map(|i| {
+                spawn_bash(&[], &format!("echo {i} > /work/f; sleep 0.3; cat /work/f; id -u; cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ' '"))
+            })
+            .collect();
+        let mut host_uids = std::collections::BTreeSet::new();
+        for (i, child) in children.into_iter().enumerate() {
+            let run = finish(child);
+            let lines: Vec<&str> = run.stdout().lines().collect();
+            assert_eq!(lines[0], i.to_string(), "{}", run.json);
+            assert_eq!(lines[1], "1000");
+            host_uids.insert(lines[2].to_string());
+        }
+        assert_eq!(
+            host_uids.len(),
+            8,
+            "each run has its own host ids: {host_uids:?}"
+        );
+    });
 }

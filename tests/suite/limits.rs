@@ -6,124 +6,114 @@ use super::common::*;
 
 #[test]
 fn a_timeout_kills_a_double_forked_setsid_child_that_ignores_sigterm() {
-    if !require_root() {
-        return;
-    }
-    let host = HostState::take();
-    let mark = marker("timeout");
-    let script = format!(
-        "echo before; (setsid bash -c 'trap \"\" TERM; exec -a {mark} sleep 1000' &); \
-         trap '' TERM; exec -a {mark}-parent sleep 1000"
-    );
-    let start = Instant::now();
-    let timeout = secs(1);
-    let run = bash(&["--timeout", &timeout], &script);
-    let took = start.elapsed();
-    assert_eq!(run.error(), Some("timeout"), "{}", run.json);
-    assert_eq!(run.status, 124);
-    assert_eq!(run.stdout(), "before\n", "partial output is kept");
-    assert!(
-        run.json["message"].as_str().unwrap().contains(&timeout),
-        "{}",
-        run.json
-    );
-    // The timeout plus start-up and teardown, with room for a loaded machine.
-    assert!(took < Duration::from_secs(6 * slowdown()), "took {took:?}");
-    // Dead when codecage returned, not merely later.
-    host.assert_clean(&mark);
+    as_root(|| {
+        let mark = marker("timeout");
+        let script = format!(
+            "echo before; (setsid bash -c 'trap \"\" TERM; exec -a {mark} sleep 1000' &); \
+             trap '' TERM; exec -a {mark}-parent sleep 1000"
+        );
+        let start = Instant::now();
+        let timeout = secs(1);
+        let run = bash(&["--timeout", &timeout], &script);
+        let took = start.elapsed();
+        // Dead when codecage returned, not merely later.
+        let left = host_pids_with(&mark);
+        assert!(left.is_empty(), "outlived the timeout: {left:?}");
+        assert_eq!(run.error(), Some("timeout"), "{}", run.json);
+        assert_eq!(run.status, 124);
+        assert_eq!(run.stdout(), "before\n", "partial output is kept");
+        assert!(
+            run.json["message"].as_str().unwrap().contains(&timeout),
+            "{}",
+            run.json
+        );
+        // The timeout plus start-up and teardown, with room for a loaded machine.
+        assert!(took < Duration::from_secs(6 * slowdown()), "took {took:?}");
+    });
 }
 
 #[test]
 fn the_output_cap_stops_yes_at_exactly_the_limit() {
-    if !require_root() {
-        return;
-    }
-    let run = run_json(&["--", "yes"]);
-    assert_eq!(
-        run.error(),
-        Some("output_limit"),
-        "{}",
-        &run.json["message"]
-    );
-    assert_eq!(run.json["truncated"], true);
-    assert_eq!(run.stdout().len(), 1 << 20);
-    assert!(run.stdout().starts_with("y\ny\n"));
-    assert_eq!(run.status, 137);
-    // stdout and stderr share the cap.
-    let run = bash(&["--output-limit", "64K"], "yes out & yes err >&2");
-    assert_eq!(run.error(), Some("output_limit"));
-    assert_eq!(run.stdout().len() + run.stderr_field().len(), 64 << 10);
-    // Exactly at the limit is not over it.
-    let run = bash(&["--output-limit", "4"], "printf abcd");
-    assert_eq!(
-        (run.stdout(), run.error(), run.json["truncated"].as_bool()),
-        ("abcd", None, Some(false))
-    );
+    as_root(|| {
+        let run = run_json(&["--", "yes"]);
+        assert_eq!(
+            run.error(),
+            Some("output_limit"),
+            "{}",
+            &run.json["message"]
+        );
+        assert_eq!(run.json["truncated"], true);
+        assert_eq!(run.stdout().len(), 1 << 20);
+        assert!(run.stdout().starts_with("y\ny\n"));
+        assert_eq!(run.status, 137);
+        // stdout and stderr share the cap.
+        let run = bash(&["--output-limit", "64K"], "yes out & yes err >&2");
+        assert_eq!(run.error(), Some("output_limit"));
+        assert_eq!(run.stdout().len() + run.stderr_field().len(), 64 << 10);
+        // Exactly at the limit is not over it.
+        let run = bash(&["--output-limit", "4"], "printf abcd");
+        assert_eq!(
+            (run.stdout(), run.error(), run.json["truncated"].as_bool()),
+            ("abcd", None, Some(false))
+        );
+    });
 }
 
 #[test]
 fn output_flows_without_blocking_the_payload() {
-    if !require_root() {
-        return;
-    }
-    // 512 KiB on each stream at once: more than a pipe buffer, so a launcher that drained
-    // one stream at a time would deadlock.
-    let run = bash(&["--output-limit", "2M"], "head -c 524288 /dev/zero | tr '\\0' o & head -c 524288 /dev/zero | tr '\\0' e >&2; wait; echo");
-    assert_eq!(run.error(), None, "{}", run.json["message"]);
-    assert_eq!(run.stdout().len(), 524288 + 1);
-    assert_eq!(run.stderr_field().len(), 524288);
+    as_root(|| {
+        // 512 KiB on each stream at once: more than a pipe buffer, so a launcher that drained
+        // one stream at a time would deadlock.
+        let run = bash(&["--output-limit", "2M"], "head -c 524288 /dev/zero | tr '\\0' o & head -c 524288 /dev/zero | tr '\\0' e >&2; wait; echo");
+        assert_eq!(run.error(), None, "{}", run.json["message"]);
+        assert_eq!(run.stdout().len(), 524288 + 1);
+        assert_eq!(run.stderr_field().len(), 524288);
+    });
 }
 
 #[test]
 fn sigterm_to_codecage_reaches_the_payload() {
-    if !require_root() {
-        return;
-    }
-    let mark = marker("term");
-    let child = codecage_run()
-        .args(["--json", "--timeout", "20", "--", "bash", "-c"])
-        .arg(format!(
+    as_root(|| {
+        let mark = marker("term");
+        let script = format!(
             "trap 'echo got-term; exit 7' TERM; echo ready; exec -a {mark} sleep 100 & wait"
-        ))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
+        );
+        let child = spawn_bash(&["--timeout", "20"], &script);
+        assert!(wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
+            .is_empty()));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
         .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
-        .is_empty()));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let run = parse(child.wait_with_output().unwrap());
-    assert_eq!(run.stdout(), "ready\ngot-term\n", "{}", run.json);
-    assert_eq!(run.exit_code(), Some(7));
+        let run = finish(child);
+        assert_eq!(run.stdout(), "ready\ngot-term\n", "{}", run.json);
+        assert_eq!(run.exit_code(), Some(7));
+    });
 }
 
 /// A reader of codecage's stdout that never reads does not stop the timeout.
 #[test]
 fn a_stalled_reader_of_the_output_does_not_stop_the_timeout() {
-    if !require_root() {
-        return;
-    }
-    let mark = marker("stalled");
-    let mut child = codecage_run()
-        .args(["--timeout", &secs(1), "--", "bash", "-c"])
-        .arg(format!(
-            "head -c 300000 /dev/zero; exec -a {mark} sleep 100"
-        ))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Nobody reads the pipe (300 kB is more than it holds); the sandbox still ends on time.
-    std::thread::sleep(Duration::from_secs(3 * slowdown()));
-    let left = host_pids_with(&mark);
-    drop(child.stdout.take());
-    let status = child.wait().unwrap();
-    assert!(
-        left.is_empty(),
-        "the payload outlived its timeout while the output was stalled: {left:?}"
-    );
-    assert_eq!(status.code(), Some(124));
+    as_root(|| {
+        let mark = marker("stalled");
+        let mut child = codecage_run()
+            .args(["--timeout", &secs(1), "--", "bash", "-c"])
+            .arg(format!(
+                "head -c 300000 /dev/zero; exec -a {mark} sleep 100"
+            ))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .launch();
+        // Nobody reads the pipe (300 kB is more than it holds); the sandbox still ends on time.
+        std::thread::sleep(Duration::from_secs(3 * slowdown()));
+        let left = host_pids_with(&mark);
+        drop(child.stdout.take());
+        let status = child.wait().unwrap();
+        assert!(
+            left.is_empty(),
+            "the payload outlived its timeout while the output was stalled: {left:?}"
+        );
+        assert_eq!(status.code(), Some(124));
+    });
 }

@@ -1,4 +1,5 @@
 mod common;
+mod host;
 
 mod basic;
 mod bombs;

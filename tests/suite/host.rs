@@ -1,0 +1,289 @@
+//! The harness of the tests that build real sandboxes: [`as_root`] runs one such test and
+//! then proves that the host is as it was (mount table, processes, cgroups, temp dirs).
+
+use std::cell::RefCell;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Runs a test that builds real sandboxes, then checks the host after it: no mount added
+/// to or removed from its table, no process named by one of the test's markers, no cgroup
+/// of one of the test's launchers, none of the test's temp dirs left.
+///
+/// Without root the test fails: a skipped isolation test proves nothing. A developer
+/// without root can opt in to a printed skip instead, see [`unavailable`]; CI never does.
+pub fn as_root(test: impl FnOnce()) {
+    if !nix::unistd::geteuid().is_root() {
+        unavailable("root: the test creates namespaces, mounts and cgroups");
+    } else {
+        let mounts = host_mounts();
+        // Replaces (and so releases) whatever a test that panicked on this thread left.
+        SCOPE.set(Some(Scope::default()));
+        test();
+        let scope = SCOPE.take().expect("the test's scope");
+        scope.assert_host_clean(&mounts);
+    }
+}
+
+/// What a test needs and this machine lacks (root, the built image): a failure, unless the
+/// developer set `CODECAGE_ALLOW_SKIP=1`, which turns it into a printed skip.
+pub fn unavailable(what: &str) {
+    if std::env::var_os("CODECAGE_ALLOW_SKIP").is_some_and(|v| v == "1") {
+        eprintln!("SKIPPED: this test needs {what} (CODECAGE_ALLOW_SKIP=1)");
+    } else {
+        panic!("this test needs {what} (set CODECAGE_ALLOW_SKIP=1 to skip it)");
+    }
+}
+
+/// What the test running on this thread made, for the check after it.
+#[derive(Default)]
+struct Scope {
+    /// Names its sandbox processes run under ([`super::common::marker`]).
+    markers: Vec<String>,
+    /// Pids of the processes it started ([`super::common::Launch`]): a `codecage` launcher
+    /// names its cgroups after its pid.
+    launchers: Vec<u32>,
+    /// Its [`super::common::TempDir`]s.
+    temp_dirs: Vec<PathBuf>,
+    /// Held while it runs sandboxes from this very process; see [`in_process_launcher`].
+    in_process: Option<MutexGuard<'static, ()>>,
+}
+
+thread_local! {
+    static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
+}
+
+pub(super) fn note_marker(marker: &str) {
+    note(|scope| scope.markers.push(marker.to_string()));
+}
+
+pub(super) fn note_launcher(pid: u32) {
+    note(|scope| scope.launchers.push(pid));
+}
+
+pub(super) fn note_temp_dir(path: &Path) {
+    note(|scope| scope.temp_dirs.push(path.to_path_buf()));
+}
+
+/// Outside [`as_root`] (tests that build no sandbox) there is nothing to note.
+fn note(f: impl FnOnce(&mut Scope)) {
+    SCOPE.with_borrow_mut(|scope| {
+        if let Some(scope) = scope {
+            f(scope);
+        }
+    });
+}
+
+/// Declares that the test runs sandboxes from this process (the library, not the binary):
+/// their launcher is this process, and their cgroups are named after its pid. Such tests
+/// take turns, so that the check after each finds only that test's cgroups among the ones
+/// named after this process (`cargo test` runs tests as threads of one process).
+pub fn in_process_launcher() {
+    static TURN: Mutex<()> = Mutex::new(());
+    let turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
+    note(|scope| scope.in_process = Some(turn));
+}
+
+impl Scope {
+    fn assert_host_clean(&self, mounts_before: &[Mount]) {
+        let mounts_after = host_mounts();
+        let added = missing_from(&mounts_after, mounts_before);
+        let removed = missing_from(mounts_before, &mounts_after);
+        assert!(
+            added.is_empty() && removed.is_empty(),
+            "the host's mount table changed: added {added:?}, removed {removed:?}"
+        );
+        for marker in &self.markers {
+            let left = host_pids_with(marker);
+            assert!(
+                left.is_empty(),
+                "processes named {marker} outlived the run: {left:?}"
+            );
+        }
+        let own = std::process::id();
+        let left: Vec<PathBuf> = run_cgroups()
+            .into_iter()
+            .filter(|(launcher, _)| {
+                self.launchers.contains(launcher) || (self.in_process.is_some() && *launcher == own)
+            })
+            .map(|(_, dir)| dir)
+            .collect();
+        assert!(left.is_empty(), "the run's cgroups were left: {left:?}");
+        let left: Vec<&PathBuf> = self.temp_dirs.iter().filter(|d| d.exists()).collect();
+        assert!(left.is_empty(), "temp dirs were left: {left:?}");
+    }
+}
+
+/// The run cgroups under every `codecage` parent of the host's cgroup hierarchies
+/// (`/sys/fs/cgroup/codecage` on v2, `/sys/fs/cgroup/*/codecage` on v1 and hybrid), with
+/// the pid of the launcher each is named after (`run-<pid ns>-<pid>-<start>-<n>`). Runs of
+/// launchers in other pid namespaces are left out: their pids mean nothing here.
+pub fn run_cgroups() -> Vec<(u32, PathBuf)> {
+    let root = Path::new("/sys/fs/cgroup");
+    let hierarchies = std::fs::read_dir(root).into_iter().flatten().flatten();
+    let parents = std::iter::once(root.to_path_buf())
+        .chain(hierarchies.map(|h| h.path()))
+        .map(|h| h.join("codecage"));
+    let ns = pid_namespace().to_string();
+    let mut runs = Vec::new();
+    for parent in parents {
+        for entry in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let fields: Vec<&str> = name.split('-').collect();
+            let ["run", run_ns, pid, _start, _n] = fields[..] else {
+                continue;
+            };
+            match pid.parse() {
+                Ok(pid) if run_ns == ns => runs.push((pid, entry.path())),
+                _ => {}
+            }
+        }
+    }
+    runs
+}
+
+/// The inode of this process's pid namespace: the first number of a run cgroup's name.
+pub fn pid_namespace() -> u64 {
+    std::fs::metadata("/proc/self/ns/pid").unwrap().ino()
+}
+
+/// Host pids whose command line starts with `needle` (NUL separates arguments).
+pub fn host_pids_with(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let me = std::process::id();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            // The codecage invocation carries the marker in its arguments too; only
+            // processes *named* by it count.
+            if String::from_utf8_lossy(&cmdline).starts_with(needle) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// One line of a mount table (`/proc/<pid>/mountinfo`, see proc_pid_mountinfo(5)).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mount {
+    /// The directory of the filesystem that is mounted (`/` for the whole filesystem).
+    pub root: String,
+    pub mount_point: String,
+    /// The mount's own options (`ro`, `nosuid`, `nodev`, ...).
+    pub options: Vec<String>,
+    pub fs_type: String,
+    pub source: String,
+    /// The options of the filesystem (its superblock).
+    pub super_options: Vec<String>,
+}
+
+/// Parses a mountinfo table: `id parent major:minor root mount-point options [optional
+/// fields...] - fs-type source super-options`, paths with `\NNN` octal escapes.
+pub fn parse_mountinfo(table: &str) -> Vec<Mount> {
+    let mut mounts = Vec::new();
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let dash = fields.iter().position(|f| *f == "-");
+        let (Some(dash), true) = (dash, fields.len() > 5) else {
+            panic!("not a mountinfo line: {line:?}");
+        };
+        let after = |i: usize| fields.get(dash + i).copied().unwrap_or_default();
+        let list = |s: &str| s.split(',').map(str::to_string).collect::<Vec<_>>();
+        mounts.push(Mount {
+            root: unescape(fields[3]),
+            mount_point: unescape(fields[4]),
+            options: list(fields[5]),
+            fs_type: after(1).to_string(),
+            source: unescape(after(2)),
+            super_options: list(after(3)),
+        });
+    }
+    mounts
+}
+
+/// Undoes the kernel's `\NNN` octal escapes (of space, tab, newline and backslash).
+fn unescape(field: &str) -> String {
+    let mut out = Vec::with_capacity(field.len());
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = bytes
+            .get(i + 1..i + 4)
+            .filter(|_| bytes[i] == b'\\')
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
+        match code {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// The mount table of the host (of this test process, which runs in the host's mount
+/// namespace).
+pub fn host_mounts() -> Vec<Mount> {
+    parse_mountinfo(&std::fs::read_to_string("/proc/self/mountinfo").unwrap())
+}
+
+/// The mounts of `a` that `b` lacks, counting duplicates: a mount stacked on an identical
+/// one is a change too.
+fn missing_from(a: &[Mount], b: &[Mount]) -> Vec<Mount> {
+    let mut rest: Vec<&Mount> = b.iter().collect();
+    a.iter()
+        .filter(|m| match rest.iter().position(|r| r == m) {
+            Some(i) => {
+                rest.swap_remove(i);
+                false
+            }
+            None => true,
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn mountinfo_lines_parse_with_optional_fields_and_escapes() {
+    let table = "36 35 98:0 /mnt1 /mnt\\040two rw,noatime master:1 shared:2 - ext3 /dev/root rw,errors=continue\n\
+                 85 84 0:45 /sys /proc/sys ro,nosuid - proc proc rw\n";
+    let mounts = parse_mountinfo(table);
+    assert_eq!(mounts.len(), 2);
+    assert_eq!(
+        mounts[0],
+        Mount {
+            root: "/mnt1".into(),
+            mount_point: "/mnt two".into(),
+            options: vec!["rw".into(), "noatime".into()],
+            fs_type: "ext3".into(),
+            source: "/dev/root".into(),
+            super_options: vec!["rw".into(), "errors=continue".into()],
+        }
+    );
+    assert_eq!(
+        (
+            mounts[1].mount_point.as_str(),
+            mounts[1].options[0].as_str()
+        ),
+        ("/proc/sys", "ro")
+    );
+    assert!(
+        missing_from(&[mounts[1].clone(), mounts[1].clone()], &mounts) == [mounts[1].clone()],
+        "a duplicate counts"
+    );
+}
