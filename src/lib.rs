@@ -22,6 +22,8 @@ pub mod knobs;
 pub mod launcher;
 pub mod outcome;
 pub mod profile;
+#[cfg(test)]
+mod proptests;
 mod protocol;
 pub mod runner;
 mod sandbox;

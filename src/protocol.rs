@@ -33,8 +33,11 @@ pub const GO: u8 = b'G';
 pub const TAG_RAW_ERROR: u8 = b'E';
 /// A length-prefixed JSON message.
 pub const TAG_MESSAGE: u8 = b'M';
-/// The largest message body either side accepts.
+/// The largest message body the launcher accepts from the sandbox, which it does not trust.
 pub const MAX_FRAME: usize = 1 << 20;
+/// The largest message the launcher sends (a Spec carries the code): the init reads it
+/// before anything of the payload runs.
+pub const MAX_SPEC_FRAME: usize = 1 << 30;
 
 /// Declares the setup steps once: the enum, each step's name (what errors report, the
 /// function that performs it) and what it does.
@@ -298,15 +301,16 @@ pub fn mark(channel: &std::os::unix::net::UnixStream, phase: Phase) {
             phase,
             at_ns: crate::sys::monotonic_ns(),
         },
+        MAX_FRAME,
     );
 }
 
-/// Writes one length-prefixed JSON message.
-pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+/// Writes one length-prefixed JSON message of at most `max` bytes.
+pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T, max: usize) -> io::Result<()> {
     let body = serde_json::to_vec(msg)?;
-    if body.len() > MAX_FRAME {
+    if body.len() > max {
         return Err(io::Error::other(format!(
-            "message of {} bytes is over the protocol's {MAX_FRAME}",
+            "message of {} bytes is over the protocol's {max}",
             body.len()
         )));
     }
@@ -317,8 +321,8 @@ pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()
     w.write_all(&frame)
 }
 
-/// Reads one length-prefixed JSON message, blocking.
-pub fn read_message<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<T> {
+/// Reads one length-prefixed JSON message of at most `max` bytes, blocking.
+pub fn read_message<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> io::Result<T> {
     let mut head = [0u8; 5];
     r.read_exact(&mut head)?;
     let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidData, msg);
@@ -326,10 +330,8 @@ pub fn read_message<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<T> {
         return Err(invalid(format!("unexpected frame tag {:#x}", head[0])));
     }
     let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    if len > MAX_FRAME {
-        return Err(invalid(format!(
-            "a frame of {len} bytes is over {MAX_FRAME}"
-        )));
+    if len > max {
+        return Err(invalid(format!("a frame of {len} bytes is over {max}")));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
@@ -422,6 +424,7 @@ mod tests {
                 code: Some(3),
                 signal: None,
             },
+            MAX_FRAME,
         )
         .unwrap();
         wire.extend_from_slice(&raw_error_frame(Step::ExecInit, libc::ENOENT));
@@ -457,14 +460,11 @@ mod tests {
         reader.feed(b"xyz");
         assert!(reader.next_message().unwrap().is_err());
         let mut wire = Vec::new();
-        write_message(
-            &mut wire,
-            &FromSandbox::Exited {
-                code: Some(0),
-                signal: None,
-            },
-        )
-        .unwrap();
+        let exited = FromSandbox::Exited {
+            code: Some(0),
+            signal: None,
+        };
+        write_message(&mut wire, &exited, MAX_FRAME).unwrap();
         reader.feed(&wire);
         assert!(reader.next_message().is_none());
     }
@@ -512,8 +512,8 @@ mod tests {
             nix::errno::Errno::EPERM,
             "d",
         ));
-        write_message(&mut wire, &msg).unwrap();
-        let back: FromSandbox = read_message(&mut wire.as_slice()).unwrap();
+        write_message(&mut wire, &msg, MAX_FRAME).unwrap();
+        let back: FromSandbox = read_message(&mut wire.as_slice(), MAX_FRAME).unwrap();
         assert_eq!(back, msg);
     }
 

@@ -271,6 +271,15 @@ impl Spec {
                 return Err(format!("environment variable {key} contains a NUL byte"));
             }
         }
+        let code_bytes: u64 = self.files.iter().map(|f| f.contents.len() as u64).sum();
+        if code_bytes > self.work_size {
+            return Err(format!(
+                "the code is {} bytes, more than /work holds ({}): send less code, or use a profile with a \
+                 larger work_size",
+                code_bytes,
+                crate::units::format_size(self.work_size)
+            ));
+        }
         for file in &self.files {
             let name = &file.name;
             if name.is_empty()

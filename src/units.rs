@@ -8,26 +8,48 @@ use std::time::Duration;
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let form = "a positive number of seconds, or a number with ms, s, m or h (30, 30s, 500ms, 2m)";
     let t = text.trim();
-    let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 0.001)
+    let (number, unit_ns): (&str, u128) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1_000_000)
     } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
+        (n, 1_000_000_000)
     } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
+        (n, 60_000_000_000)
     } else if let Some(n) = t.strip_suffix('h') {
-        (n, 3600.0)
+        (n, 3_600_000_000_000)
     } else {
-        (t, 1.0)
+        (t, 1_000_000_000)
     };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration: use {form}"))?;
-    let secs = value * scale;
-    if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
-        return Err(format!("{text:?} is out of range: use {form}"));
+    let not_a_duration = || format!("{text:?} is not a duration: use {form}");
+    let out_of_range = || format!("{text:?} is out of range: use {form}");
+    // Decimal arithmetic on the digits, so that what format_duration writes reads back
+    // exactly (floating point would turn 1.012s into 1.012000002s).
+    let (whole, fraction) = number.trim().split_once('.').unwrap_or((number.trim(), ""));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !(digits(whole) || (whole.is_empty() && digits(fraction)))
+        || !(fraction.is_empty() || digits(fraction))
+    {
+        return Err(not_a_duration());
     }
-    Ok(Duration::from_secs_f64(secs))
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| out_of_range())?
+    };
+    let fraction = &fraction[..fraction.len().min(18)];
+    let scale = 10u128.pow(fraction.len() as u32);
+    let fraction: u128 = if fraction.is_empty() {
+        0
+    } else {
+        fraction.parse().map_err(|_| not_a_duration())?
+    };
+    let nanos = whole
+        .checked_mul(unit_ns)
+        .and_then(|n| n.checked_add(fraction * unit_ns / scale))
+        .ok_or_else(out_of_range)?;
+    if nanos == 0 || nanos > 1_000_000_000 * 1_000_000_000 {
+        return Err(out_of_range());
+    }
+    Ok(Duration::from_nanos(nanos as u64))
 }
 
 /// Parses a size in bytes: a bare number of bytes or a number with K, M, G or T (binary

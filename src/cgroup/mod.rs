@@ -801,4 +801,38 @@ mod tests {
             );
         }
     }
+
+    /// A limit the kernel refuses (pids.max above PID_MAX_LIMIT) skips that controller
+    /// alone in best-effort mode, and fails the run in required mode.
+    #[test]
+    fn best_effort_skips_only_the_controller_the_kernel_refused() {
+        if !require_root() {
+            return;
+        }
+        let limits = Limits {
+            memory: 48 << 20,
+            cpu_quota_us: 25_000,
+            pids: 5_000_000,
+        };
+        assert!(RunCgroup::create(layout(), &limits, false).is_err());
+        let run = RunCgroup::create(layout(), &limits, true).unwrap();
+        assert_eq!(run.skipped().len(), 1, "{:?}", run.skipped());
+        assert!(
+            run.skipped()[0].starts_with("cgroup pids limit"),
+            "{:?}",
+            run.skipped()
+        );
+        let memory = match layout() {
+            Layout::V2 { .. } => run.unified.as_ref().unwrap().0.join("memory.max"),
+            _ => run
+                .v1_dir(Controller::Memory)
+                .unwrap()
+                .join("memory.limit_in_bytes"),
+        };
+        assert_eq!(
+            fs::read_to_string(memory).unwrap().trim(),
+            (48u64 << 20).to_string()
+        );
+        run.remove().unwrap();
+    }
 }

@@ -244,7 +244,7 @@ fn handshake(spec: &Spec, sandbox: &mut Sandbox, slot: u32) -> Result<(), String
     // A stuck child must not hang the launcher past the run's own deadline.
     let _ = sandbox.channel.set_write_timeout(Some(spec.timeout));
     let mut frame = vec![GO];
-    protocol::write_message(&mut frame, spec)
+    protocol::write_message(&mut frame, spec, protocol::MAX_SPEC_FRAME)
         .map_err(|e| format!("cannot encode the spec: {e}"))?;
     sandbox.go_ns = crate::sys::monotonic_ns();
     let _ = send_all(&sandbox.channel, &frame);

@@ -53,7 +53,7 @@ fn init_main() -> ! {
         _ => 0,
     };
     // If the launcher is gone there is nobody to tell, and nothing else to do.
-    let _ = protocol::write_message(&mut &channel, &report);
+    let _ = protocol::write_message(&mut &channel, &report, protocol::MAX_FRAME);
     std::process::exit(code)
 }
 
@@ -116,7 +116,7 @@ fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
 }
 
 fn receive_spec(channel: &UnixStream) -> Result<Spec, SetupError> {
-    protocol::read_message(&mut &*channel)
+    protocol::read_message(&mut &*channel, protocol::MAX_SPEC_FRAME)
         .map_err(|e| SetupError::io(Step::ReceiveSpec, &e, "reading the Spec from the launcher"))
 }
 

@@ -42,7 +42,11 @@ pub fn exec(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> ! {
             std::process::exit(code)
         }
         Err(err) => {
-            let _ = protocol::write_message(&mut &*channel, &FromSandbox::SetupFailed(err));
+            let _ = protocol::write_message(
+                &mut &*channel,
+                &FromSandbox::SetupFailed(err),
+                protocol::MAX_FRAME,
+            );
             std::process::exit(125);
         }
     }
@@ -72,7 +76,7 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
         landlock_abi: landlock.abi,
         skipped,
     };
-    protocol::write_message(&mut &*channel, &report).map_err(|e| {
+    protocol::write_message(&mut &*channel, &report, protocol::MAX_FRAME).map_err(|e| {
         SetupError::io(
             Step::ReportHardening,
             &e,

@@ -1,0 +1,153 @@
+//! Kernel memory a payload can pin outside its processes: socket queues, pipe buffers,
+//! message queues, page tables, inotify and epoll instances. Each kind is pinned as far as
+//! it goes under a 64M limit while the test watches the host's counters: it must be
+//! charged to the run's memory cgroup (the run ends `oom`) or bounded per sandbox, and the
+//! host must never lose much more than the limit.
+
+use std::time::{Duration, Instant};
+
+use super::common::*;
+
+const SCRIPT: &str = include_str!("scripts/pin_kernel_memory.py");
+const LIMIT_MIB: i64 = 64;
+
+/// What the host lost while a run pinned `kind`, at worst: MemAvailable and the UDP
+/// sockets' memory (/proc/net/sockstat), in MiB.
+struct HostLoss {
+    mem_available: i64,
+    udp: i64,
+}
+
+fn mem_available_kib() -> i64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn udp_pages() -> i64 {
+    std::fs::read_to_string("/proc/net/sockstat")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("UDP:"))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "mem").nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn pin(kind: &str) -> (Run, HostLoss) {
+    let (mem0, udp0) = (mem_available_kib(), udp_pages());
+    let child = codecage_run()
+        .args([
+            "--json",
+            "--memory",
+            &format!("{LIMIT_MIB}M"),
+            "--timeout",
+            &secs(30),
+        ])
+        .args(["--", "python3", "-c", SCRIPT, kind])
+        .stdout(std::process::Stdio::piped())
+        .launch();
+    let (mut min_mem, mut max_udp) = (mem0, udp0);
+    let pid = child.id();
+    let end = Instant::now() + Duration::from_secs(60 * slowdown());
+    while std::path::Path::new(&format!("/proc/{pid}/stat")).exists() && Instant::now() < end {
+        min_mem = min_mem.min(mem_available_kib());
+        max_udp = max_udp.max(udp_pages());
+        // A zombie launcher has finished; stop sampling once it has.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if state.contains(") Z ") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let run = finish(child);
+    let loss = HostLoss {
+        mem_available: (mem0 - min_mem) / 1024,
+        udp: (max_udp - udp0) * 4 / 1024,
+    };
+    (run, loss)
+}
+
+/// The host's loss stays within the limit twice over (v1 counts socket buffers apart from
+/// the rest, each up to the limit) plus what the rest of the machine does meanwhile.
+fn assert_host_held(kind: &str, run: &Run, loss: &HostLoss) {
+    let bound = 2 * LIMIT_MIB + 96;
+    assert!(
+        loss.mem_available <= bound,
+        "{kind}: the host lost {} MiB of available memory (bound {bound}): {}",
+        loss.mem_available,
+        run.json
+    );
+    assert!(
+        loss.udp <= LIMIT_MIB + 8,
+        "{kind}: UDP queues held {} MiB of host memory: {}",
+        loss.udp,
+        run.json
+    );
+}
+
+/// Charged to the run's cgroup: the run ends at its memory limit.
+fn assert_charged(kind: &str) {
+    as_root(|| {
+        let (run, loss) = pin(kind);
+        assert_eq!(run.error(), Some("oom"), "{kind}: {}", run.json);
+        assert_host_held(kind, &run, &loss);
+    });
+}
+
+#[test]
+fn udp_socket_queues_are_capped_per_sandbox() {
+    as_root(|| {
+        let (run, loss) = pin("udp");
+        // Datagrams past the cap are dropped: the program goes on, the host keeps its memory.
+        assert_eq!(run.error(), None, "{}", run.json);
+        assert!(run.stdout().starts_with("udp pinned"), "{}", run.json);
+        assert_host_held("udp", &run, &loss);
+    });
+}
+
+#[test]
+fn unix_socket_queues_are_charged_or_bounded_by_the_fd_limit() {
+    as_root(|| {
+        let (run, loss) = pin("unix");
+        // 120 socket pairs (the fd limit) of queued bytes: charged to the cgroup, so either
+        // the limit ends the run or the queues fit in it.
+        assert!(
+            run.error() == Some("oom") || run.stdout().starts_with("unix pinned"),
+            "{}",
+            run.json
+        );
+        let peak = run.json["peak_memory_bytes"].as_u64().unwrap_or(0);
+        assert!(peak > 16 << 20, "the queues were not charged: {}", run.json);
+        assert_host_held("unix", &run, &loss);
+    });
+}
+
+#[test]
+fn pipe_buffers_are_charged_to_the_run() {
+    assert_charged("pipe");
+}
+
+#[test]
+fn sysv_message_queues_are_charged_to_the_run() {
+    assert_charged("msgq");
+}
+
+#[test]
+fn page_tables_are_charged_to_the_run() {
+    assert_charged("pagetables");
+}
+
+#[test]
+fn inotify_and_epoll_instances_are_bounded_per_sandbox() {
+    as_root(|| {
+        for kind in ["inotify", "epoll"] {
+            let (run, loss) = pin(kind);
+            assert!(run.stdout().contains("stopped"), "{kind}: {}", run.json);
+            assert_host_held(kind, &run, &loss);
+        }
+    });
+}

@@ -1,0 +1,60 @@
+# Pins one kind of kernel memory in a sandbox as far as it will go, says how far, then
+# holds it for 2 s so the test can read the host's counters. Used by tests/suite/kmem.rs.
+import os, sys, socket, time, fcntl, select, ctypes, mmap
+kind = sys.argv[1]
+MiB = 1 << 20
+keep = []
+pinned = 0
+def report(why):
+    print(f"{kind} pinned {pinned // MiB} MiB ({why})", flush=True)
+try:
+    if kind == "udp":
+        # One sender, as many receivers as the fd limit allows, each queue filled to its
+        # largest buffer: unaccounted, this pins about 1 GiB of host memory.
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); keep.append(s)
+        for i in range(240):
+            r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); r.bind(("127.0.0.1", 0))
+            r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * MiB)
+            keep.append(r)
+            for j in range(80):
+                s.sendto(b"x" * 65000, r.getsockname()); pinned += 65000
+    elif kind == "unix":
+        for i in range(120):
+            a, b = socket.socketpair(); a.setblocking(False); keep += [a, b]
+            try:
+                while True: pinned += a.send(b"x" * 65536)
+            except BlockingIOError: pass
+    elif kind == "pipe":
+        for i in range(120):
+            r, w = os.pipe(); keep += [r, w]
+            try: fcntl.fcntl(w, 1031, MiB)
+            except OSError: pass
+            os.set_blocking(w, False)
+            try:
+                while True: pinned += os.write(w, b"x" * 65536)
+            except BlockingIOError: pass
+    elif kind == "msgq":
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(8 + 8192); buf[0] = b"\x01"
+        for i in range(32000):
+            q = libc.msgget(0, 0o1600)  # IPC_PRIVATE | IPC_CREAT | 0600
+            if q < 0: raise OSError(ctypes.get_errno(), "msgget")
+            while libc.msgsnd(q, buf, 8192, 0o4000) == 0: pinned += 8192  # IPC_NOWAIT
+    elif kind == "pagetables":
+        for i in range(4096):
+            m = mmap.mmap(-1, 64 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)  # MAP_NORESERVE
+            for off in range(0, 64 * MiB, 2 * MiB): m[off] = 1
+            keep.append(m); pinned += 32 * 4096 + 32 * 4096
+    elif kind == "inotify":
+        libc = ctypes.CDLL(None, use_errno=True)
+        for i in range(100000):
+            fd = libc.inotify_init1(0)
+            if fd < 0: raise OSError(ctypes.get_errno(), "inotify_init1")
+            keep.append(fd); pinned += 1024
+    elif kind == "epoll":
+        for i in range(100000):
+            e = select.epoll(); keep.append(e); pinned += 1024
+    report("done")
+except OSError as e:
+    report(f"stopped: {e}")
+time.sleep(2)
