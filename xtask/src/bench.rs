@@ -15,47 +15,26 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-pub const USAGE: &str = "\
-usage: cargo xtask bench [--rounds N] [--throughput N] [--no-write]
-
-Measures, interleaved and side by side on the host rootfs:
-  start-up of /bin/true, python3 -c pass and node -e 0: bare, bubblewrap, crun, codecage
-  the cost of each codecage layer (namespaces only; + cgroup; + landlock; + seccomp)
-  throughput of N x python3 -c pass, 1 and 2 in parallel: bare, bubblewrap, codecage
-and writes the table to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap and
-crun from Debian when missing; builds codecage in release mode.
-  --rounds N       rounds of the start-up scenarios (default 60; python and node use N/2)
-  --throughput N   runs per throughput measurement (default 500)";
-
-struct Options {
+/// Start-up, layer cost and throughput against bare, bubblewrap and crun (root)
+///
+/// Measures, interleaved and side by side on the host rootfs:
+///   start-up of /bin/true, python3 -c pass and node -e 0: bare, bubblewrap, crun, codecage
+///   the cost of each codecage layer (namespaces only; + cgroup; + landlock; + seccomp)
+///   throughput of N x python3 -c pass, 1 and 2 in parallel: bare, bubblewrap, codecage
+/// and writes the tables to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap
+/// and crun from Debian when missing; builds codecage in release mode.
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// Rounds of the start-up scenarios (python and node use N/2; at least 3)
+    #[arg(long, value_name = "N", default_value_t = 60)]
     rounds: usize,
+    /// Runs per throughput measurement (at least 2)
+    #[arg(long, value_name = "N", default_value_t = 500)]
     throughput: usize,
-    write: bool,
-}
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        rounds: 60,
-        throughput: 500,
-        write: true,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut number = |name: &str| -> Result<usize> {
-            let v = it
-                .next()
-                .with_context(|| format!("{name} needs a number"))?;
-            v.parse()
-                .with_context(|| format!("{name} {v}: not a number"))
-        };
-        match arg.as_str() {
-            "--rounds" => o.rounds = number("--rounds")?.max(3),
-            "--throughput" => o.throughput = number("--throughput")?.max(2),
-            "--no-write" => o.write = false,
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
-        }
-    }
-    Ok(o)
+    /// Print the tables only, leave BENCHMARKS.md as it is
+    #[arg(long)]
+    no_write: bool,
 }
 
 /// One command under test; `{id}` in its argv becomes a unique number per run.
@@ -215,8 +194,12 @@ fn throughput(cmd: &Cmd, n: usize, parallel: usize, next_id: &mut usize) -> Resu
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-pub fn main(args: &[String]) -> Result<i32> {
-    let opts = parse(args)?;
+pub fn bench(args: &Args) -> Result<i32> {
+    let opts = Options {
+        rounds: args.rounds.max(3),
+        throughput: args.throughput.max(2),
+        write: !args.no_write,
+    };
     if !crate::host::is_root() {
         bail!("the benchmark creates namespaces and cgroups: run it as root");
     }
@@ -241,6 +224,12 @@ pub fn main(args: &[String]) -> Result<i32> {
         eprintln!("    Wrote BENCHMARKS.md");
     }
     Ok(0)
+}
+
+struct Options {
+    rounds: usize,
+    throughput: usize,
+    write: bool,
 }
 
 fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
@@ -582,4 +571,29 @@ fn tempdir() -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("codecage-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{tests::parse, Task};
+
+    #[test]
+    fn parses_arguments() {
+        let Ok(Task::Bench(a)) = parse(&["bench"]) else {
+            panic!()
+        };
+        assert_eq!((a.rounds, a.throughput, a.no_write), (60, 500, false));
+        let Ok(Task::Bench(a)) = parse(&["bench", "--rounds", "7", "--throughput=9", "--no-write"])
+        else {
+            panic!()
+        };
+        assert_eq!((a.rounds, a.throughput, a.no_write), (7, 9, true));
+        for bad in [
+            &["bench", "--rounds"][..],
+            &["bench", "--rounds", "x"],
+            &["bench", "x"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -14,9 +14,8 @@
 //! * [`remove_tree`] refuses to delete through a mount point.
 
 pub use crate::host::{
-    check_interrupted, display_command, find_command, install_signal_handlers, interrupted,
-    is_root, mounts_below, own_group_and_die_with_parent, remove_tree, shell_quote, signal_group,
-    stop_group,
+    check_interrupted, display_command, find_command, interrupted, mounts_below,
+    own_group_and_die_with_parent, remove_tree, signal_group, stop_group,
 };
 use anyhow::{bail, Context, Result};
 use std::fs;

@@ -37,21 +37,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub const USAGE: &str = "\
-usage: cargo xtask vm-build
-
-Builds the cgroup-v2 VM image (needs root: it installs missing host packages
-with apt-get and bootstraps a Debian root filesystem). Instant when the image
-for the current recipe exists already.
-
-environment:
+/// The environment variables of the VM lane, for `vm-build --help`.
+pub const ENVIRONMENT: &str = "\
+Environment:
   CODECAGE_VM_CACHE   image cache directory (default /var/cache/codecage/vm)
   CODECAGE_VM_MIRROR  mmdebstrap mirror argument (default: the host's bookworm
                       sources, else deb.debian.org)
   CODECAGE_VM_KERNEL_SUITE
-                      where the guest kernel comes from: bookworm-backports
-                      (default, 6.12, Landlock ABI 6) or bookworm (6.1, ABI 2).
-                      Each has its own image; set it for vm-run/vm-test too.
+                      where the guest kernel comes from: bookworm-backports (default,
+                      6.12, Landlock ABI 6) or bookworm (6.1, ABI 2). Each has its own
+                      image; set it for vm-run/vm-test too.
   CODECAGE_VM_KERNEL_MIRROR
                       mirror for a kernel suite other than bookworm
                       (default http://deb.debian.org/debian)";

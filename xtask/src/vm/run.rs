@@ -20,9 +20,9 @@
 
 use super::{
     find_command, interrupted, own_group_and_die_with_parent, secs, shell_quote, signal_group,
-    tail_lines, Image, TempDir, EXIT_TIMEOUT, EXIT_VM_FAILED,
+    tail_lines, workspace_root, Image, TempDir, EXIT_TIMEOUT, EXIT_VM_FAILED,
 };
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use std::fs;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -46,102 +46,102 @@ const BOOT_ATTEMPTS: u32 = 3;
 /// kills QEMU (time for the guest to record the status and power off).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// What to run in the VM.
-#[derive(Debug, Clone)]
+/// Run a command in the VM
+///
+/// Boots the cgroup v2 VM (building its image first if needed), runs CMD as root in the
+/// current directory when that is inside the share (else in the share), with its output
+/// streamed to stdout, and exits with CMD's status (124: timeout, 125: the VM failed).
+/// The share is mounted at the same absolute path in the guest.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    verbatim_doc_comment,
+    override_usage = "cargo xtask vm-run [OPTIONS] [--] CMD [ARGS...]"
+)]
 pub struct RunOptions {
-    /// Time limit of the command itself (boot time not included).
-    pub timeout: Duration,
-    /// Host directory shared at the same path in the guest.
+    /// Time limit of the command in whole seconds (boot time not included)
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT)]
+    pub timeout: Seconds,
+    /// Host directory shared at the same path in the guest
+    ///
+    /// Default: the workspace root.
+    #[arg(long, value_name = "DIR", default_value_os_t = workspace_root(), hide_default_value = true)]
     pub share: PathBuf,
-    /// Working directory of the command (inside `share`).
-    pub cwd: PathBuf,
-    /// Extra environment for the command.
+    /// Extra environment for the command (repeatable)
+    ///
+    /// K=V, or K for the host's value of K.
+    #[arg(long, value_name = "K=V|K", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
-    /// The command and its arguments.
+    /// Working directory of the command (inside `share`); empty: see above.
+    #[arg(skip)]
+    pub cwd: PathBuf,
+    /// The command and its arguments
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
 }
 
 impl RunOptions {
-    /// Defaults: share the workspace root, run in the current directory when
-    /// that is inside the share (else in the share), 10 minutes.
+    /// The defaults of `vm-run` for `command`.
     pub fn new(command: Vec<String>) -> RunOptions {
         RunOptions {
-            timeout: Duration::from_secs(600),
-            share: super::workspace_root(),
-            cwd: PathBuf::new(),
+            timeout: DEFAULT_TIMEOUT,
+            share: workspace_root(),
             env: Vec::new(),
+            cwd: PathBuf::new(),
             command,
         }
     }
 }
 
-pub const USAGE: &str = "\
-usage: cargo xtask vm-run [--timeout SECS] [--share DIR] [--env K=V|K]... -- CMD [ARGS...]
+/// `vm-run`'s time limit.
+const DEFAULT_TIMEOUT: Seconds = Seconds::new(600);
 
-Boots the cgroup-v2 VM (building its image first if needed), runs CMD as root
-in DIR (default: the workspace root, shared at the same absolute path), with
-its output streamed to stdout, and exits with CMD's status (124: timeout,
-125: the VM failed). `--env K` passes the host's value of K.";
+/// A time limit in whole seconds, more than zero (`--timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seconds(u64);
 
-/// Parse `vm-run`'s arguments.
-pub fn parse_args(args: &[String]) -> Result<RunOptions> {
-    let mut opts = RunOptions::new(Vec::new());
-    let mut share = None;
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].as_str();
-        let mut value = || -> Result<&String> {
-            i += 1;
-            args.get(i)
-                .with_context(|| format!("{arg} needs a value\n\n{USAGE}"))
-        };
-        match arg {
-            "--" => {
-                opts.command = args[i + 1..].to_vec();
-                break;
-            }
-            "--timeout" => opts.timeout = parse_timeout(value()?)?,
-            "--share" => share = Some(PathBuf::from(value()?)),
-            "--env" => opts.env.push(parse_env(value()?)?),
-            "-h" | "--help" => bail!("{USAGE}"),
-            a if a.starts_with('-') => bail!("unknown option {a}\n\n{USAGE}"),
-            _ => {
-                opts.command = args[i..].to_vec();
-                break;
-            }
-        }
-        i += 1;
+impl Seconds {
+    pub const fn new(secs: u64) -> Seconds {
+        Seconds(secs)
     }
-    ensure!(!opts.command.is_empty(), "no command given\n\n{USAGE}");
-    if let Some(share) = share {
-        opts.share = share;
+
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(self.0)
     }
-    Ok(opts)
 }
 
-pub fn parse_timeout(s: &str) -> Result<Duration> {
-    let secs: u64 = s
-        .parse()
-        .with_context(|| format!("bad timeout {s:?}: want whole seconds"))?;
-    ensure!(secs > 0, "timeout must be positive");
-    Ok(Duration::from_secs(secs))
+impl std::str::FromStr for Seconds {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Seconds, String> {
+        match s.parse::<u64>() {
+            Ok(0) => Err("the timeout must be positive".to_string()),
+            Ok(secs) => Ok(Seconds(secs)),
+            Err(_) => Err("want whole seconds".to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
 }
 
 /// `K=V`, or `K` for the host's value of K.
-pub fn parse_env(s: &str) -> Result<(String, String)> {
+pub fn parse_env(s: &str) -> Result<(String, String), String> {
     let (k, v) = match s.split_once('=') {
         Some((k, v)) => (k.to_string(), v.to_string()),
         None => (
             s.to_string(),
-            std::env::var(s).with_context(|| format!("--env {s}: not set on the host"))?,
+            std::env::var(s).map_err(|_| format!("{s} is not set on the host"))?,
         ),
     };
-    ensure!(
-        !k.is_empty()
-            && !k.starts_with(|c: char| c.is_ascii_digit())
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
-        "bad environment variable name {k:?}"
-    );
+    let valid = !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid {
+        return Err(format!("bad environment variable name {k:?}"));
+    }
     Ok((k, v))
 }
 
@@ -340,7 +340,7 @@ fn boot(
         format!(
             "SHARE={}\nTIMEOUT={}\nOUT_PORT={}\nDEBUG={}\n",
             shell_quote(share),
-            opts.timeout.as_secs(),
+            opts.timeout,
             OUT_PORT,
             if debug() { "1" } else { "" }
         ),
@@ -412,7 +412,7 @@ fn boot(
     eprintln!(
         "[vm] boot {attempt}: {accel}, {cpus} vCPUs, {mem} MiB; share {}; timeout {}s",
         share.display(),
-        opts.timeout.as_secs()
+        opts.timeout
     );
     let t0 = Instant::now();
     let mut child = cmd.spawn().context("cannot start qemu-system-x86_64")?;
@@ -457,13 +457,13 @@ fn boot(
                     secs(boot_timeout)
                 )));
             }
-            Some(s) if s.elapsed() > opts.timeout + SHUTDOWN_GRACE => {
+            Some(s) if s.elapsed() > opts.timeout.duration() + SHUTDOWN_GRACE => {
                 signal_group(&child, libc::SIGKILL);
                 let _ = child.wait();
                 pump(&mut output);
                 eprintln!(
                     "[vm] timeout: the command ran over {}s and the guest did not stop it; VM killed",
-                    opts.timeout.as_secs()
+                    opts.timeout
                 );
                 break Some(Outcome::Status(EXIT_TIMEOUT));
             }
@@ -524,4 +524,64 @@ fn show_failure(console_log: &Path, qemu_log: &Path) {
         eprint!("{}", tail_lines(qemu_log, 20));
     }
     eprintln!("--------------------------------");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{tests::parse, Task};
+
+    fn run_options(args: &[&str]) -> Result<RunOptions, clap::Error> {
+        let argv: Vec<&str> = std::iter::once("vm-run")
+            .chain(args.iter().copied())
+            .collect();
+        match parse(&argv)? {
+            Task::VmRun(opts) => Ok(opts),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_arguments() {
+        let o = run_options(&["ls", "-la", "--timeout", "5"]).unwrap();
+        assert_eq!(o.command, ["ls", "-la", "--timeout", "5"]);
+        assert_eq!(o.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(o.share, workspace_root());
+        let o = run_options(&[
+            "--timeout",
+            "5",
+            "--timeout",
+            "7",
+            "--env",
+            "A=b=c",
+            "--share",
+            "/s",
+            "--",
+            "--x",
+        ])
+        .unwrap();
+        assert_eq!(o.command, ["--x"]);
+        assert_eq!(o.timeout.duration(), Duration::from_secs(7));
+        assert_eq!(o.env, [("A".to_string(), "b=c".to_string())]);
+        assert_eq!(o.share, PathBuf::from("/s"));
+        for bad in [
+            &[][..],
+            &["--"],
+            &["--bogus", "--", "x"],
+            &["--timeout", "0", "x"],
+            &["--timeout", "1.5", "x"],
+            &["--env", "1A=b", "x"],
+            &["--env", "=b", "x"],
+            &["--env", "CODECAGE_XTASK_TEST_UNSET", "x"],
+        ] {
+            assert!(run_options(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn env_takes_the_hosts_value() {
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(parse_env("PATH"), Ok(("PATH".to_string(), path)));
+        assert_eq!(parse_env("A_1="), Ok(("A_1".to_string(), String::new())));
+    }
 }
