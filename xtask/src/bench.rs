@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::host::{apt_install, find_command, workspace_root, Recommends, Runner, TempTree};
+
 /// Start-up, layer cost and throughput against bare, bubblewrap and crun (root)
 ///
 /// Measures, interleaved and side by side on the host rootfs:
@@ -214,10 +216,8 @@ pub fn bench(args: &Args) -> Result<i32> {
         bail!("cargo build --release failed");
     }
     let codecage = root.join("target/release/codecage").display().to_string();
-    let work = tempdir()?;
-    let result = run_all(&opts, &codecage, &work);
-    let _ = std::fs::remove_dir_all(&work);
-    let report = result?;
+    let work = TempTree::create_in(&std::env::temp_dir(), "codecage-bench-")?;
+    let report = run_all(&opts, &codecage, work.path())?;
     print!("{report}");
     if opts.write {
         std::fs::write(root.join("BENCHMARKS.md"), &report)?;
@@ -548,29 +548,10 @@ fn machine() -> Result<String> {
 fn install(tools: &[(&str, &str)]) -> Result<()> {
     let missing: Vec<&str> = tools
         .iter()
-        .filter(|(tool, _)| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+        .filter(|(tool, _)| find_command(tool).is_none())
         .map(|(_, pkg)| *pkg)
         .collect();
-    crate::host::apt_install(&missing)
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(Path::new("."))
-        .to_path_buf()
-}
-
-fn tempdir() -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("codecage-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    apt_install(&Runner::terminal(), &missing, Recommends::Skip)
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use crate::host::{apt_install, Recommends, Runner};
+
 /// Run the unit and integration tests (root)
 ///
 /// Installs the Debian packages the tests use inside the sandbox (procps, python3, nodejs)
@@ -79,7 +81,7 @@ fn install_missing() -> Result<()> {
         .filter(|(path, _)| !std::path::Path::new(path).exists())
         .map(|(_, pkg)| *pkg)
         .collect();
-    crate::host::apt_install(&missing)
+    apt_install(&Runner::terminal(), &missing, Recommends::Skip)
 }
 
 #[cfg(test)]

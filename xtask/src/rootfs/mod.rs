@@ -14,19 +14,20 @@
 //!
 //! * [`build`]: the steps (mmdebstrap, pip, npm, configuration, smoke test).
 //! * [`manifest`]: the manifest and the content hash of the tree.
-//! * [`process`]: child processes, interrupts, safe removal.
+//! * `crate::host` runs the tools, reports the steps, handles interrupts and removes
+//!   trees safely.
 
 mod build;
 mod manifest;
-mod process;
 
-pub use crate::host::secs;
-use crate::host::{find_command, install_signal_handlers, is_root, shell_quote};
+use crate::host::{
+    check_interrupted, debian, find_command, install_signal_handlers, is_root,
+    kill_processes_rooted_in, orphans, remove_stale, remove_tree, secs, shell_quote, status, warn,
+    workspace_root, TempTree,
+};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest as _, Sha256};
-use std::fmt::Display;
 use std::fs;
-use std::io::IsTerminal as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -190,22 +191,14 @@ pub fn rootfs(args: &Args) -> Result<i32> {
         report_fresh(&recipe, &paths, start);
         return Ok(0);
     }
-    remove_stale(&paths.out);
+    remove_stale_builds(&paths.out);
     build::build(&recipe, &paths, args.verbose, start)?;
     Ok(0)
 }
 
-/// `rootfs/` in the workspace. `cargo run` sets `CARGO_MANIFEST_DIR` (xtask's
-/// directory) at run time; the compile-time value is the fallback.
+/// `rootfs/` in the workspace: the recipes.
 fn recipes_dir() -> PathBuf {
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or(manifest)
-        .join("rootfs")
+    workspace_root().join("rootfs")
 }
 
 /// A recipe: the files of `rootfs/<NAME>/` and their hash.
@@ -283,10 +276,7 @@ impl Recipe {
             .iter()
             .find(|(r, _)| r == rel)
             .with_context(|| format!("{} has no {rel}", self.dir.display()))?;
-        Ok(String::from_utf8_lossy(content)
-            .lines()
-            .map(|l| l.split('#').next().unwrap_or("").trim())
-            .filter(|l| !l.is_empty())
+        Ok(debian::list_lines(&String::from_utf8_lossy(content))
             .map(str::to_string)
             .collect())
     }
@@ -466,7 +456,7 @@ fn verify(out: &Path, recipe: &str, start: Instant) -> Result<i32> {
 
 /// Move the finished image into place, write the manifest beside it, switch
 /// the link, remove old images.
-fn install(p: &Paths, tmp: &mut process::Guard, manifest_text: &str) -> Result<()> {
+fn install(p: &Paths, tmp: &mut TempTree, manifest_text: &str) -> Result<()> {
     if fs::symlink_metadata(&p.image).is_ok() {
         if is_complete(p) {
             // --force of an existing image: swap the two trees atomically (the
@@ -479,16 +469,16 @@ fn install(p: &Paths, tmp: &mut process::Guard, manifest_text: &str) -> Result<(
                 std::process::id()
             ));
             rename(tmp.path(), &replaced)?;
-            tmp.disarm();
+            tmp.keep();
         } else {
             // What an interrupted install left; never linked.
-            process::remove_tree(&p.image)?;
+            remove_tree(&p.image)?;
             rename(tmp.path(), &p.image)?;
-            tmp.disarm();
+            tmp.keep();
         }
     } else {
         rename(tmp.path(), &p.image)?;
-        tmp.disarm();
+        tmp.keep();
     }
     let manifest_tmp = p.out.join(format!(".{}.manifest.json.tmp", p.image_name()));
     fs::write(&manifest_tmp, manifest_text)?;
@@ -572,7 +562,7 @@ fn prune(p: &Paths, previous: Option<&str>) {
         if base == file {
             status("Removing", format!("old image {}", entry.path().display()));
         }
-        if let Err(e) = process::remove_tree(&entry.path()) {
+        if let Err(e) = remove_tree(&entry.path()) {
             warn(format!("{e:#}"));
         }
     }
@@ -581,31 +571,22 @@ fn prune(p: &Paths, previous: Option<&str>) {
 /// Remove what earlier builds left behind once their process is gone:
 /// `*.tmp-<pid>` image trees and `.*.work-<pid>` directories of builds that
 /// died, and `.*.replaced-<pid>` trees that `--force` swapped out.
-fn remove_stale(out: &Path) {
-    let Ok(entries) = fs::read_dir(out) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let file = entry.file_name().to_string_lossy().into_owned();
-        let Some((kind, pid)) = [".tmp-", ".work-", ".replaced-"]
+fn remove_stale_builds(out: &Path) {
+    let build_pid = |name: &str| {
+        let (_, pid) = [".tmp-", ".work-", ".replaced-"]
             .into_iter()
-            .find_map(|k| file.rsplit_once(k).map(|(_, pid)| (k, pid)))
-        else {
-            continue;
-        };
-        if let Ok(pid) = pid.parse::<u32>() {
-            if pid != std::process::id() && !process::pid_alive(pid) {
-                status("Removing", format!("stale {}", entry.path().display()));
-                if kind == ".tmp-" {
-                    // A chroot step's leftovers (never a sandbox: a .tmp-
-                    // tree is never linked).
-                    process::kill_processes_rooted_in(&entry.path());
-                }
-                if let Err(e) = process::remove_tree(&entry.path()) {
-                    warn(format!("{e:#}"));
-                }
-            }
+            .find_map(|kind| name.rsplit_once(kind))?;
+        pid.parse().ok()
+    };
+    for path in orphans(out, build_pid) {
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains(".tmp-"))
+        {
+            // A chroot step's leftovers (never a sandbox: a .tmp- tree is never linked).
+            kill_processes_rooted_in(&path);
         }
+        remove_stale(&path);
     }
 }
 
@@ -636,32 +617,11 @@ impl Lock {
                 if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                     break;
                 }
-                process::check_interrupted()?;
+                check_interrupted()?;
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
         Ok(Lock { _file: file })
-    }
-}
-
-fn use_color() -> bool {
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-}
-
-/// A cargo-style status line on stderr: a right-aligned verb, then `msg`.
-pub fn status(verb: &str, msg: impl Display) {
-    if use_color() {
-        eprintln!("\x1b[1;32m{verb:>12}\x1b[0m {msg}");
-    } else {
-        eprintln!("{verb:>12} {msg}");
-    }
-}
-
-pub fn warn(msg: impl Display) {
-    if use_color() {
-        eprintln!("\x1b[1;33mwarning\x1b[0m: {msg}");
-    } else {
-        eprintln!("warning: {msg}");
     }
 }
 

@@ -1,8 +1,9 @@
 //! `cargo xtask vm-test` and `cargo xtask vm-check`: the test lane on top of
 //! [`super::run`].
 
+use super::ensure_image;
 use super::run::{self, parse_env, RunOptions, Seconds};
-use super::{ensure_image, workspace_root};
+use crate::host::workspace_root;
 use anyhow::{bail, ensure, Context, Result};
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};

@@ -18,11 +18,13 @@
 //! before the job could report one. A boot that dies before the job started
 //! is retried (up to twice); once the job has started it is never run again.
 
-use super::{
-    find_command, interrupted, own_group_and_die_with_parent, secs, shell_quote, signal_group,
-    tail_lines, workspace_root, Image, TempDir, EXIT_TIMEOUT, EXIT_VM_FAILED,
+use super::{Image, EXIT_TIMEOUT, EXIT_VM_FAILED};
+use crate::host::{
+    find_command, interrupted, orphans, own_group_and_die_with_parent, remove_tree, secs,
+    shell_quote, signal_group, workspace_root, TempTree,
 };
 use anyhow::{ensure, Context, Result};
+use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -183,18 +185,12 @@ pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
 /// with SIGKILL (QEMU dies with it, through PR_SET_PDEATHSIG, but no cleanup
 /// code runs).
 fn remove_stale_control_dirs() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
+    let run_pid = |name: &str| {
+        let rest = name.strip_prefix(CONTROL_DIR_PREFIX)?;
+        rest.split('-').next()?.parse().ok()
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(CONTROL_DIR_PREFIX) else {
-            continue;
-        };
-        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-            let _ = super::remove_tree(&entry.path());
-        }
+    for dir in orphans(&std::env::temp_dir(), run_pid) {
+        let _ = remove_tree(&dir);
     }
 }
 
@@ -327,7 +323,7 @@ fn boot(
     cwd: &Path,
     attempt: u32,
 ) -> Result<Outcome> {
-    let ctl = TempDir::new_in(&std::env::temp_dir(), CONTROL_DIR_PREFIX)?;
+    let ctl = TempTree::create_in(&std::env::temp_dir(), CONTROL_DIR_PREFIX)?;
     let ctl_dir = ctl.path();
     let output_log = ctl_dir.join("output.log");
     let console_log = ctl_dir.join("console.log");
@@ -513,6 +509,24 @@ fn boot(
 /// `CODECAGE_VM_DEBUG=1`: show the guest console with stage timestamps.
 fn debug() -> bool {
     std::env::var_os("CODECAGE_VM_DEBUG").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The last `n` lines of a file (lossy UTF-8), for failure reports.
+fn tail_lines(path: &Path, n: usize) -> String {
+    let Ok(bytes) = fs::read(path) else {
+        return format!("({} is missing)\n", path.display());
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(n);
+    let mut out = String::new();
+    if start > 0 {
+        let _ = writeln!(out, "... ({start} earlier lines in {})", path.display());
+    }
+    for l in &lines[start..] {
+        let _ = writeln!(out, "{l}");
+    }
+    out
 }
 
 fn show_failure(console_log: &Path, qemu_log: &Path) {
