@@ -527,10 +527,8 @@ fn machine() -> Result<String> {
         .trim()
         .to_string();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let date = Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d %H:%M UTC")
-        .output()?;
+    // 2026-11-26T00:12:00Z, shown as 2026-11-26 00:12 UTC.
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let layout = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         "cgroup v2"
     } else if Path::new("/sys/fs/cgroup/unified").exists() {
@@ -539,8 +537,9 @@ fn machine() -> Result<String> {
         "cgroup v1"
     };
     Ok(format!(
-        "{} (kernel {kernel}, {cores} cores, {layout})",
-        String::from_utf8_lossy(&date.stdout).trim()
+        "{} {} UTC (kernel {kernel}, {cores} cores, {layout})",
+        &now[..10],
+        &now[11..16]
     ))
 }
 

@@ -256,7 +256,7 @@ impl Recipe {
             name: name.to_string(),
             dir,
             files,
-            hash: manifest::hex(&h.finalize()),
+            hash: format!("{:x}", h.finalize()),
         })
     }
 

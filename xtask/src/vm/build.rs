@@ -32,6 +32,7 @@ use crate::host::{
     shell_quote, status, warn, Recommends, Runner, Steps, TempTree,
 };
 use anyhow::{bail, ensure, Context, Result};
+use sha2::{Digest as _, Sha256};
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write as _;
@@ -57,6 +58,9 @@ Environment:
 /// The line of `image.txt` naming the kernel suite (pruning keeps the
 /// images of other kernel suites).
 const KERNEL_SUITE_KEY: &str = "kernel-suite: ";
+
+/// Hex digits of the recipe hash in an image directory's name.
+const IMAGE_HASH_LEN: usize = 16;
 
 /// Build directories are `<cache>/.build-<hash>-<pid>-<n>`.
 const BUILD_PREFIX: &str = ".build-";
@@ -133,22 +137,11 @@ const MODULE_FLAT_DIRS: &[&str] = &["kernel/drivers/net"];
 /// whatever tests write outside /tmp (which is a tmpfs).
 const DISK_SLACK: u64 = 1536 << 20;
 
-/// The recipe hash naming the image directory (16 hex digits).
-///
-/// FNV-1a over names and contents: stable across Rust versions (unlike
-/// `DefaultHasher`) and dependency-free; this is a cache key, not a security
-/// boundary.
+/// The recipe hash naming the image directory: the first 16 hex digits of a SHA-256
+/// over the names and contents of everything that goes into the image, each
+/// length-prefixed so that no two recipes feed the same bytes.
 pub fn recipe_hash() -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separator, so that ("ab","c") and ("a","bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
+    let mut h = Sha256::new();
     let kernel_suite = kernel_suite();
     for (name, content) in [
         ("suite", SUITE),
@@ -159,10 +152,14 @@ pub fn recipe_hash() -> String {
         ("vm-init.sh", VM_INIT_SH),
         ("build.rs", THIS_SOURCE),
     ] {
-        feed(name.as_bytes());
-        feed(content.as_bytes());
+        for field in [name, content] {
+            h.update((field.len() as u64).to_le_bytes());
+            h.update(field);
+        }
     }
-    format!("{h:016x}")
+    let mut hex = format!("{:x}", h.finalize());
+    hex.truncate(IMAGE_HASH_LEN);
+    hex
 }
 
 /// The guest packages: `packages.txt` without comments.
@@ -673,7 +670,7 @@ fn remove_other_images(cache: &Path, keep: &str) {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
         if name != keep
-            && name.len() == 16
+            && name.len() == IMAGE_HASH_LEN
             && name.bytes().all(|b| b.is_ascii_hexdigit())
             && path.join(COMPLETE_MARKER).is_file()
             && fs::read_to_string(path.join("image.txt"))
