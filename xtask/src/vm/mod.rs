@@ -19,6 +19,7 @@
 
 pub mod build;
 pub mod lane;
+mod qemu;
 pub mod run;
 
 use anyhow::Result;
