@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::host::{
-    apt_install, find_command, is_root, status, workspace_root, Recommends, Runner, TempTree,
-};
+use crate::host::{install_missing, is_root, status, workspace_root, Recommends, Runner, TempTree};
 
 /// Start-up, layer cost and throughput against bare, bubblewrap and crun (root)
 ///
@@ -118,7 +116,11 @@ pub fn bench(args: &Args) -> Result<i32> {
     if !is_root() {
         bail!("the benchmark creates namespaces and cgroups: run it as root");
     }
-    install(&[("bwrap", "bubblewrap"), ("crun", "crun")])?;
+    install_missing(
+        &Runner::terminal(),
+        &[("bwrap", "bubblewrap"), ("crun", "crun")],
+        Recommends::Skip,
+    )?;
     let root = workspace_root();
     let codecage = build_codecage(&root)?;
     let work = TempTree::create_in(&std::env::temp_dir(), "codecage-bench-")?;
@@ -536,7 +538,7 @@ fn oci_runtime(probe_bundle: &Path) -> Result<(&'static str, Option<String>)> {
         return Ok(("crun", None));
     }
     let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    install(&[("runc", "runc")])?;
+    install_missing(&Runner::terminal(), &[("runc", "runc")], Recommends::Skip)?;
     Ok((
         "runc",
         Some(format!(
@@ -637,16 +639,6 @@ fn machine() -> Result<String> {
         &now[..10],
         &now[11..16]
     ))
-}
-
-/// Installs the Debian package of each tool that is not on PATH.
-fn install(tools: &[(&str, &str)]) -> Result<()> {
-    let missing: Vec<&str> = tools
-        .iter()
-        .filter(|(tool, _)| find_command(tool).is_none())
-        .map(|(_, pkg)| *pkg)
-        .collect();
-    apt_install(&Runner::terminal(), &missing, Recommends::Skip)
 }
 
 #[cfg(test)]

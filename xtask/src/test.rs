@@ -8,7 +8,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::host::{apt_install, Recommends, Runner};
+use crate::host::{install_missing, Recommends, Runner};
 
 /// Run the unit and integration tests (root)
 ///
@@ -44,7 +44,7 @@ pub fn test(args: &Args) -> Result<i32> {
             "the tests build real sandboxes and must run as root (try: sudo -E cargo xtask test)"
         );
     }
-    install_missing()?;
+    install_missing(&Runner::terminal(), NEEDED, Recommends::Skip)?;
     eprintln!("xtask: building the default image (cargo xtask rootfs)");
     let built = crate::rootfs::rootfs(&crate::rootfs::Args::default())?;
     if built != 0 {
@@ -73,15 +73,6 @@ pub fn test(args: &Args) -> Result<i32> {
     let vm = crate::vm::lane::vm_test(&vm_args)?;
     eprintln!("xtask: native tests exited {native}, VM tests exited {vm}");
     Ok(if native != 0 { native } else { vm })
-}
-
-fn install_missing() -> Result<()> {
-    let missing: Vec<&str> = NEEDED
-        .iter()
-        .filter(|(path, _)| !std::path::Path::new(path).exists())
-        .map(|(_, pkg)| *pkg)
-        .collect();
-    apt_install(&Runner::terminal(), &missing, Recommends::Skip)
 }
 
 #[cfg(test)]

@@ -50,6 +50,21 @@ pub fn apt_install(runner: &Runner, packages: &[&str], recommends: Recommends) -
     Ok(())
 }
 
+/// [`apt_install`] of the package of each command that is not there: `tools` pairs a
+/// command (a name on `PATH`, or an absolute path) with the Debian package that has it.
+pub fn install_missing(
+    runner: &Runner,
+    tools: &[(&str, &str)],
+    recommends: Recommends,
+) -> Result<()> {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(command, _)| find_command(command).is_none())
+        .map(|(_, package)| *package)
+        .collect();
+    apt_install(runner, &missing, recommends)
+}
+
 /// The mirror arguments for mmdebstrap bootstrapping Debian `suite`: `$variable` (one
 /// argument per line); else, on a host of the same suite, its own Debian sources, so that
 /// a mirror or proxy configured there applies (deb822 `debian.sources`, else the suite's

@@ -19,7 +19,7 @@ pub mod steps;
 pub mod tree;
 
 pub use command::{kill_processes_rooted_in, own_group_and_die_with_parent, signal_group, Runner};
-pub use debian::{apt_install, Recommends};
+pub use debian::{apt_install, install_missing, Recommends};
 pub use signals::{check_interrupted, install_signal_handlers, interrupted};
 pub use steps::Steps;
 pub use tree::{mounts_below, orphans, remove_stale, remove_tree, TempTree};
@@ -49,14 +49,20 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// The full path of an executable in `$PATH` or the sbin directories (which
-/// are not in a non-root `$PATH` on Debian).
+/// are not in a non-root `$PATH` on Debian); `name` may be an absolute path too.
 pub fn find_command(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
+    let executable = |p: &Path| {
+        fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if name.starts_with('/') {
+        return executable(Path::new(name)).then(|| PathBuf::from(name));
+    }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
         .map(|dir| dir.join(name))
-        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+        .find(|p| executable(p))
 }
 
 /// Is a process with this pid alive (in our pid namespace)?
@@ -134,6 +140,17 @@ mod tests {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo\nx", "a b"]);
         assert_eq!(display_command(&cmd), "sh -c '<script>' 'a b'");
+    }
+
+    #[test]
+    fn commands_by_name_or_path() {
+        assert_eq!(find_command("sh").map(|p| p.is_absolute()), Some(true));
+        assert_eq!(find_command("/bin/sh"), Some(PathBuf::from("/bin/sh")));
+        let dir = TempTree::create_in(&std::env::temp_dir(), "xtask-find-test-").unwrap();
+        let plain = dir.path().join("plain");
+        fs::write(&plain, "").unwrap();
+        assert_eq!(find_command(&plain.to_string_lossy()), None);
+        assert_eq!(find_command("codecage-no-such-command"), None);
     }
 
     #[test]

@@ -630,10 +630,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
-        let argv: Vec<&str> = std::iter::once("rootfs")
-            .chain(args.iter().copied())
-            .collect();
-        match crate::tests::parse(&argv)? {
+        match crate::tests::parse(&[&["rootfs"], args].concat())? {
             crate::Task::Rootfs(args) => Ok(args),
             other => panic!("{other:?}"),
         }

@@ -28,7 +28,7 @@
 
 use super::Image;
 use crate::host::{
-    apt_install, debian, find_command, is_root, orphans, remove_stale, remove_tree, secs,
+    debian, find_command, install_missing, is_root, orphans, remove_stale, remove_tree, secs,
     shell_quote, status, warn, Recommends, Runner, Steps, TempTree,
 };
 use anyhow::{bail, ensure, Context, Result};
@@ -287,23 +287,21 @@ fn build_pid(name: &str) -> Option<u32> {
 
 /// Install the host packages (`host-packages.txt`) whose command is missing.
 fn install_host_tools(r: &Runner) -> Result<()> {
-    let mut missing = Vec::new();
-    for line in debian::list_lines(HOST_PACKAGES) {
-        let mut words = line.split_whitespace();
-        let (Some(pkg), Some(cmd)) = (words.next(), words.next()) else {
-            bail!("bad line in host-packages.txt: {line:?}");
-        };
-        if find_command(cmd).is_none() {
-            missing.push(pkg);
-        }
-    }
     for cmd in ["apt-get", "dpkg-deb", "chroot", "unshare"] {
         ensure!(
             find_command(cmd).is_some(),
             "`{cmd}` not found: vm-build needs a Debian or Ubuntu host"
         );
     }
-    apt_install(r, &missing, Recommends::Skip)
+    let mut tools = Vec::new();
+    for line in debian::list_lines(HOST_PACKAGES) {
+        let mut words = line.split_whitespace();
+        let (Some(package), Some(command)) = (words.next(), words.next()) else {
+            bail!("bad line in host-packages.txt: {line:?}");
+        };
+        tools.push((command, package));
+    }
+    install_missing(r, &tools, Recommends::Skip)
 }
 
 /// Bootstrap the guest root filesystem, and fetch and unpack the kernel

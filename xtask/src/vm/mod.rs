@@ -12,7 +12,7 @@
 //!   root disk) in a cache directory keyed by a hash of the recipe.
 //! * [`run`]: `cargo xtask vm-run`, boot, run one command with the project
 //!   directory shared at the same absolute path, stream its output, return
-//!   its exit status.
+//!   its exit status; [`qemu`]: the machine it boots.
 //! * [`lane`]: `cargo xtask vm-test` and `cargo xtask vm-check`.
 //!
 //! The recipe and its measurements are in `xtask/vm/README.md`.

@@ -78,7 +78,8 @@ pub struct RunOptions {
     /// K=V, or K for the host's value of K.
     #[arg(long, value_name = "K=V|K", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
-    /// Working directory of the command (inside `share`); empty: see above.
+    /// Working directory of the command (inside `share`); empty: the current directory
+    /// when it is inside the share, else the share.
     #[arg(skip)]
     pub cwd: PathBuf,
     /// The command and its arguments
@@ -534,10 +535,7 @@ mod tests {
     use crate::{tests::parse, Task};
 
     fn run_options(args: &[&str]) -> Result<RunOptions, clap::Error> {
-        let argv: Vec<&str> = std::iter::once("vm-run")
-            .chain(args.iter().copied())
-            .collect();
-        match parse(&argv)? {
+        match parse(&[&["vm-run"], args].concat())? {
             Task::VmRun(opts) => Ok(opts),
             other => panic!("{other:?}"),
         }
