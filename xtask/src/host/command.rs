@@ -62,7 +62,7 @@ pub fn signal_group(child: &Child, sig: libc::c_int) {
 }
 
 /// Stop a child's process group: SIGTERM, then SIGKILL after `grace`, and reap it.
-pub fn stop_group(child: &mut Child, grace: Duration) {
+fn stop_group(child: &mut Child, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         // Already reaped; its group may still hold stragglers.
         signal_group(child, libc::SIGKILL);

@@ -19,7 +19,7 @@ pub mod steps;
 pub mod tree;
 
 pub use command::{kill_processes_rooted_in, own_group_and_die_with_parent, signal_group, Runner};
-pub use debian::{apt_install, install_missing, Recommends};
+pub use debian::{install_missing, Recommends};
 pub use signals::{check_interrupted, install_signal_handlers, interrupted};
 pub use steps::Steps;
 pub use tree::{mounts_below, orphans, remove_stale, remove_tree, TempTree};
@@ -63,11 +63,6 @@ pub fn find_command(name: &str) -> Option<PathBuf> {
         .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
         .map(|dir| dir.join(name))
         .find(|p| executable(p))
-}
-
-/// Is a process with this pid alive (in our pid namespace)?
-pub fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Quote a string for a POSIX shell (for messages and logs).

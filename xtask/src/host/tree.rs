@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::{kill_processes_rooted_in, pid_alive, status, warn};
+use super::{kill_processes_rooted_in, status, warn};
 
 /// Mount points at or below `dir` in our mount namespace, deepest first.
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
@@ -147,6 +147,11 @@ pub fn orphans(dir: &Path, owner: impl Fn(&str) -> Option<u32>) -> Vec<PathBuf> 
         })
         .map(|entry| entry.path())
         .collect()
+}
+
+/// Is a process with this pid alive (in our pid namespace)?
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Remove a leftover that [`orphans`] found, with a status line; a failure is a warning.

@@ -20,8 +20,8 @@
 use super::manifest;
 use super::{Paths, Recipe};
 use crate::host::{
-    apt_install, debian, find_command, kill_processes_rooted_in, mounts_below, remove_tree, secs,
-    status, Recommends, Runner, Steps, TempTree,
+    debian, find_command, install_missing, kill_processes_rooted_in, mounts_below, remove_tree,
+    secs, status, Recommends, Runner, Steps, TempTree,
 };
 use anyhow::{bail, ensure, Context, Result};
 use std::ffi::CString;
@@ -282,9 +282,7 @@ fn host_tools(r: &Runner) -> Result<String> {
             "`{cmd}` not found: install {pkg}"
         );
     }
-    if find_command("mmdebstrap").is_none() {
-        apt_install(r, &["mmdebstrap"], Recommends::Install)?;
-    }
+    install_missing(r, &[("mmdebstrap", "mmdebstrap")], Recommends::Install)?;
     let mut version = Command::new("mmdebstrap");
     version.arg("--version");
     let out = r.capture(version)?;
