@@ -93,23 +93,6 @@ impl Default for Args {
 }
 
 impl Args {
-    /// The command line that gives these arguments, for messages.
-    fn command_line(&self) -> String {
-        let mut line = "cargo xtask rootfs".to_string();
-        if self.recipe != DEFAULT_RECIPE {
-            line += &format!(" --recipe {}", shell_quote(&self.recipe));
-        }
-        if let Some(out) = &self.out {
-            line += &format!(" --out {}", shell_quote(out));
-        }
-        for (set, flag) in [(self.force, " --force"), (self.verbose, " -v")] {
-            if set {
-                line += flag;
-            }
-        }
-        line
-    }
-
     /// `--out`, else `$CODECAGE_DATA_DIR/rootfs`, else `/var/lib/codecage/rootfs`.
     fn out(&self) -> PathBuf {
         self.out.clone().unwrap_or_else(|| {
@@ -171,9 +154,12 @@ pub fn rootfs(args: &Args) -> Result<i32> {
     if !is_root() {
         let mut msg = format!(
             "building the rootfs image {} needs root (mmdebstrap --mode=root, chroot, and mounts \
-             in a private mount namespace); run it as root:\n\n    sudo -E {}",
+             in a private mount namespace); run it as root:\n\n    sudo -E cargo xtask{}",
             paths.image.display(),
-            args.command_line()
+            std::env::args()
+                .skip(1)
+                .map(|a| format!(" {}", shell_quote(a)))
+                .collect::<String>()
         );
         if find_command("mmdebstrap").is_none() {
             msg.push_str(
@@ -642,13 +628,8 @@ mod tests {
         assert_eq!(o.recipe, "x");
         assert_eq!(o.out(), PathBuf::from("/o"));
         assert!(o.force && o.verbose && !o.verify);
-        assert_eq!(
-            o.command_line(),
-            "cargo xtask rootfs --recipe x --out /o --force -v"
-        );
         let d = parse(&[]).unwrap();
         assert_eq!(d.recipe, Args::default().recipe);
-        assert_eq!(d.command_line(), "cargo xtask rootfs");
         assert!(parse(&["--verify"]).unwrap().verify);
         for bad in [
             &["--recipe"][..],

@@ -2,7 +2,7 @@
 //! [`super::run`].
 
 use super::ensure_image;
-use super::run::{self, parse_env, RunOptions, Seconds};
+use super::run::{self, parse_env, parse_timeout, RunOptions};
 use crate::host::workspace_root;
 use anyhow::{bail, ensure, Context, Result};
 use std::io::BufRead as _;
@@ -37,8 +37,8 @@ pub struct TestArgs {
     #[arg(long)]
     release: bool,
     /// Time limit of all test executables together in whole seconds (boot not included)
-    #[arg(long, value_name = "SECS", default_value_t = TEST_TIMEOUT)]
-    timeout: Seconds,
+    #[arg(long, value_name = "SECS", default_value_t = TEST_TIMEOUT_SECS, value_parser = parse_timeout)]
+    timeout: u64,
     /// Extra environment for the tests (repeatable)
     ///
     /// K=V, or K for the host's value of K.
@@ -54,7 +54,7 @@ impl TestArgs {
     pub fn new(test_args: Vec<String>) -> TestArgs {
         TestArgs {
             release: false,
-            timeout: TEST_TIMEOUT,
+            timeout: TEST_TIMEOUT_SECS,
             env: Vec::new(),
             test_args,
         }
@@ -62,7 +62,7 @@ impl TestArgs {
 }
 
 /// `vm-test`'s time limit.
-const TEST_TIMEOUT: Seconds = Seconds::new(1800);
+const TEST_TIMEOUT_SECS: u64 = 1800;
 
 /// Runs the test executables given before `--` in turn, each with the
 /// arguments after it; reports every failure and exits with the first one's
@@ -245,7 +245,7 @@ fn build_tests(root: &Path, release: bool) -> Result<Built> {
 }
 
 /// `vm-check`'s time limit.
-const CHECK_TIMEOUT: Seconds = Seconds::new(120);
+const CHECK_TIMEOUT_SECS: u64 = 120;
 
 /// The smoke test, run by bash in the guest.
 const CHECK_SH: &str = r#"
@@ -291,7 +291,7 @@ pub fn vm_check() -> Result<i32> {
         "-c".to_string(),
         CHECK_SH.to_string(),
     ]);
-    opts.timeout = CHECK_TIMEOUT;
+    opts.timeout = CHECK_TIMEOUT_SECS;
     run::run(&image, &opts)
 }
 
@@ -306,7 +306,7 @@ mod tests {
             panic!()
         };
         assert!(!a.release && a.env.is_empty() && a.test_args.is_empty());
-        assert_eq!(a.timeout, TEST_TIMEOUT);
+        assert_eq!(a.timeout, TEST_TIMEOUT_SECS);
         let Ok(Task::VmTest(a)) = parse(&[
             "vm-test",
             "--release",
@@ -321,7 +321,7 @@ mod tests {
             panic!()
         };
         assert!(a.release);
-        assert_eq!(a.timeout, Seconds::new(9));
+        assert_eq!(a.timeout, 9);
         assert_eq!(a.env, [("K".to_string(), "v".to_string())]);
         assert_eq!(a.test_args, ["limits::", "--x"]);
         // Test filters go after `--`.

@@ -66,8 +66,8 @@ const QEMU_TAIL_LINES: usize = 20;
 )]
 pub struct RunOptions {
     /// Time limit of the command in whole seconds (boot time not included)
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT)]
-    pub timeout: Seconds,
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT_SECS, value_parser = parse_timeout)]
+    pub timeout: u64,
     /// Host directory shared at the same path in the guest
     ///
     /// Default: the workspace root.
@@ -91,7 +91,7 @@ impl RunOptions {
     /// The defaults of `vm-run` for `command`.
     pub fn new(command: Vec<String>) -> RunOptions {
         RunOptions {
-            timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_TIMEOUT_SECS,
             share: workspace_root(),
             env: Vec::new(),
             cwd: PathBuf::new(),
@@ -101,37 +101,14 @@ impl RunOptions {
 }
 
 /// `vm-run`'s time limit.
-const DEFAULT_TIMEOUT: Seconds = Seconds::new(600);
+const DEFAULT_TIMEOUT_SECS: u64 = 600;
 
-/// A time limit in whole seconds, more than zero (`--timeout`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seconds(u64);
-
-impl Seconds {
-    pub const fn new(secs: u64) -> Seconds {
-        Seconds(secs)
-    }
-
-    pub fn duration(self) -> Duration {
-        Duration::from_secs(self.0)
-    }
-}
-
-impl std::str::FromStr for Seconds {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Seconds, String> {
-        match s.parse::<u64>() {
-            Ok(0) => Err("the timeout must be positive".to_string()),
-            Ok(secs) => Ok(Seconds(secs)),
-            Err(_) => Err("want whole seconds".to_string()),
-        }
-    }
-}
-
-impl std::fmt::Display for Seconds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
+/// `--timeout`: whole seconds, more than zero.
+pub fn parse_timeout(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("the timeout must be positive".to_string()),
+        Ok(secs) => Ok(secs),
+        Err(_) => Err("want whole seconds".to_string()),
     }
 }
 
@@ -434,7 +411,7 @@ impl RunningVm {
         ctl: &ControlDir,
         output: &mut OutputPump,
         machine: &Machine,
-        timeout: Seconds,
+        timeout_secs: u64,
     ) -> Result<Option<Outcome>> {
         loop {
             output.pump();
@@ -461,11 +438,11 @@ impl RunningVm {
                         secs(machine.boot_timeout)
                     ))));
                 }
-                Some(s) if s.elapsed() > timeout.duration() + SHUTDOWN_GRACE => {
+                Some(s) if s.elapsed() > Duration::from_secs(timeout_secs) + SHUTDOWN_GRACE => {
                     self.kill();
                     output.pump();
                     eprintln!(
-                        "[vm] timeout: the command ran over {timeout}s and the guest did not \
+                        "[vm] timeout: the command ran over {timeout_secs}s and the guest did not \
                          stop it; VM killed"
                     );
                     return Ok(Some(Outcome::Status(EXIT_TIMEOUT)));
@@ -545,7 +522,7 @@ mod tests {
     fn parses_arguments() {
         let o = run_options(&["ls", "-la", "--timeout", "5"]).unwrap();
         assert_eq!(o.command, ["ls", "-la", "--timeout", "5"]);
-        assert_eq!(o.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(o.timeout, DEFAULT_TIMEOUT_SECS);
         assert_eq!(o.share, workspace_root());
         let o = run_options(&[
             "--timeout",
@@ -561,7 +538,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(o.command, ["--x"]);
-        assert_eq!(o.timeout.duration(), Duration::from_secs(7));
+        assert_eq!(o.timeout, 7);
         assert_eq!(o.env, [("A".to_string(), "b=c".to_string())]);
         assert_eq!(o.share, PathBuf::from("/s"));
         for bad in [
