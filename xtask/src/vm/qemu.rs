@@ -1,6 +1,7 @@
 //! The QEMU machine one boot runs: its size, accelerator and kernel command line (from
 //! the `CODECAGE_VM_*` variables), and the command line that starts it.
 
+use super::run::ControlDir;
 use super::Image;
 use crate::host::own_group_and_die_with_parent;
 use anyhow::Result;
@@ -57,24 +58,16 @@ impl Machine {
     }
 }
 
-/// The files of one boot that QEMU reads and writes.
-pub struct Files<'a> {
-    /// The control share.
-    pub control: &'a Path,
-    /// The project share.
-    pub share: &'a Path,
-    /// Where QEMU writes the job's output (the virtio-serial port).
-    pub output: &'a Path,
-    /// Where QEMU writes the guest's serial console.
-    pub console: &'a Path,
-    /// Where QEMU's own stdout and stderr go.
-    pub qemu_log: &'a Path,
-}
-
 /// The QEMU command for one boot of `image`: no display, no network, the root disk as a
 /// throw-away snapshot, the two 9p shares, the output port and the console in files.
 /// It starts in its own process group and dies with xtask.
-pub fn command(qemu: &Path, image: &Image, machine: &Machine, files: &Files) -> Result<Command> {
+pub fn command(
+    qemu: &Path,
+    image: &Image,
+    machine: &Machine,
+    ctl: &ControlDir,
+    share: &Path,
+) -> Result<Command> {
     let append = format!("{KERNEL_CMDLINE} {}", machine.append);
     let mut cmd = Command::new(qemu);
     cmd.args([
@@ -101,26 +94,26 @@ pub fn command(qemu: &Path, image: &Image, machine: &Machine, files: &Files) -> 
     .arg("-virtfs")
     .arg(format!(
         "local,path={},mount_tag={CONTROL_TAG},security_model=none",
-        qemu_path(files.control)
+        qemu_path(ctl.dir.path())
     ))
     .arg("-virtfs")
     .arg(format!(
         "local,path={},mount_tag={SHARE_TAG},security_model=none,multidevs=remap",
-        qemu_path(files.share)
+        qemu_path(share)
     ))
     .args(["-device", "virtio-rng-pci"])
     .args(["-device", "virtio-serial-pci,id=vser"])
     .arg("-chardev")
-    .arg(format!("file,id=out,path={}", qemu_path(files.output)))
+    .arg(format!("file,id=out,path={}", qemu_path(&ctl.output)))
     .args([
         "-device",
         &format!("virtserialport,bus=vser.0,chardev=out,name={OUT_PORT}"),
     ])
     .arg("-serial")
-    .arg(format!("file:{}", qemu_path(files.console)))
+    .arg(format!("file:{}", qemu_path(&ctl.console)))
     .stdin(Stdio::null());
     // stdout and stderr share one open file (and so its offset).
-    let log = fs::File::create(files.qemu_log)?;
+    let log = fs::File::create(&ctl.qemu_log)?;
     cmd.stdout(log.try_clone()?).stderr(log);
     own_group_and_die_with_parent(&mut cmd);
     Ok(cmd)

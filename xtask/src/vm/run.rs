@@ -29,7 +29,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const GUEST_INIT_SH: &str = include_str!("../../vm/guest-init.sh");
@@ -264,7 +264,7 @@ fn boot(
     let ctl = ControlDir::write(opts, share, cwd)?;
     let machine = Machine::from_env();
     let mut output = OutputPump::open(&ctl.output)?;
-    let mut cmd = qemu::command(qemu, image, &machine, &ctl.files(share))?;
+    let mut cmd = qemu::command(qemu, image, &machine, &ctl, share)?;
     eprintln!(
         "[vm] boot {attempt}: {}, {} vCPUs, {} MiB; share {}; timeout {}s",
         machine.accel,
@@ -273,13 +273,7 @@ fn boot(
         share.display(),
         opts.timeout
     );
-    let booted = Instant::now();
-    let child = cmd.spawn().context("cannot start qemu-system-x86_64")?;
-    let mut vm = RunningVm {
-        child,
-        booted,
-        started: None,
-    };
+    let mut vm = RunningVm::start(&mut cmd)?;
     let verdict = vm.supervise(&ctl, &mut output, &machine, opts.timeout)?;
     // QEMU has exited (or was killed): nothing more will be written, so this
     // last read gets the complete tail of the output.
@@ -291,14 +285,14 @@ fn boot(
 }
 
 /// A run's control directory (see the module docs), written before the boot.
-struct ControlDir {
-    dir: TempTree,
+pub(super) struct ControlDir {
+    pub(super) dir: TempTree,
     /// The job's output, as QEMU writes it.
-    output: PathBuf,
+    pub(super) output: PathBuf,
     /// The guest's serial console.
-    console: PathBuf,
+    pub(super) console: PathBuf,
     /// QEMU's own stdout and stderr.
-    qemu_log: PathBuf,
+    pub(super) qemu_log: PathBuf,
     /// Written by the guest right before the job starts.
     started: PathBuf,
     /// The job's exit status, written by the guest.
@@ -333,16 +327,6 @@ impl ControlDir {
         // so the reader can open it right away.
         fs::write(&ctl.output, b"")?;
         Ok(ctl)
-    }
-
-    fn files<'a>(&'a self, share: &'a Path) -> qemu::Files<'a> {
-        qemu::Files {
-            control: self.dir.path(),
-            share,
-            output: &self.output,
-            console: &self.console,
-            qemu_log: &self.qemu_log,
-        }
     }
 
     /// Show all of the guest's console and of QEMU's messages (`CODECAGE_VM_DEBUG`).
@@ -403,6 +387,16 @@ struct RunningVm {
 }
 
 impl RunningVm {
+    fn start(qemu: &mut Command) -> Result<RunningVm> {
+        let booted = Instant::now();
+        let child = qemu.spawn().context("cannot start qemu-system-x86_64")?;
+        Ok(RunningVm {
+            child,
+            booted,
+            started: None,
+        })
+    }
+
     /// Stream the output until QEMU exits (`None`: the guest decides the outcome), or
     /// until an interrupt, the boot timeout or the job's timeout (plus the guest's grace)
     /// ends the VM with an outcome of its own.
