@@ -26,6 +26,7 @@ use clap::{Parser, Subcommand};
     name = "xtask",
     bin_name = "cargo xtask",
     about = "codecage's developer tasks",
+    after_help = "`cargo xtask <task> --help` describes a task.",
     arg_required_else_help = true,
     // A repeated option takes its last value, as it always did here.
     args_override_self = true
