@@ -15,47 +15,373 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-pub const USAGE: &str = "\
-usage: cargo xtask bench [--rounds N] [--throughput N] [--no-write]
+use crate::host::{install_missing, is_root, status, workspace_root, Recommends, Runner, TempTree};
 
-Measures, interleaved and side by side on the host rootfs:
-  start-up of /bin/true, python3 -c pass and node -e 0: bare, bubblewrap, crun, codecage
-  the cost of each codecage layer (namespaces only; + cgroup; + landlock; + seccomp)
-  throughput of N x python3 -c pass, 1 and 2 in parallel: bare, bubblewrap, codecage
-and writes the table to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap and
-crun from Debian when missing; builds codecage in release mode.
-  --rounds N       rounds of the start-up scenarios (default 60; python and node use N/2)
-  --throughput N   runs per throughput measurement (default 500)";
-
-struct Options {
+/// Start-up, layer cost and throughput against bare, bubblewrap and crun (root)
+///
+/// Measures, interleaved and side by side on the host rootfs:
+///   start-up of /bin/true, python3 -c pass and node -e 0: bare, bubblewrap, crun, codecage
+///   the cost of each codecage layer (namespaces only; + cgroup; + landlock; + seccomp)
+///   throughput of N x python3 -c pass, 1 and 2 in parallel: bare, bubblewrap, codecage
+/// and writes the tables to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap
+/// and crun from Debian when missing; builds codecage in release mode.
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// Rounds of the start-up scenarios (python and node use N/2; at least 3)
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ROUNDS)]
     rounds: usize,
+    /// Runs per throughput measurement (at least 2)
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_THROUGHPUT_RUNS)]
     throughput: usize,
-    write: bool,
+    /// Print the tables only, leave BENCHMARKS.md as it is
+    #[arg(long)]
+    no_write: bool,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        rounds: 60,
-        throughput: 500,
-        write: true,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut number = |name: &str| -> Result<usize> {
-            let v = it
-                .next()
-                .with_context(|| format!("{name} needs a number"))?;
-            v.parse()
-                .with_context(|| format!("{name} {v}: not a number"))
-        };
-        match arg.as_str() {
-            "--rounds" => o.rounds = number("--rounds")?.max(3),
-            "--throughput" => o.throughput = number("--throughput")?.max(2),
-            "--no-write" => o.write = false,
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
-        }
+const DEFAULT_ROUNDS: usize = 60;
+const DEFAULT_THROUGHPUT_RUNS: usize = 500;
+/// Rounds of a table at the least (`--rounds` below it is raised to it).
+const MIN_ROUNDS: usize = 3;
+/// Runs of a throughput measurement at the least.
+const MIN_THROUGHPUT_RUNS: usize = 2;
+/// Rounds that warm caches before the counted ones.
+const WARMUP_ROUNDS: usize = 3;
+
+/// The start-up payloads: /bin/true, then the interpreters of the sandbox's languages.
+const TRUE: &[&str] = &["/bin/true"];
+const PYTHON: &[&str] = &["/usr/bin/python3", "-c", "pass"];
+const NODE: &[&str] = &["/usr/bin/node", "-e", "0"];
+const PAYLOADS: [(&str, &[&str]); 3] = [
+    ("/bin/true", TRUE),
+    ("python3 -c pass", PYTHON),
+    ("node -e 0", NODE),
+];
+
+/// The environment of every command under test, as in the sandbox: a variable such as
+/// NODE_EXTRA_CA_CERTS makes `node -e 0` three times slower here.
+const CLEAN_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin";
+
+/// bubblewrap as close to codecage's sandbox as it goes: every namespace, the host's /usr
+/// read-only, a new /proc, /dev and /tmp, a clean environment.
+const BWRAP: &str = "bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr \
+    --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib --symlink usr/lib64 /lib64 \
+    --ro-bind /etc/ld.so.cache /etc/ld.so.cache --ro-bind /etc/alternatives /etc/alternatives \
+    --proc /proc --dev /dev --tmpfs /tmp --dir /work --chdir /work --clearenv --setenv PATH /usr/bin:/bin";
+
+/// The number of the OCI bundle that probes whether crun runs here.
+const PROBE_BUNDLE: usize = 99;
+
+/// The phases `codecage run --timings` reports, and what happens in each.
+const PHASES: [(&str, &str); 8] = [
+    (
+        "prepare",
+        "validation, the run's cgroups with their limits, fds",
+    ),
+    (
+        "clone",
+        "clone3 into six new namespaces, the child moves into its cgroups, id maps, \"go\"",
+    ),
+    ("init_exec", "the exec of codecage as the sandbox's pid 1"),
+    (
+        "sandbox",
+        "cgroup namespace, mounts, pivot_root, host name, loopback",
+    ),
+    (
+        "payload_setup",
+        "fork, rlimits, capabilities, ids, no_new_privs, landlock, seccomp",
+    ),
+    ("run", "the payload: its execve until its exit"),
+    (
+        "teardown",
+        "kill what is left, the init's exit and the namespaces' teardown, the reap",
+    ),
+    ("cleanup", "reading and removing the cgroups"),
+];
+
+/// The layer profiles: each adds one layer (cgroup, landlock, seccomp) to the one before.
+const LAYERS: [(&str, &str, &str, &str); 4] = [
+    ("namespaces only", "off", "off", "off"),
+    ("+ cgroup limits", "required", "off", "off"),
+    ("+ landlock", "required", "required", "off"),
+    (
+        "+ seccomp (every layer)",
+        "required",
+        "required",
+        "required",
+    ),
+];
+
+pub fn bench(args: &Args) -> Result<i32> {
+    if !is_root() {
+        bail!("the benchmark creates namespaces and cgroups: run it as root");
     }
-    Ok(o)
+    install_missing(
+        &Runner::terminal(),
+        &[("bwrap", "bubblewrap"), ("crun", "crun")],
+        Recommends::Skip,
+    )?;
+    let root = workspace_root();
+    let codecage = build_codecage(&root)?;
+    let work = TempTree::create_in(&std::env::temp_dir(), "codecage-bench-")?;
+    let mut bench = Bench::prepare(args, codecage, work.path())?;
+    let mut report = String::new();
+    write_intro(&mut report)?;
+    bench.startup(&mut report)?;
+    bench.layers(&mut report)?;
+    bench.phases(&mut report)?;
+    bench.throughput(&mut report)?;
+    write_outro(&mut report)?;
+    print!("{report}");
+    if !args.no_write {
+        std::fs::write(root.join("BENCHMARKS.md"), &report)?;
+        status("Wrote", "BENCHMARKS.md");
+    }
+    Ok(0)
+}
+
+/// `cargo build --release` of codecage; the binary's path.
+fn build_codecage(root: &Path) -> Result<String> {
+    status("Building", "codecage (release)");
+    let built = Command::new("cargo")
+        .args(["build", "--release", "--quiet", "-p", "codecage"])
+        .current_dir(root)
+        .status()?;
+    if !built.success() {
+        bail!("cargo build --release failed");
+    }
+    Ok(root.join("target/release/codecage").display().to_string())
+}
+
+/// What the tables' commands are made of, and the count that names each run.
+struct Bench<'a> {
+    /// Rounds of `/bin/true`; the other payloads and the layer and phase tables use
+    /// [`Bench::half_rounds`].
+    rounds: usize,
+    throughput_runs: usize,
+    codecage: String,
+    work: &'a Path,
+    /// The layer profiles, each adding one layer; the last has every layer.
+    profiles: Vec<(String, PathBuf)>,
+    /// The OCI runtime compared with (crun, or runc where crun cannot run), and why not
+    /// crun.
+    runtime: &'static str,
+    runtime_note: Option<String>,
+    next_id: usize,
+}
+
+impl<'a> Bench<'a> {
+    fn prepare(args: &Args, codecage: String, work: &'a Path) -> Result<Bench<'a>> {
+        let profiles = write_layer_profiles(work)?;
+        let probe = crun_bundle(work, PROBE_BUNDLE, &argv(TRUE))?;
+        let (runtime, runtime_note) = oci_runtime(&probe)?;
+        Ok(Bench {
+            rounds: args.rounds.max(MIN_ROUNDS),
+            throughput_runs: args.throughput.max(MIN_THROUGHPUT_RUNS),
+            codecage,
+            work,
+            profiles,
+            runtime,
+            runtime_note,
+            next_id: 0,
+        })
+    }
+
+    fn half_rounds(&self) -> usize {
+        (self.rounds / 2).max(MIN_ROUNDS)
+    }
+
+    /// `codecage run` of `argv` on the host rootfs with the layer profile `profile`.
+    fn codecage(&self, profile: &Path, argv: &[String]) -> Vec<String> {
+        let mut v: Vec<String> = vec![self.codecage.clone(), "run".into()];
+        v.extend(["--rootfs", "host", "--profile"].map(String::from));
+        v.push(profile.display().to_string());
+        v.push("--".into());
+        v.extend(argv.iter().cloned());
+        v
+    }
+
+    /// `codecage run` of `argv` with every layer.
+    fn codecage_all_layers(&self, argv: &[String]) -> Vec<String> {
+        let (_, every_layer) = self.profiles.last().expect("layer profiles");
+        self.codecage(every_layer, argv)
+    }
+
+    fn interleaved(&mut self, cmds: &[Cmd], rounds: usize) -> Result<Vec<Duration>> {
+        interleaved(cmds, rounds, &mut self.next_id)
+    }
+
+    /// The start-up table: each payload bare, in bubblewrap, in the OCI runtime and in
+    /// codecage with every layer.
+    fn startup(&mut self, out: &mut String) -> Result<()> {
+        let runtime = self.runtime;
+        writeln!(out, "## Start-up\n")?;
+        writeln!(
+            out,
+            "| payload | bare | bubblewrap | {runtime} | codecage | codecage / bare | codecage - bare |"
+        )?;
+        writeln!(out, "|---|---|---|---|---|---|---|")?;
+        for (i, (name, payload)) in PAYLOADS.iter().enumerate() {
+            let payload = argv(payload);
+            let bundle = crun_bundle(self.work, i, &payload)?;
+            let cmds = [
+                Cmd::new("bare", payload.clone()),
+                Cmd::new("bubblewrap", bwrap(&payload)),
+                Cmd::new(runtime, oci_argv(runtime, &bundle)),
+                Cmd::new("codecage", self.codecage_all_layers(&payload)),
+            ];
+            let rounds = if i == 0 {
+                self.rounds
+            } else {
+                self.half_rounds()
+            };
+            status("Measuring", format!("start-up of {name} ({rounds} rounds)"));
+            let m = self.interleaved(&cmds, rounds)?;
+            writeln!(
+                out,
+                "| `{name}` | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.2}x | +{:.1} ms |",
+                ms(m[0]),
+                ms(m[1]),
+                ms(m[2]),
+                ms(m[3]),
+                ms(m[3]) / ms(m[0]),
+                ms(m[3]) - ms(m[0])
+            )?;
+        }
+        writeln!(
+            out,
+            "\nbubblewrap: all namespaces (user, mount, pid, net, ipc, uts, cgroup), read-only /usr, new /proc, /dev and /tmp. \
+             {runtime}: an OCI bundle with pid, net, ipc, uts, mount and cgroup namespaces (no user namespace, as docker \
+             runs it), read-only /usr, and memory, pids and CPU limits{}. codecage: every layer (all namespaces, cgroup limits, \
+             landlock, seccomp, capabilities dropped, no_new_privs, rlimits).\n",
+            self.runtime_note
+                .as_ref()
+                .map_or(String::new(), |n| format!(" ({n})"))
+        )?;
+        Ok(())
+    }
+
+    /// The layer table: `python3 -c pass` bare, then in codecage with one more layer at a
+    /// time.
+    fn layers(&mut self, out: &mut String) -> Result<()> {
+        writeln!(
+            out,
+            "## What each codecage layer costs (`python3 -c pass`)\n"
+        )?;
+        writeln!(out, "| layers | median | / bare | step |")?;
+        writeln!(out, "|---|---|---|---|")?;
+        let payload = argv(PYTHON);
+        let mut cmds = vec![Cmd::new("bare", payload.clone())];
+        cmds.extend(
+            self.profiles
+                .iter()
+                .map(|(label, p)| Cmd::new(label, self.codecage(p, &payload))),
+        );
+        let rounds = self.half_rounds();
+        status("Measuring", format!("layer costs ({rounds} rounds)"));
+        let m = self.interleaved(&cmds, rounds)?;
+        for (i, cmd) in cmds.iter().enumerate() {
+            // The step from the layer before; none for bare and for namespaces only.
+            let step = if i >= 2 {
+                format!("+{:.1} ms", ms(m[i]) - ms(m[i - 1]))
+            } else {
+                String::new()
+            };
+            writeln!(
+                out,
+                "| {} | {:.1} ms | {:.2}x | {step} |",
+                cmd.label,
+                ms(m[i]),
+                ms(m[i]) / ms(m[0])
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The phase table: where codecage's time goes, from its own `--timings`.
+    fn phases(&mut self, out: &mut String) -> Result<()> {
+        writeln!(
+            out,
+            "\n## Where codecage's time goes (`python3 -c pass`, every layer)\n"
+        )?;
+        writeln!(
+            out,
+            "Medians of `codecage run --json --timings` (the sandbox reports when each phase ends; see \
+             `Outcome.phases` in ARCHITECTURE.md). The CLI's own start (exec, argument parsing, profile) comes on top.\n"
+        )?;
+        writeln!(out, "| phase | median | what happens |")?;
+        writeln!(out, "|---|---|---|")?;
+        status("Measuring", "phases");
+        let mut timed = self.codecage_all_layers(&argv(PYTHON));
+        timed.splice(2..2, ["--json".to_string(), "--timings".to_string()]);
+        for (phase, median, what) in phase_medians(&timed, self.half_rounds())? {
+            writeln!(out, "| {phase} | {median:.2} ms | {what} |")?;
+        }
+        Ok(())
+    }
+
+    /// The throughput table: `python3 -c pass` one at a time and two in parallel, bare,
+    /// in bubblewrap and in codecage with every layer.
+    fn throughput(&mut self, out: &mut String) -> Result<()> {
+        let runs = self.throughput_runs;
+        writeln!(out, "\n## Throughput ({runs} x `python3 -c pass`)\n")?;
+        writeln!(
+            out,
+            "| command | 1 at a time | 2 in parallel | 2 in parallel, % of bare |"
+        )?;
+        writeln!(out, "|---|---|---|---|")?;
+        let payload = argv(PYTHON);
+        let mut bare2 = 0.0;
+        for cmd in [
+            Cmd::new("bare", payload.clone()),
+            Cmd::new("bubblewrap", bwrap(&payload)),
+            Cmd::new("codecage", self.codecage_all_layers(&payload)),
+        ] {
+            status("Measuring", format!("throughput of {}", cmd.label));
+            let one = throughput(&cmd, runs, 1, &mut self.next_id)?;
+            let two = throughput(&cmd, runs, 2, &mut self.next_id)?;
+            if cmd.label == "bare" {
+                bare2 = two;
+            }
+            writeln!(
+                out,
+                "| {} | {:.0} runs/s | {:.0} runs/s | {:.0} % |",
+                cmd.label,
+                one,
+                two,
+                100.0 * two / bare2
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The report's title, the machine and how to read the tables.
+fn write_intro(out: &mut String) -> Result<()> {
+    writeln!(out, "# Benchmarks\n")?;
+    writeln!(out, "Written by `cargo xtask bench` on {}.\n", machine()?)?;
+    writeln!(
+        out,
+        "Every command runs on the same root: the host's /usr, read-only. Rounds are interleaved (each round runs \
+         every command of a table once), the first three are not counted, and the figure is the median wall time \
+         of spawning the command until it has exited and been reaped. Ratios are to bare execution.\n"
+    )?;
+    Ok(())
+}
+
+/// What is not measured yet, and the targets.
+fn write_outro(out: &mut String) -> Result<()> {
+    writeln!(
+        out,
+        "\n## Sessions and density\n\nWarm `execute(\"1+1\")` round trips and memory per idle Python session: not \
+         measured yet (persistent sessions do not exist yet).\n"
+    )?;
+    writeln!(
+        out,
+        "## Targets\n\n- `python3 -c pass` with every layer: at most 1.3x bare.\n- `/bin/true`: within 3 ms of bare.\n\
+         - Throughput with 2 in parallel: at least 80 % of bare.\n"
+    )?;
+    Ok(())
 }
 
 /// One command under test; `{id}` in its argv becomes a unique number per run.
@@ -82,12 +408,10 @@ impl Cmd {
             .map(|a| a.replace("{id}", &id.to_string()))
             .collect();
         let start = Instant::now();
-        // The same clean environment for every command, as in the sandbox: a variable
-        // such as NODE_EXTRA_CA_CERTS makes `node -e 0` three times slower here.
         let out = Command::new(&argv[0])
             .args(&argv[1..])
             .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("PATH", CLEAN_PATH)
             .env("LANG", "C.UTF-8")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -119,12 +443,11 @@ fn ms(d: Duration) -> f64 {
 /// Interleaved rounds: every round runs each command once. Returns each command's median.
 fn interleaved(cmds: &[Cmd], rounds: usize, next_id: &mut usize) -> Result<Vec<Duration>> {
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); cmds.len()];
-    for round in 0..rounds + 3 {
+    for round in 0..WARMUP_ROUNDS + rounds {
         for (i, cmd) in cmds.iter().enumerate() {
             *next_id += 1;
             let t = cmd.time(*next_id)?;
-            // The first three rounds warm caches and are not counted.
-            if round >= 3 {
+            if round >= WARMUP_ROUNDS {
                 times[i].push(t);
             }
         }
@@ -133,32 +456,7 @@ fn interleaved(cmds: &[Cmd], rounds: usize, next_id: &mut usize) -> Result<Vec<D
 }
 
 /// Runs `argv` (a `codecage run --json --timings`) `rounds` times; the median of each phase.
-fn phases(argv: &[String], rounds: usize) -> Result<Vec<(&'static str, f64, &'static str)>> {
-    const PHASES: [(&str, &str); 8] = [
-        (
-            "prepare",
-            "validation, the run's cgroups with their limits, fds",
-        ),
-        (
-            "clone",
-            "clone3 into six new namespaces, the child moves into its cgroups, id maps, \"go\"",
-        ),
-        ("init_exec", "the exec of codecage as the sandbox's pid 1"),
-        (
-            "sandbox",
-            "cgroup namespace, mounts, pivot_root, host name, loopback",
-        ),
-        (
-            "payload_setup",
-            "fork, rlimits, capabilities, ids, no_new_privs, landlock, seccomp",
-        ),
-        ("run", "the payload: its execve until its exit"),
-        (
-            "teardown",
-            "kill what is left, the init's exit and the namespaces' teardown, the reap",
-        ),
-        ("cleanup", "reading and removing the cgroups"),
-    ];
+fn phase_medians(argv: &[String], rounds: usize) -> Result<Vec<(&'static str, f64, &'static str)>> {
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
     for _ in 0..rounds {
         let out = Command::new(&argv[0])
@@ -215,216 +513,16 @@ fn throughput(cmd: &Cmd, n: usize, parallel: usize, next_id: &mut usize) -> Resu
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-pub fn main(args: &[String]) -> Result<i32> {
-    let opts = parse(args)?;
-    if !crate::host::is_root() {
-        bail!("the benchmark creates namespaces and cgroups: run it as root");
-    }
-    install(&[("bwrap", "bubblewrap"), ("crun", "crun")])?;
-    let root = workspace_root();
-    eprintln!("    Building codecage (release)");
-    let status = Command::new("cargo")
-        .args(["build", "--release", "--quiet", "-p", "codecage"])
-        .current_dir(&root)
-        .status()?;
-    if !status.success() {
-        bail!("cargo build --release failed");
-    }
-    let codecage = root.join("target/release/codecage").display().to_string();
-    let work = tempdir()?;
-    let result = run_all(&opts, &codecage, &work);
-    let _ = std::fs::remove_dir_all(&work);
-    let report = result?;
-    print!("{report}");
-    if opts.write {
-        std::fs::write(root.join("BENCHMARKS.md"), &report)?;
-        eprintln!("    Wrote BENCHMARKS.md");
-    }
-    Ok(0)
+/// An argv of owned strings.
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
 }
 
-fn run_all(opts: &Options, codecage: &str, work: &Path) -> Result<String> {
-    let python = "/usr/bin/python3";
-    let node = "/usr/bin/node";
-    let payloads: [(&str, Vec<String>); 3] = [
-        ("/bin/true", vec!["/bin/true".into()]),
-        (
-            "python3 -c pass",
-            vec![python.into(), "-c".into(), "pass".into()],
-        ),
-        ("node -e 0", vec![node.into(), "-e".into(), "0".into()]),
-    ];
-    let bwrap = |argv: &[String]| -> Vec<String> {
-        let mut v: Vec<String> = "bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr \
-            --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib --symlink usr/lib64 /lib64 \
-            --ro-bind /etc/ld.so.cache /etc/ld.so.cache --ro-bind /etc/alternatives /etc/alternatives \
-            --proc /proc --dev /dev --tmpfs /tmp --dir /work --chdir /work --clearenv --setenv PATH /usr/bin:/bin"
-            .split_whitespace()
-            .map(String::from)
-            .collect();
-        v.extend(argv.iter().cloned());
-        v
-    };
-    let profiles = write_layer_profiles(work)?;
-    let codecage_with = |profile: &Path, argv: &[String]| -> Vec<String> {
-        let mut v = vec![
-            codecage.to_string(),
-            "run".into(),
-            "--rootfs".into(),
-            "host".into(),
-        ];
-        v.extend([
-            "--profile".into(),
-            profile.display().to_string(),
-            "--".into(),
-        ]);
-        v.extend(argv.iter().cloned());
-        v
-    };
-    let everything = &profiles[3].1;
-    let (runtime, runtime_note) = oci_runtime(&crun_bundle(work, 99, &payloads[0].1)?)?;
-
-    let mut out = String::new();
-    let mut next_id = 0usize;
-    writeln!(out, "# Benchmarks\n")?;
-    writeln!(out, "Written by `cargo xtask bench` on {}.\n", machine()?)?;
-    writeln!(
-        out,
-        "Every command runs on the same root: the host's /usr, read-only. Rounds are interleaved (each round runs \
-         every command of a table once), the first three are not counted, and the figure is the median wall time \
-         of spawning the command until it has exited and been reaped. Ratios are to bare execution.\n"
-    )?;
-    writeln!(out, "## Start-up\n")?;
-    writeln!(
-        out,
-        "| payload | bare | bubblewrap | {runtime} | codecage | codecage / bare | codecage - bare |"
-    )?;
-    writeln!(out, "|---|---|---|---|---|---|---|")?;
-    for (i, (name, argv)) in payloads.iter().enumerate() {
-        let bundle = crun_bundle(work, i, argv)?;
-        let cmds = vec![
-            Cmd::new("bare", argv.clone()),
-            Cmd::new("bubblewrap", bwrap(argv)),
-            Cmd::new(runtime, oci_argv(runtime, &bundle)),
-            Cmd::new("codecage", codecage_with(everything, argv)),
-        ];
-        let rounds = if i == 0 {
-            opts.rounds
-        } else {
-            (opts.rounds / 2).max(3)
-        };
-        eprintln!("    Measuring start-up of {name} ({rounds} rounds)");
-        let m = interleaved(&cmds, rounds, &mut next_id)?;
-        writeln!(
-            out,
-            "| `{name}` | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.2}x | +{:.1} ms |",
-            ms(m[0]),
-            ms(m[1]),
-            ms(m[2]),
-            ms(m[3]),
-            ms(m[3]) / ms(m[0]),
-            ms(m[3]) - ms(m[0])
-        )?;
-    }
-    writeln!(
-        out,
-        "\nbubblewrap: all namespaces (user, mount, pid, net, ipc, uts, cgroup), read-only /usr, new /proc, /dev and /tmp. \
-         {runtime}: an OCI bundle with pid, net, ipc, uts, mount and cgroup namespaces (no user namespace, as docker \
-         runs it), read-only /usr, and memory, pids and CPU limits{}. codecage: every layer (all namespaces, cgroup limits, \
-         landlock, seccomp, capabilities dropped, no_new_privs, rlimits).\n",
-        runtime_note.map_or(String::new(), |n| format!(" ({n})"))
-    )?;
-
-    writeln!(
-        out,
-        "## What each codecage layer costs (`python3 -c pass`)\n"
-    )?;
-    writeln!(out, "| layers | median | / bare | step |")?;
-    writeln!(out, "|---|---|---|---|")?;
-    let argv = &payloads[1].1;
-    let mut cmds = vec![Cmd::new("bare", argv.clone())];
-    cmds.extend(
-        profiles
-            .iter()
-            .map(|(label, p)| Cmd::new(label, codecage_with(p, argv))),
-    );
-    eprintln!("    Measuring layer costs ({} rounds)", opts.rounds / 2);
-    let m = interleaved(&cmds, (opts.rounds / 2).max(3), &mut next_id)?;
-    for (i, cmd) in cmds.iter().enumerate() {
-        let step = if i >= 2 {
-            format!("+{:.1} ms", ms(m[i]) - ms(m[i - 1]))
-        } else {
-            String::new()
-        };
-        writeln!(
-            out,
-            "| {} | {:.1} ms | {:.2}x | {step} |",
-            cmd.label,
-            ms(m[i]),
-            ms(m[i]) / ms(m[0])
-        )?;
-    }
-
-    writeln!(
-        out,
-        "\n## Where codecage's time goes (`python3 -c pass`, every layer)\n"
-    )?;
-    writeln!(
-        out,
-        "Medians of `codecage run --json --timings` (the sandbox reports when each phase ends; see \
-         `Outcome.phases` in ARCHITECTURE.md). The CLI's own start (exec, argument parsing, profile) comes on top.\n"
-    )?;
-    writeln!(out, "| phase | median | what happens |")?;
-    writeln!(out, "|---|---|---|")?;
-    eprintln!("    Measuring phases");
-    let mut timed = codecage_with(everything, argv);
-    timed.splice(2..2, ["--json".to_string(), "--timings".to_string()]);
-    for (phase, median, what) in phases(&timed, (opts.rounds / 2).max(3))? {
-        writeln!(out, "| {phase} | {median:.2} ms | {what} |")?;
-    }
-
-    writeln!(
-        out,
-        "\n## Throughput ({} x `python3 -c pass`)\n",
-        opts.throughput
-    )?;
-    writeln!(
-        out,
-        "| command | 1 at a time | 2 in parallel | 2 in parallel, % of bare |"
-    )?;
-    writeln!(out, "|---|---|---|---|")?;
-    let mut bare2 = 0.0;
-    for cmd in [
-        Cmd::new("bare", argv.clone()),
-        Cmd::new("bubblewrap", bwrap(argv)),
-        Cmd::new("codecage", codecage_with(everything, argv)),
-    ] {
-        eprintln!("    Measuring throughput of {}", cmd.label);
-        let one = throughput(&cmd, opts.throughput, 1, &mut next_id)?;
-        let two = throughput(&cmd, opts.throughput, 2, &mut next_id)?;
-        if cmd.label == "bare" {
-            bare2 = two;
-        }
-        writeln!(
-            out,
-            "| {} | {:.0} runs/s | {:.0} runs/s | {:.0} % |",
-            cmd.label,
-            one,
-            two,
-            100.0 * two / bare2
-        )?;
-    }
-    writeln!(
-        out,
-        "\n## Sessions and density\n\nWarm `execute(\"1+1\")` round trips and memory per idle Python session: not \
-         measured yet (persistent sessions do not exist yet).\n"
-    )?;
-    writeln!(
-        out,
-        "## Targets\n\n- `python3 -c pass` with every layer: at most 1.3x bare.\n- `/bin/true`: within 3 ms of bare.\n\
-         - Throughput with 2 in parallel: at least 80 % of bare.\n"
-    )?;
-    Ok(out)
+/// `argv` in bubblewrap, set up like codecage's sandbox on the host rootfs.
+fn bwrap(argv: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = BWRAP.split_whitespace().map(String::from).collect();
+    v.extend(argv.iter().cloned());
+    v
 }
 
 /// The OCI runtime to compare with: crun, or runc where crun cannot run. crun 1.8 (Debian
@@ -440,7 +538,7 @@ fn oci_runtime(probe_bundle: &Path) -> Result<(&'static str, Option<String>)> {
         return Ok(("crun", None));
     }
     let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    install(&[("runc", "runc")])?;
+    install_missing(&Runner::terminal(), &[("runc", "runc")], Recommends::Skip)?;
     Ok((
         "runc",
         Some(format!(
@@ -459,21 +557,10 @@ fn oci_argv(runtime: &str, bundle: &Path) -> Vec<String> {
     ]
 }
 
-/// Profiles for the layer-cost table, each adding one layer to the one before.
+/// The profiles of [`LAYERS`], written into `work`.
 fn write_layer_profiles(work: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let layers = [
-        ("namespaces only", "off", "off", "off"),
-        ("+ cgroup limits", "required", "off", "off"),
-        ("+ landlock", "required", "required", "off"),
-        (
-            "+ seccomp (every layer)",
-            "required",
-            "required",
-            "required",
-        ),
-    ];
     let mut out = Vec::new();
-    for (i, (label, cgroup, landlock, seccomp)) in layers.iter().enumerate() {
+    for (i, (label, cgroup, landlock, seccomp)) in LAYERS.iter().enumerate() {
         let path = work.join(format!("layers-{i}.toml"));
         let text = format!(
             "language = \"bash\"\nrootfs = \"host\"\n[hardening]\ncgroup = \"{cgroup}\"\nlandlock = \"{landlock}\"\nseccomp = \"{seccomp}\"\n"
@@ -538,10 +625,8 @@ fn machine() -> Result<String> {
         .trim()
         .to_string();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let date = Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d %H:%M UTC")
-        .output()?;
+    // 2026-11-26T00:12:00Z, shown as 2026-11-26 00:12 UTC.
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let layout = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         "cgroup v2"
     } else if Path::new("/sys/fs/cgroup/unified").exists() {
@@ -550,36 +635,84 @@ fn machine() -> Result<String> {
         "cgroup v1"
     };
     Ok(format!(
-        "{} (kernel {kernel}, {cores} cores, {layout})",
-        String::from_utf8_lossy(&date.stdout).trim()
+        "{} {} UTC (kernel {kernel}, {cores} cores, {layout})",
+        &now[..10],
+        &now[11..16]
     ))
 }
 
-/// Installs the Debian package of each tool that is not on PATH.
-fn install(tools: &[(&str, &str)]) -> Result<()> {
-    let missing: Vec<&str> = tools
-        .iter()
-        .filter(|(tool, _)| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .map(|(_, pkg)| *pkg)
-        .collect();
-    crate::host::apt_install(&missing)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{tests::parse, Task};
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(Path::new("."))
-        .to_path_buf()
-}
+    #[test]
+    fn command_lines() {
+        let work = TempTree::create_in(&std::env::temp_dir(), "xtask-bench-test-").unwrap();
+        let bench = Bench {
+            rounds: 7,
+            throughput_runs: 2,
+            codecage: "/x/codecage".to_string(),
+            work: work.path(),
+            profiles: write_layer_profiles(work.path()).unwrap(),
+            runtime: "crun",
+            runtime_note: None,
+            next_id: 0,
+        };
+        assert_eq!(bench.half_rounds(), 3);
+        let every_layer = work.path().join("layers-3.toml");
+        assert_eq!(
+            bench.codecage_all_layers(&argv(PYTHON)).join(" "),
+            format!(
+                "/x/codecage run --rootfs host --profile {} -- /usr/bin/python3 -c pass",
+                every_layer.display()
+            )
+        );
+        let profile = std::fs::read_to_string(&every_layer).unwrap();
+        assert!(profile.contains(
+            "[hardening]\ncgroup = \"required\"\nlandlock = \"required\"\nseccomp = \"required\"\n"
+        ));
+        let b = bwrap(&argv(TRUE));
+        assert_eq!(b.first().map(String::as_str), Some("bwrap"));
+        assert_eq!(b.last().map(String::as_str), Some("/bin/true"));
+        assert!(b.windows(3).any(|w| w == ["--ro-bind", "/usr", "/usr"]));
 
-fn tempdir() -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("codecage-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+        let bundle = crun_bundle(work.path(), 1, &argv(PYTHON)).unwrap();
+        let config = std::fs::read_to_string(bundle.join("config.json")).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(config["process"]["args"], serde_json::json!(PYTHON));
+        assert_eq!(
+            oci_argv("crun", &bundle)[..3],
+            ["crun", "run", "--bundle"].map(String::from)
+        );
+    }
+
+    #[test]
+    fn the_machine_line_starts_with_the_date() {
+        let line = machine().unwrap();
+        // 2026-11-26 00:12 UTC (kernel ...
+        assert_eq!(&line[4..5], "-");
+        assert_eq!(&line[10..11], " ");
+        assert_eq!(&line[16..28], " UTC (kernel");
+    }
+
+    #[test]
+    fn parses_arguments() {
+        let Ok(Task::Bench(a)) = parse(&["bench"]) else {
+            panic!()
+        };
+        assert_eq!((a.rounds, a.throughput, a.no_write), (60, 500, false));
+        let Ok(Task::Bench(a)) = parse(&["bench", "--rounds", "7", "--throughput=9", "--no-write"])
+        else {
+            panic!()
+        };
+        assert_eq!((a.rounds, a.throughput, a.no_write), (7, 9, true));
+        for bad in [
+            &["bench", "--rounds"][..],
+            &["bench", "--rounds", "x"],
+            &["bench", "x"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -1,8 +1,14 @@
-//! Developer tasks: `cargo xtask <task>`.
+//! Developer tasks: `cargo xtask <task>` (`cargo xtask --help` lists them).
 //!
-//! * `test`: the project's test command (see `src/test.rs`).
-//! * `vm-build`, `vm-run`, `vm-test`, `vm-check`: the cgroup-v2 VM test lane
-//!   (see `src/vm/mod.rs` and `vm/README.md`).
+//! * `test`: the project's test command (`test.rs`).
+//! * `bench`: codecage against bare execution, bubblewrap and crun (`bench.rs`).
+//! * `rootfs`: the sandbox's root filesystem image (`rootfs/`, and `rootfs/README.md` at
+//!   the workspace root).
+//! * `vm-build`, `vm-run`, `vm-test`, `vm-check`: the cgroup v2 VM test lane (`vm/`, and
+//!   `xtask/vm/README.md`).
+//!
+//! `host` holds what the tasks share: root, commands and their process groups, interrupts,
+//! apt-get and the Debian mirror, build steps, safe removal of trees.
 
 mod bench;
 mod host;
@@ -10,82 +16,166 @@ mod rootfs;
 mod test;
 mod vm;
 
-use std::io::Write as _;
 use std::process::ExitCode;
 
-const USAGE: &str = "\
-usage: cargo xtask <task> [args]
+use anyhow::Result;
+use clap::{Parser, Subcommand};
 
-tasks:
-  test       run the unit and integration tests (root):   test [-- NEXTEST-ARGS...]
-  bench      start-up, layer cost and throughput against bare, bubblewrap and crun (root)
-  rootfs     build the sandbox root filesystem image (root; instant when up to date):
-             rootfs [--recipe NAME] [--out DIR] [--force] [--verify]
-  vm-build   build the cgroup-v2 VM image (root; cached, instant when up to date)
-  vm-run     run a command in the VM:   vm-run [--timeout S] [--share DIR] [--env K=V]... -- CMD...
-  vm-test    run the integration tests in the VM:   vm-test [--release] [-- TEST-ARGS...]
-  vm-check   boot the VM and show its cgroup/landlock layout
+#[derive(Parser, Debug)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "codecage's developer tasks",
+    after_help = "`cargo xtask <task> --help` describes a task.",
+    arg_required_else_help = true,
+    // A repeated option takes its last value, as it always did here.
+    args_override_self = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
 
-`cargo xtask <task> --help` describes a task.";
+#[derive(Subcommand, Debug)]
+enum Task {
+    Test(test::Args),
+    Bench(bench::Args),
+    Rootfs(rootfs::Args),
+    /// Build the cgroup v2 VM image (root; cached, instant when up to date)
+    ///
+    /// Needs root: it installs the missing host packages with apt-get and bootstraps a
+    /// Debian root filesystem. Instant when the image of the current recipe exists already.
+    #[command(verbatim_doc_comment, after_long_help = vm::build::ENVIRONMENT)]
+    VmBuild,
+    VmRun(vm::run::RunOptions),
+    VmTest(vm::lane::TestArgs),
+    /// Boot the VM and show its cgroup and landlock layout
+    ///
+    /// Boots the cgroup v2 VM once and prints what the tests will find there: kernel, cgroup
+    /// mounts, controllers of the root and of the job's cgroup, Landlock ABI. Fails if the
+    /// layout is not the expected one.
+    #[command(verbatim_doc_comment)]
+    VmCheck,
+}
+
+impl Task {
+    /// The tasks that turn SIGINT/SIGTERM/SIGHUP into a flag their wait loops poll, so
+    /// that they can stop QEMU or mmdebstrap and clean up. (`rootfs` installs the same
+    /// handlers itself, around the build only.)
+    fn polls_interrupts(&self) -> bool {
+        matches!(
+            self,
+            Task::Test(_) | Task::VmBuild | Task::VmRun(_) | Task::VmTest(_) | Task::VmCheck
+        )
+    }
+
+    /// The task's exit status (an error is reported by `main`).
+    fn run(self) -> Result<i32> {
+        match self {
+            Task::Test(args) => test::test(&args),
+            Task::Bench(args) => bench::bench(&args),
+            Task::Rootfs(args) => rootfs::rootfs(&args),
+            Task::VmBuild => vm::build::build().map(|_| 0),
+            Task::VmRun(opts) => vm::run::run(&vm::ensure_image()?, &opts),
+            Task::VmTest(args) => vm::lane::vm_test(&args),
+            Task::VmCheck => vm::lane::vm_check(),
+        }
+    }
+}
+
+/// The exit status of a task that failed, or whose arguments were wrong: 125 for the
+/// tasks that run a command in the VM (what their callers read as "the VM lane could
+/// not run it", see `xtask/vm/README.md`), 1 for the others.
+fn failure_status(task: &str) -> ExitCode {
+    match task {
+        "vm-run" | "vm-test" | "vm-check" => ExitCode::from(vm::EXIT_VM_FAILED as u8),
+        _ => ExitCode::FAILURE,
+    }
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some((task, rest)) = args.split_first() else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
-    };
-    if matches!(rest.first().map(String::as_str), Some("-h" | "--help")) {
-        let usage = match task.as_str() {
-            "test" => test::USAGE,
-            "bench" => bench::USAGE,
-            "rootfs" => rootfs::USAGE,
-            "vm-build" => vm::build::USAGE,
-            "vm-run" => vm::run::USAGE,
-            "vm-test" => vm::lane::TEST_USAGE,
-            "vm-check" => vm::lane::CHECK_USAGE,
-            _ => USAGE,
-        };
-        let _ = writeln!(std::io::stdout(), "{usage}");
-        return ExitCode::SUCCESS;
-    }
-    // The VM tasks poll for interrupts so that they can kill QEMU or mmdebstrap and
-    // clean up; other tasks keep the default behaviour (rootfs installs its own).
-    let _signals = (task.starts_with("vm-") || task == "test").then(host::install_signal_handlers);
-    let result = match task.as_str() {
-        "test" => test::test(rest),
-        "bench" => bench::main(rest),
-        "rootfs" => rootfs::main(rest),
-        "vm-build" => match rest.first() {
-            None => vm::build::build().map(|_| 0),
-            Some(a) => Err(anyhow::anyhow!(
-                "vm-build takes no arguments (got {a:?})\n\n{}",
-                vm::build::USAGE
-            )),
-        },
-        "vm-run" => vm::run::parse_args(rest).and_then(|opts| {
-            let image = vm::ensure_image()?;
-            vm::run::run(&image, &opts)
-        }),
-        "vm-test" => vm::lane::vm_test(rest),
-        "vm-check" => vm::lane::vm_check(rest),
-        "-h" | "--help" | "help" => {
-            let _ = writeln!(std::io::stdout(), "{USAGE}");
-            Ok(0)
+    let task_name = std::env::args().nth(1).unwrap_or_default();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp
+                | clap::error::ErrorKind::DisplayVersion
+                | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    ExitCode::from(e.exit_code() as u8)
+                }
+                _ => failure_status(&task_name),
+            };
         }
-        other => Err(anyhow::anyhow!("unknown task {other:?}\n\n{USAGE}")),
     };
-    match result {
+    let _signals = cli
+        .task
+        .polls_interrupts()
+        .then(host::install_signal_handlers);
+    match cli.task.run() {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("error: {e:#}");
-            if let Some(sig) = vm::interrupted() {
-                return ExitCode::from(128 + sig as u8);
+            match host::interrupted() {
+                Some(sig) => ExitCode::from(128 + sig as u8),
+                None => failure_status(&task_name),
             }
-            ExitCode::from(if task.starts_with("vm-") && task != "vm-build" {
-                vm::EXIT_VM_FAILED as u8
-            } else {
-                1
-            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    /// `cargo xtask ARGS...` as the task it names, for the tests of each task's arguments.
+    pub(crate) fn parse(args: &[&str]) -> Result<Task, clap::Error> {
+        Cli::try_parse_from(std::iter::once("xtask").chain(args.iter().copied())).map(|c| c.task)
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_task_has_a_name_and_a_description() {
+        let cli = Cli::command();
+        let names: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
+        assert_eq!(
+            names,
+            ["test", "bench", "rootfs", "vm-build", "vm-run", "vm-test", "vm-check"]
+        );
+        for task in cli.get_subcommands() {
+            assert!(task.get_about().is_some(), "{}", task.get_name());
+            assert!(task.get_long_about().is_some(), "{}", task.get_name());
+        }
+    }
+
+    #[test]
+    fn tasks_without_arguments_take_none() {
+        for name in ["vm-build", "vm-check"] {
+            assert!(parse(&[name]).is_ok());
+            assert!(parse(&[name, "extra"]).is_err());
+            assert!(parse(&[name, "--bogus"]).is_err());
+        }
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["nosuch"]).is_err());
+    }
+
+    #[test]
+    fn failures_of_the_vm_lane_exit_125() {
+        for (task, code) in [
+            ("vm-run", vm::EXIT_VM_FAILED as u8),
+            ("vm-test", 125),
+            ("vm-check", 125),
+            ("vm-build", 1),
+            ("rootfs", 1),
+            ("nosuch", 1),
+        ] {
+            assert_eq!(failure_status(task), ExitCode::from(code), "{task}");
         }
     }
 }

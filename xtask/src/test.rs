@@ -8,14 +8,25 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-pub const USAGE: &str = "\
-usage: cargo xtask test [--native-only] [-- NEXTEST-ARGS...]
+use crate::host::{install_missing, Recommends, Runner};
 
-Installs the Debian packages the tests use inside the sandbox (procps, python3, nodejs)
-when missing, builds the default image (cargo xtask rootfs), runs the unit and integration
-tests of the workspace (cargo nextest when installed, else cargo test), then the
-integration tests in the cgroup v2 VM (cargo xtask vm-test; skipped with --native-only).
-Must run as root: the tests build real sandboxes.";
+/// Run the unit and integration tests (root)
+///
+/// Installs the Debian packages the tests use inside the sandbox (procps, python3, nodejs)
+/// when missing, builds the default image (cargo xtask rootfs), runs the unit and
+/// integration tests of the workspace (cargo nextest when installed, else cargo test), then
+/// the integration tests in the cgroup v2 VM (cargo xtask vm-test; skipped with
+/// --native-only). Must run as root: the tests build real sandboxes.
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// Skip the run in the cgroup v2 VM
+    #[arg(long)]
+    native_only: bool,
+    /// Passed on to cargo nextest run (or cargo test)
+    #[arg(last = true, value_name = "NEXTEST-ARGS")]
+    nextest_args: Vec<String>,
+}
 
 /// Programs the integration tests run inside a sandbox with the host rootfs, and the
 /// Debian package of each.
@@ -27,24 +38,15 @@ const NEEDED: &[(&str, &str)] = &[
     ("/usr/bin/ldd", "libc-bin"),
 ];
 
-pub fn test(args: &[String]) -> Result<i32> {
-    let (native_only, args) = match args.split_first() {
-        Some((first, rest)) if first == "--native-only" => (true, rest),
-        _ => (false, args),
-    };
-    let extra: &[String] = match args.split_first() {
-        Some((first, rest)) if first == "--" => rest,
-        Some((first, _)) => bail!("unexpected argument {first:?}\n\n{USAGE}"),
-        None => &[],
-    };
+pub fn test(args: &Args) -> Result<i32> {
     if !crate::host::is_root() {
         bail!(
             "the tests build real sandboxes and must run as root (try: sudo -E cargo xtask test)"
         );
     }
-    install_missing()?;
+    install_missing(&Runner::terminal(), NEEDED, Recommends::Skip)?;
     eprintln!("xtask: building the default image (cargo xtask rootfs)");
-    let built = crate::rootfs::main(&[])?;
+    let built = crate::rootfs::rootfs(&crate::rootfs::Args::default())?;
     if built != 0 {
         bail!("the default image could not be built (cargo xtask rootfs exited {built})");
     }
@@ -59,28 +61,36 @@ pub fn test(args: &[String]) -> Result<i32> {
         eprintln!("xtask: cargo-nextest not found, using cargo test");
         cmd.args(["test", "--workspace", "--no-fail-fast"]);
     }
-    cmd.args(extra);
+    cmd.args(&args.nextest_args);
     eprintln!("xtask: {cmd:?}");
     let native = cmd.status().context("running cargo")?.code().unwrap_or(1);
-    if native_only {
+    if args.native_only {
         return Ok(native);
     }
     // The image lives on this host, not in the VM: its tests run natively only.
     eprintln!("xtask: the integration tests in the cgroup v2 VM (cargo xtask vm-test)");
-    let vm_args: Vec<String> = ["--", "--skip", "image::"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let vm_args = crate::vm::lane::TestArgs::new(["--skip", "image::"].map(String::from).into());
     let vm = crate::vm::lane::vm_test(&vm_args)?;
     eprintln!("xtask: native tests exited {native}, VM tests exited {vm}");
     Ok(if native != 0 { native } else { vm })
 }
 
-fn install_missing() -> Result<()> {
-    let missing: Vec<&str> = NEEDED
-        .iter()
-        .filter(|(path, _)| !std::path::Path::new(path).exists())
-        .map(|(_, pkg)| *pkg)
-        .collect();
-    crate::host::apt_install(&missing)
+#[cfg(test)]
+mod tests {
+    use crate::{tests::parse, Task};
+
+    #[test]
+    fn parses_arguments() {
+        let Ok(Task::Test(a)) = parse(&["test", "--native-only", "--", "-E", "x"]) else {
+            panic!()
+        };
+        assert!(a.native_only);
+        assert_eq!(a.nextest_args, ["-E", "x"]);
+        let Ok(Task::Test(a)) = parse(&["test"]) else {
+            panic!()
+        };
+        assert!(!a.native_only && a.nextest_args.is_empty());
+        assert!(parse(&["test", "extra"]).is_err());
+        assert!(parse(&["test", "--bogus"]).is_err());
+    }
 }

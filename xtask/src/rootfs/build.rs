@@ -18,15 +18,17 @@
 //! reaches the host's mount table.
 
 use super::manifest;
-use super::process::{self, Guard, Runner};
-use super::{secs, status, Paths, Recipe};
+use super::{Paths, Recipe};
+use crate::host::{
+    debian, find_command, install_missing, kill_processes_rooted_in, mounts_below, remove_tree,
+    secs, status, Recommends, Runner, Steps, TempTree,
+};
 use anyhow::{bail, ensure, Context, Result};
 use std::ffi::CString;
 use std::fs;
-use std::io::{Read as _, Seek as _, SeekFrom};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -49,7 +51,8 @@ echo "uid $(id -u) in $(pwd), HOME=$HOME, read-only root, writable /tmp and /wor
 "#;
 
 /// Everything in xtask that decides what goes into an image, for the recipe
-/// hash. (mod.rs and process.rs only find, name, place and clean up images.)
+/// hash. (mod.rs only finds, names, places and cleans up images; `crate::host` runs the
+/// tools and reports the steps.)
 pub const SOURCES: &[(&str, &str)] = &[
     ("build.rs", include_str!("build.rs")),
     ("manifest.rs", include_str!("manifest.rs")),
@@ -60,6 +63,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("codecage_mplcache.py", MPLCACHE_PY),
     ("check prelude", CHECK_PRELUDE),
 ];
+
+/// The variable that overrides the mirror (see [`debian::mirrors`]).
+const MIRROR_VARIABLE: &str = "CODECAGE_ROOTFS_MIRROR";
 
 /// dpkg options for mmdebstrap: no docs (but the copyright files), man
 /// pages, info pages or translations. mmdebstrap also leaves them in the
@@ -108,141 +114,33 @@ pub struct BuildInfo {
     pub smoke_test: Vec<String>,
 }
 
-/// Progress lines with elapsed times; on failure, the failing tool's output.
-struct Steps<'a> {
-    recipe: &'a str,
-    total: usize,
-    done: usize,
-    runner: Runner,
-    failed_log: PathBuf,
-    /// Where the log stood when the last step began.
-    last_offset: u64,
-}
-
-impl Steps<'_> {
-    fn begin(&mut self, title: &str) -> (usize, u64) {
-        self.done += 1;
-        status(
-            "Building",
-            format!(
-                "rootfs {} (step {}/{}: {title}) ...",
-                self.recipe, self.done, self.total
-            ),
-        );
-        self.runner.note(&format!(
-            "===== step {}/{}: {title} =====",
-            self.done, self.total
-        ));
-        self.last_offset = fs::metadata(&self.runner.log).map_or(0, |m| m.len());
-        (self.done, self.last_offset)
-    }
-
-    fn run<T>(&mut self, title: &str, f: impl FnOnce(&Runner) -> Result<T>) -> Result<T> {
-        let (n, offset) = self.begin(title);
-        let t = Instant::now();
-        let result = f(&self.runner).and_then(|v| {
-            process::check_interrupted()?;
-            Ok(v)
-        });
-        match result {
-            Ok(v) => {
-                status(
-                    "Done",
-                    format!("step {n}/{} ({title}) in {}", self.total, secs(t.elapsed())),
-                );
-                Ok(v)
-            }
-            Err(e) => {
-                let copied = fs::copy(&self.runner.log, &self.failed_log).is_ok();
-                if process::interrupted().is_none() && !self.runner.verbose {
-                    let out = log_since(&self.runner.log, offset);
-                    let lines: Vec<&str> = out.lines().collect();
-                    let from = lines.len().saturating_sub(60);
-                    eprintln!(
-                        "--- output of step {n}/{} ({}{}) ---",
-                        self.total,
-                        if from > 0 {
-                            format!("last 60 of {} lines", lines.len())
-                        } else {
-                            "all of it".to_string()
-                        },
-                        if copied {
-                            format!("; full log: {}", self.failed_log.display())
-                        } else {
-                            String::new()
-                        }
-                    );
-                    for l in &lines[from..] {
-                        eprintln!("{l}");
-                    }
-                    eprintln!("--- end of output ---");
-                } else if copied {
-                    eprintln!("full log: {}", self.failed_log.display());
-                }
-                Err(e.context(format!(
-                    "step {n}/{} ({title}) failed after {}",
-                    self.total,
-                    secs(t.elapsed())
-                )))
-            }
-        }
-    }
-
-    fn skip(&mut self, title: &str, why: &str) {
-        self.done += 1;
-        status(
-            "Skipped",
-            format!("step {}/{} ({title}): {why}", self.done, self.total),
-        );
-    }
-}
-
-/// What the log got after byte `offset` (lossy UTF-8).
-fn log_since(log: &Path, offset: u64) -> String {
-    let mut buf = Vec::new();
-    if let Ok(mut f) = fs::File::open(log) {
-        let _ = f.seek(SeekFrom::Start(offset));
-        let _ = f.read_to_end(&mut buf);
-    }
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
 /// Build the image of `recipe` and switch `<out>/<NAME>` to it.
 pub fn build(recipe: &Recipe, paths: &Paths, verbose: bool, start: Instant) -> Result<()> {
     // The work directory (build log, staged recipe and scripts) and the
     // image under construction are removed on every failure path by their
     // guards; on success the image is renamed away and the log kept.
-    let work = Guard::new(paths.work.clone());
-    if fs::symlink_metadata(work.path()).is_ok() {
-        process::remove_tree(work.path())?;
-    }
+    let work = TempTree::at(paths.work.clone())?;
     fs::create_dir(work.path()).with_context(|| format!("creating {}", work.path().display()))?;
-    let log = work.path().join("build.log");
     let stage = work.path().join("stage");
     stage_recipe(recipe, &stage)?;
-
-    let mut tmp = Guard::new(paths.tmp.clone());
-    if fs::symlink_metadata(tmp.path()).is_ok() {
-        process::remove_tree(tmp.path())?;
-    }
+    let mut tmp = TempTree::at(paths.tmp.clone())?;
     let root = tmp.path().to_path_buf();
 
-    let mut steps = Steps {
-        recipe: &recipe.name,
-        total: 7,
-        done: 0,
-        runner: Runner { log, verbose },
-        failed_log: paths.failed_log.clone(),
-        last_offset: 0,
-    };
-    steps.runner.note(&format!(
+    let mut steps = Steps::new(
+        &format!("rootfs {}", recipe.name),
+        7,
+        work.path().join("build.log"),
+        verbose,
+        paths.failed_log.clone(),
+    );
+    steps.runner().note(&format!(
         "codecage rootfs build: recipe {} ({}), image {}",
         recipe.name,
         recipe.hash,
         paths.image.display()
     ));
     let mut info = BuildInfo {
-        mirrors: mirrors(),
+        mirrors: debian::mirrors(MIRROR_VARIABLE, SUITE),
         ..BuildInfo::default()
     };
 
@@ -298,7 +196,8 @@ pub fn build(recipe: &Recipe, paths: &Paths, verbose: bool, start: Instant) -> R
                 ("check.sh (uid 1000, read-only root)", CHECK_PRELUDE),
             )
         })?;
-        info.smoke_test = log_since(&steps.runner.log, steps.last_offset)
+        info.smoke_test = steps
+            .last_output()
             .lines()
             .filter(|l| !l.starts_with("$ ") && !l.starts_with("====="))
             .map(str::to_string)
@@ -328,7 +227,7 @@ pub fn build(recipe: &Recipe, paths: &Paths, verbose: bool, start: Instant) -> R
             Ok(m)
         })
         .map(|m| {
-            let _ = fs::rename(&steps.runner.log, &paths.log);
+            let _ = fs::rename(steps.log(), &paths.log);
             let _ = fs::remove_file(&paths.failed_log);
             status(
                 "Finished",
@@ -371,7 +270,7 @@ fn stage_recipe(recipe: &Recipe, stage: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Step 1: root, the tools, mmdebstrap (installed when missing).
+/// Step 1: the tools, mmdebstrap (installed when missing); its version.
 fn host_tools(r: &Runner) -> Result<String> {
     for (cmd, pkg) in [
         ("unshare", "util-linux"),
@@ -379,79 +278,27 @@ fn host_tools(r: &Runner) -> Result<String> {
         ("chroot", "coreutils"),
     ] {
         ensure!(
-            process::find_command(cmd).is_some(),
+            find_command(cmd).is_some(),
             "`{cmd}` not found: install {pkg}"
         );
     }
-    if process::find_command("mmdebstrap").is_none() {
-        ensure!(
-            process::find_command("apt-get").is_some(),
-            "mmdebstrap is not installed and this host has no apt-get to install it with"
-        );
-        status("Installing", "mmdebstrap (apt-get install -y mmdebstrap)");
-        let install = || {
-            let mut cmd = Command::new("apt-get");
-            cmd.args(["install", "-y", "-q", "mmdebstrap"])
-                .env("DEBIAN_FRONTEND", "noninteractive");
-            r.run("apt-get install mmdebstrap", cmd)
-        };
-        if install().is_err() {
-            // The package lists may be missing or stale on a fresh machine.
-            let mut update = Command::new("apt-get");
-            update.args(["update", "-q"]);
-            r.run("apt-get update", update)?;
-            install()?;
-        }
-    }
+    install_missing(r, &[("mmdebstrap", "mmdebstrap")], Recommends::Install)?;
     let mut version = Command::new("mmdebstrap");
     version.arg("--version");
-    Ok(r.output(version)?.trim().to_string())
-}
-
-/// The mirror arguments for mmdebstrap: `$CODECAGE_ROOTFS_MIRROR` (one
-/// argument per line); else, on a bookworm host, its own Debian sources (so
-/// a local mirror or proxy configured there applies); else deb.debian.org.
-pub fn mirrors() -> Vec<String> {
-    if let Some(m) = std::env::var_os("CODECAGE_ROOTFS_MIRROR") {
-        let m = m.to_string_lossy();
-        let list: Vec<String> = m
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
-            .collect();
-        if !list.is_empty() {
-            return list;
-        }
-    }
-    let os = fs::read_to_string("/etc/os-release").unwrap_or_default();
-    if os.lines().any(|l| l == format!("VERSION_CODENAME={SUITE}")) {
-        let deb822 = Path::new("/etc/apt/sources.list.d/debian.sources");
-        if deb822.is_file() {
-            return vec![deb822.display().to_string()];
-        }
-        // One-line style: the host's `deb` lines for bookworm suites only.
-        let lines: Vec<String> = fs::read_to_string("/etc/apt/sources.list")
-            .unwrap_or_default()
-            .lines()
-            .map(str::trim)
-            .filter(|l| l.starts_with("deb ") && l.split_whitespace().any(|w| w.starts_with(SUITE)))
-            .map(str::to_string)
-            .collect();
-        if !lines.is_empty() {
-            return lines;
-        }
-    }
-    vec![
-        format!("deb http://deb.debian.org/debian {SUITE} main"),
-        format!("deb http://deb.debian.org/debian {SUITE}-updates main"),
-        format!("deb http://deb.debian.org/debian-security {SUITE}-security main"),
-    ]
+    let out = r.capture(version)?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    r.note(&text);
+    ensure!(
+        out.status.success(),
+        "mmdebstrap --version failed ({})",
+        out.status
+    );
+    Ok(text)
 }
 
 /// Step 2: the Debian packages.
 fn mmdebstrap(r: &Runner, packages: &[String], root: &Path, mirrors: &[String]) -> Result<()> {
-    let unshare = process::find_command("unshare").context("unshare not found")?;
+    let unshare = find_command("unshare").context("unshare not found")?;
     let mut cmd = Command::new(unshare);
     // A private mount namespace: the /proc, /sys and /dev mounts mmdebstrap
     // makes in the chroot vanish with it, even if it is killed.
@@ -516,7 +363,7 @@ fn chroot_step(
     (name, script): (&str, &str),
 ) -> Result<()> {
     fs::write(stage.join("step.sh"), script)?;
-    let unshare = process::find_command("unshare").context("unshare not found")?;
+    let unshare = find_command("unshare").context("unshare not found")?;
     let mut cmd = Command::new(unshare);
     cmd.args(["--mount", "--propagation", "private", "--"])
         .args(["/bin/sh", "-c", CHROOT_SH, "chroot.sh", mode])
@@ -544,7 +391,7 @@ fn chroot_step(
         }
     }
     let result = r.run(&format!("{name} in the image"), cmd);
-    let killed = process::kill_processes_rooted_in(root);
+    let killed = kill_processes_rooted_in(root);
     if killed > 0 {
         r.note(&format!(
             "killed {killed} process(es) left running in the chroot"
@@ -567,7 +414,7 @@ fn finalize_tree(r: &Runner, root: &Path, info: &mut BuildInfo) -> Result<()> {
     let _ = fs::remove_file(root.join("etc/resolv.conf"));
 
     // Empty mount points (the sandbox refuses an image without them).
-    let mounted = process::mounts_below(root);
+    let mounted = mounts_below(root);
     ensure!(
         mounted.is_empty(),
         "mounts left below {}: {mounted:?}",
@@ -582,7 +429,7 @@ fn finalize_tree(r: &Runner, root: &Path, info: &mut BuildInfo) -> Result<()> {
         let p = root.join(d);
         if fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
             for entry in fs::read_dir(&p)? {
-                process::remove_tree(&entry?.path())?;
+                remove_tree(&entry?.path())?;
             }
         } else {
             let _ = fs::remove_file(&p);

@@ -27,7 +27,7 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 /// The manifest's place in the image.
 pub const IMAGE_PATH: &str = "usr/share/codecage/manifest.json";
@@ -67,7 +67,7 @@ pub fn build(root: &Path, recipe: &Recipe, info: &BuildInfo, start: Instant) -> 
 
     let mut recipe_files = Map::new();
     for (rel, content) in &recipe.files {
-        recipe_files.insert(rel.clone(), json!(hex(&Sha256::digest(content))));
+        recipe_files.insert(rel.clone(), json!(format!("{:x}", Sha256::digest(content))));
     }
     let mut paths = Map::new();
     let mut env = Map::new();
@@ -112,7 +112,7 @@ pub fn build(root: &Path, recipe: &Recipe, info: &BuildInfo, start: Instant) -> 
             "files": recipe_files,
         },
         "image": format!("{}-{}", recipe.name, recipe.short()),
-        "built_at": rfc3339_utc(SystemTime::now()),
+        "built_at": humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
         "build_seconds": (start.elapsed().as_secs_f64() * 10.0).round() / 10.0,
         "builder": {
             "suite": SUITE,
@@ -262,7 +262,7 @@ pub fn tree_stats(root: &Path, skip: &Path) -> Result<TreeStats> {
         outer.update(payload.as_bytes());
         outer.update([0]);
     }
-    stats.content_hash = format!("sha256:{}", hex(&outer.finalize()));
+    stats.content_hash = format!("sha256:{:x}", outer.finalize());
     Ok(stats)
 }
 
@@ -294,7 +294,7 @@ fn hash_files(files: &[(Inode, &Path)]) -> Result<HashMap<Inode, String>> {
                             }
                             h.update(&buf[..n]);
                         }
-                        out.push((*key, hex(&h.finalize())));
+                        out.push((*key, format!("{:x}", h.finalize())));
                     }
                 })
             })
@@ -312,15 +312,6 @@ fn hash_files(files: &[(Inode, &Path)]) -> Result<HashMap<Inode, String>> {
         map.extend(r?);
     }
     Ok(map)
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 /// Installed Debian packages (name -> version) from the image's dpkg status.
@@ -419,38 +410,24 @@ pub fn npm_packages(root: &Path) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
-/// `2026-11-25T22:54:20Z`.
-pub fn rfc3339_utc(t: SystemTime) -> String {
-    let s = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = ((s / 86_400) as i64, s % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn dates() {
-        assert_eq!(rfc3339_utc(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_560_860);
-        assert_eq!(rfc3339_utc(t), "2026-11-24T22:54:20Z");
-        let leap = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400);
-        assert_eq!(rfc3339_utc(leap), "2000-02-29T00:00:00Z");
+    fn hashes_are_lowercase_hex() {
+        assert_eq!(
+            format!("{:x}", Sha256::digest(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn build_dates_are_rfc3339_in_seconds() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_560_860);
+        assert_eq!(
+            humantime::format_rfc3339_seconds(t).to_string(),
+            "2026-11-24T22:54:20Z"
+        );
     }
 }

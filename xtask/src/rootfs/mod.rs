@@ -14,80 +14,127 @@
 //!
 //! * [`build`]: the steps (mmdebstrap, pip, npm, configuration, smoke test).
 //! * [`manifest`]: the manifest and the content hash of the tree.
-//! * [`process`]: child processes, interrupts, safe removal.
+//! * `crate::host` runs the tools, reports the steps, handles interrupts and removes
+//!   trees safely.
 
 mod build;
 mod manifest;
-mod process;
 
-pub use crate::host::secs;
+use crate::host::{
+    check_interrupted, debian, find_command, install_signal_handlers, is_root,
+    kill_processes_rooted_in, orphans, remove_stale, remove_tree, secs, shell_quote, status, warn,
+    workspace_root, TempTree,
+};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest as _, Sha256};
-use std::fmt::Display;
 use std::fs;
-use std::io::IsTerminal as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-pub const USAGE: &str = "\
-usage: cargo xtask rootfs [--recipe NAME] [--out DIR] [--force] [--verbose]
-       cargo xtask rootfs --verify [--recipe NAME] [--out DIR]
+/// Build the sandbox's root filesystem image (root; instant when up to date)
+///
+/// Builds the image of the recipe in rootfs/NAME/: Debian bookworm packages (mmdebstrap),
+/// pinned PyPI packages (pip) and npm packages (npm ci), then a smoke test as uid 1000 on
+/// a read-only root. Needs root (mmdebstrap, chroot, mounts in a private mount namespace).
+/// Instant when the image of the current recipe exists already.
+///
+/// The image goes to OUT/NAME-HASH (HASH: 12 hex digits of the recipe hash) and OUT/NAME
+/// is a symlink switched to it atomically; its manifest is in the image at
+/// /usr/share/codecage/manifest.json and beside it at OUT/NAME-HASH.manifest.json.
+#[derive(clap::Args, Debug)]
+#[command(
+    verbatim_doc_comment,
+    override_usage = "cargo xtask rootfs [--recipe NAME] [--out DIR] [--force] [--verbose]\n       \
+                      cargo xtask rootfs --verify [--recipe NAME] [--out DIR]",
+    after_long_help = ENVIRONMENT
+)]
+pub struct Args {
+    /// The recipe, a directory under rootfs/
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = DEFAULT_RECIPE,
+        value_parser = clap::builder::NonEmptyStringValueParser::new()
+    )]
+    recipe: String,
+    /// Where images live
+    ///
+    /// Default: $CODECAGE_DATA_DIR/rootfs, else /var/lib/codecage/rootfs.
+    #[arg(long, value_name = "DIR", value_parser = non_empty_path)]
+    out: Option<PathBuf>,
+    /// Rebuild even if the image of the current recipe exists
+    #[arg(long)]
+    force: bool,
+    /// Stream the tools' output
+    ///
+    /// Otherwise it goes to the build log only, and is shown when a step fails.
+    #[arg(short, long)]
+    verbose: bool,
+    /// Check the image against its manifest (builds nothing)
+    ///
+    /// Recomputes the content hash of the image OUT/NAME points to and compares it with the
+    /// one in its manifest.
+    #[arg(long)]
+    verify: bool,
+}
 
-Builds the sandbox's root filesystem image from the recipe in rootfs/NAME/:
-Debian bookworm packages (mmdebstrap), pinned PyPI packages (pip) and npm
-packages (npm ci), then a smoke test as uid 1000 on a read-only root. Needs
-root (mmdebstrap, chroot, mounts in a private mount namespace). Instant when
-the image of the current recipe exists already.
+impl Default for Args {
+    /// The default recipe into the default place: what `cargo xtask rootfs` builds.
+    fn default() -> Args {
+        Args {
+            recipe: DEFAULT_RECIPE.to_string(),
+            out: None,
+            force: false,
+            verbose: false,
+            verify: false,
+        }
+    }
+}
 
-options:
-  --recipe NAME   the recipe, a directory under rootfs/ (default: default)
-  --out DIR       where images live (default: $CODECAGE_DATA_DIR/rootfs,
-                  else /var/lib/codecage/rootfs)
-  --force         rebuild even if the image of the current recipe exists
-  -v, --verbose   stream the tools' output (otherwise it goes to the build
-                  log and is shown when a step fails)
-  --verify        recompute the content hash of the image OUT/NAME points to
-                  and compare it with its manifest (builds nothing)
+impl Args {
+    /// `--out`, else `$CODECAGE_DATA_DIR/rootfs`, else `/var/lib/codecage/rootfs`.
+    fn out(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| {
+            std::env::var_os("CODECAGE_DATA_DIR")
+                .filter(|v| !v.is_empty())
+                .map(|d| PathBuf::from(d).join("rootfs"))
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_OUT))
+        })
+    }
+}
 
-The image goes to OUT/NAME-HASH (HASH: 12 hex digits of the recipe hash) and
-OUT/NAME is a symlink switched to it atomically; its manifest is in the image
-at /usr/share/codecage/manifest.json and beside it at OUT/NAME-HASH.manifest.json.
-
-environment:
+const ENVIRONMENT: &str = "\
+Environment:
   CODECAGE_DATA_DIR       data directory; images go to $CODECAGE_DATA_DIR/rootfs
-  CODECAGE_ROOTFS_MIRROR  mmdebstrap mirror argument(s), one per line (default:
-                          the host's bookworm sources, else deb.debian.org)";
+  CODECAGE_ROOTFS_MIRROR  mmdebstrap mirror argument(s), one per line (default: the host's
+                          bookworm sources, else deb.debian.org)";
 
 const DEFAULT_RECIPE: &str = "default";
 const DEFAULT_OUT: &str = "/var/lib/codecage/rootfs";
 
-struct Options {
-    recipe: String,
-    out: PathBuf,
-    force: bool,
-    verbose: bool,
-    verify: bool,
+fn non_empty_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("a directory is needed".to_string());
+    }
+    Ok(PathBuf::from(s))
 }
 
-/// `cargo xtask rootfs ARGS`: the exit status, or an error to report.
-pub fn main(args: &[String]) -> Result<i32> {
+/// `cargo xtask rootfs`: the exit status, or an error to report.
+pub fn rootfs(args: &Args) -> Result<i32> {
     let start = Instant::now();
-    let Some(opts) = parse_args(args)? else {
-        println!("{USAGE}");
-        return Ok(0);
-    };
-    if opts.verify {
-        return verify(&opts, start);
+    let out = args.out();
+    if args.verify {
+        return verify(&out, &args.recipe, start);
     }
-    let recipe = Recipe::load(&recipes_dir(), &opts.recipe)?;
-    let paths = Paths::new(&opts.out, &recipe);
+    let recipe = Recipe::load(&recipes_dir(), &args.recipe)?;
+    let paths = Paths::new(&out, &recipe);
 
-    if !opts.force && up_to_date(&paths) {
+    if !args.force && up_to_date(&paths) {
         report_fresh(&recipe, &paths, start);
         return Ok(0);
     }
-    if !opts.force && is_complete(&paths) {
+    if !args.force && is_complete(&paths) {
         // Built already, but OUT/NAME points elsewhere (another recipe
         // version was built since, or the switch was interrupted).
         let _lock = Lock::acquire(&paths)?;
@@ -104,16 +151,17 @@ pub fn main(args: &[String]) -> Result<i32> {
         );
         return Ok(0);
     }
-    if !process::is_root() {
+    if !is_root() {
         let mut msg = format!(
             "building the rootfs image {} needs root (mmdebstrap --mode=root, chroot, and mounts \
-             in a private mount namespace); run it as root:\n\n    sudo -E cargo xtask rootfs{}",
+             in a private mount namespace); run it as root:\n\n    sudo -E cargo xtask{}",
             paths.image.display(),
-            args.iter()
-                .map(|a| format!(" {}", process::shell_quote(a)))
+            std::env::args()
+                .skip(1)
+                .map(|a| format!(" {}", shell_quote(a)))
                 .collect::<String>()
         );
-        if process::find_command("mmdebstrap").is_none() {
+        if find_command("mmdebstrap").is_none() {
             msg.push_str(
                 "\n\nmmdebstrap is not installed either (the root build installs it, or: \
                  sudo apt-get install -y mmdebstrap)",
@@ -122,70 +170,21 @@ pub fn main(args: &[String]) -> Result<i32> {
         bail!(msg);
     }
     fs::create_dir_all(&paths.out).with_context(|| format!("creating {}", paths.out.display()))?;
-    let _signals = process::install_signal_handlers();
+    let _signals = install_signal_handlers();
     let _lock = Lock::acquire(&paths)?;
-    if !opts.force && up_to_date(&paths) {
+    if !args.force && up_to_date(&paths) {
         // Another build of the same recipe finished while we waited.
         report_fresh(&recipe, &paths, start);
         return Ok(0);
     }
-    remove_stale(&paths.out);
-    build::build(&recipe, &paths, opts.verbose, start)?;
+    remove_stale_builds(&paths.out);
+    build::build(&recipe, &paths, args.verbose, start)?;
     Ok(0)
 }
 
-fn parse_args(args: &[String]) -> Result<Option<Options>> {
-    let mut opts = Options {
-        recipe: DEFAULT_RECIPE.to_string(),
-        out: default_out(),
-        force: false,
-        verbose: false,
-        verify: false,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String> {
-            match inline.clone().or_else(|| it.next().cloned()) {
-                Some(v) if !v.is_empty() => Ok(v),
-                _ => bail!("{name} needs a value\n\n{USAGE}"),
-            }
-        };
-        match flag {
-            "--recipe" => opts.recipe = value("--recipe")?,
-            "--out" => opts.out = PathBuf::from(value("--out")?),
-            "--force" => opts.force = true,
-            "-v" | "--verbose" => opts.verbose = true,
-            "--verify" => opts.verify = true,
-            "-h" | "--help" => return Ok(None),
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
-        }
-    }
-    Ok(Some(opts))
-}
-
-/// `$CODECAGE_DATA_DIR/rootfs`, else `/var/lib/codecage/rootfs`.
-fn default_out() -> PathBuf {
-    std::env::var_os("CODECAGE_DATA_DIR")
-        .filter(|v| !v.is_empty())
-        .map(|d| PathBuf::from(d).join("rootfs"))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_OUT))
-}
-
-/// `rootfs/` in the workspace. `cargo run` sets `CARGO_MANIFEST_DIR` (xtask's
-/// directory) at run time; the compile-time value is the fallback.
+/// `rootfs/` in the workspace: the recipes.
 fn recipes_dir() -> PathBuf {
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or(manifest)
-        .join("rootfs")
+    workspace_root().join("rootfs")
 }
 
 /// A recipe: the files of `rootfs/<NAME>/` and their hash.
@@ -243,7 +242,7 @@ impl Recipe {
             name: name.to_string(),
             dir,
             files,
-            hash: manifest::hex(&h.finalize()),
+            hash: format!("{:x}", h.finalize()),
         })
     }
 
@@ -263,10 +262,7 @@ impl Recipe {
             .iter()
             .find(|(r, _)| r == rel)
             .with_context(|| format!("{} has no {rel}", self.dir.display()))?;
-        Ok(String::from_utf8_lossy(content)
-            .lines()
-            .map(|l| l.split('#').next().unwrap_or("").trim())
-            .filter(|l| !l.is_empty())
+        Ok(debian::list_lines(&String::from_utf8_lossy(content))
             .map(str::to_string)
             .collect())
     }
@@ -388,22 +384,22 @@ fn report_fresh(recipe: &Recipe, p: &Paths, start: Instant) {
 }
 
 /// `--verify`: the image `<out>/<NAME>` points to against its manifest.
-fn verify(opts: &Options, start: Instant) -> Result<i32> {
-    let link = opts.out.join(&opts.recipe);
+fn verify(out: &Path, recipe: &str, start: Instant) -> Result<i32> {
+    let link = out.join(recipe);
     let target = fs::read_link(&link).with_context(|| {
         format!(
             "{} is not an image link (build it first: cargo xtask rootfs --recipe {})",
             link.display(),
-            opts.recipe
+            recipe
         )
     })?;
-    let image = opts.out.join(&target);
+    let image = out.join(&target);
     let name = image
         .file_name()
         .context("image link without a name")?
         .to_string_lossy()
         .into_owned();
-    let beside = opts.out.join(format!("{name}.manifest.json"));
+    let beside = out.join(format!("{name}.manifest.json"));
     let text =
         fs::read_to_string(&beside).with_context(|| format!("reading {}", beside.display()))?;
     let inside = image.join(manifest::IMAGE_PATH);
@@ -446,7 +442,7 @@ fn verify(opts: &Options, start: Instant) -> Result<i32> {
 
 /// Move the finished image into place, write the manifest beside it, switch
 /// the link, remove old images.
-fn install(p: &Paths, tmp: &mut process::Guard, manifest_text: &str) -> Result<()> {
+fn install(p: &Paths, tmp: &mut TempTree, manifest_text: &str) -> Result<()> {
     if fs::symlink_metadata(&p.image).is_ok() {
         if is_complete(p) {
             // --force of an existing image: swap the two trees atomically (the
@@ -459,16 +455,16 @@ fn install(p: &Paths, tmp: &mut process::Guard, manifest_text: &str) -> Result<(
                 std::process::id()
             ));
             rename(tmp.path(), &replaced)?;
-            tmp.disarm();
+            tmp.keep();
         } else {
             // What an interrupted install left; never linked.
-            process::remove_tree(&p.image)?;
+            remove_tree(&p.image)?;
             rename(tmp.path(), &p.image)?;
-            tmp.disarm();
+            tmp.keep();
         }
     } else {
         rename(tmp.path(), &p.image)?;
-        tmp.disarm();
+        tmp.keep();
     }
     let manifest_tmp = p.out.join(format!(".{}.manifest.json.tmp", p.image_name()));
     fs::write(&manifest_tmp, manifest_text)?;
@@ -552,7 +548,7 @@ fn prune(p: &Paths, previous: Option<&str>) {
         if base == file {
             status("Removing", format!("old image {}", entry.path().display()));
         }
-        if let Err(e) = process::remove_tree(&entry.path()) {
+        if let Err(e) = remove_tree(&entry.path()) {
             warn(format!("{e:#}"));
         }
     }
@@ -561,31 +557,22 @@ fn prune(p: &Paths, previous: Option<&str>) {
 /// Remove what earlier builds left behind once their process is gone:
 /// `*.tmp-<pid>` image trees and `.*.work-<pid>` directories of builds that
 /// died, and `.*.replaced-<pid>` trees that `--force` swapped out.
-fn remove_stale(out: &Path) {
-    let Ok(entries) = fs::read_dir(out) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let file = entry.file_name().to_string_lossy().into_owned();
-        let Some((kind, pid)) = [".tmp-", ".work-", ".replaced-"]
+fn remove_stale_builds(out: &Path) {
+    let build_pid = |name: &str| {
+        let (_, pid) = [".tmp-", ".work-", ".replaced-"]
             .into_iter()
-            .find_map(|k| file.rsplit_once(k).map(|(_, pid)| (k, pid)))
-        else {
-            continue;
-        };
-        if let Ok(pid) = pid.parse::<u32>() {
-            if pid != std::process::id() && !process::pid_alive(pid) {
-                status("Removing", format!("stale {}", entry.path().display()));
-                if kind == ".tmp-" {
-                    // A chroot step's leftovers (never a sandbox: a .tmp-
-                    // tree is never linked).
-                    process::kill_processes_rooted_in(&entry.path());
-                }
-                if let Err(e) = process::remove_tree(&entry.path()) {
-                    warn(format!("{e:#}"));
-                }
-            }
+            .find_map(|kind| name.rsplit_once(kind))?;
+        pid.parse().ok()
+    };
+    for path in orphans(out, build_pid) {
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains(".tmp-"))
+        {
+            // A chroot step's leftovers (never a sandbox: a .tmp- tree is never linked).
+            kill_processes_rooted_in(&path);
         }
+        remove_stale(&path);
     }
 }
 
@@ -616,7 +603,7 @@ impl Lock {
                 if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                     break;
                 }
-                process::check_interrupted()?;
+                check_interrupted()?;
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -624,46 +611,35 @@ impl Lock {
     }
 }
 
-fn use_color() -> bool {
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-}
-
-/// A cargo-style status line on stderr: a right-aligned verb, then `msg`.
-pub fn status(verb: &str, msg: impl Display) {
-    if use_color() {
-        eprintln!("\x1b[1;32m{verb:>12}\x1b[0m {msg}");
-    } else {
-        eprintln!("{verb:>12} {msg}");
-    }
-}
-
-pub fn warn(msg: impl Display) {
-    if use_color() {
-        eprintln!("\x1b[1;33mwarning\x1b[0m: {msg}");
-    } else {
-        eprintln!("warning: {msg}");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        match crate::tests::parse(&[&["rootfs"], args].concat())? {
+            crate::Task::Rootfs(args) => Ok(args),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
     fn parses_arguments() {
-        let o = parse_args(&args(&["--recipe", "x", "--out=/o", "--force", "-v"]))
-            .unwrap()
-            .unwrap();
+        let o = parse(&["--recipe", "x", "--out=/o", "--force", "-v"]).unwrap();
         assert_eq!(o.recipe, "x");
-        assert_eq!(o.out, PathBuf::from("/o"));
-        assert!(o.force && o.verbose);
-        assert!(parse_args(&args(&["--help"])).unwrap().is_none());
-        assert!(parse_args(&args(&["--recipe"])).is_err());
-        assert!(parse_args(&args(&["--bogus"])).is_err());
+        assert_eq!(o.out(), PathBuf::from("/o"));
+        assert!(o.force && o.verbose && !o.verify);
+        let d = parse(&[]).unwrap();
+        assert_eq!(d.recipe, Args::default().recipe);
+        assert!(parse(&["--verify"]).unwrap().verify);
+        for bad in [
+            &["--recipe"][..],
+            &["--recipe="],
+            &["--out="],
+            &["--bogus"],
+            &["x"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -22,13 +22,17 @@
 //! control share), so they can change without a rebuild.
 //!
 //! The build happens in `<cache>/.build-<hash>-<pid>-<n>/` and is renamed into
-//! place when complete; the `complete` marker is written last.
+//! place when complete; the `complete` marker is written last. The tools' output
+//! stays beside the image in `build.log` (and a failed build's in
+//! `<cache>/last-failed-build.log`).
 
-use super::{
-    find_command, have_command, is_root, remove_tree, run_logged, secs, shell_quote, tail_lines,
-    Image, TempDir,
+use super::Image;
+use crate::host::{
+    debian, find_command, install_missing, is_root, orphans, remove_stale, remove_tree, secs,
+    shell_quote, status, warn, Recommends, Runner, Steps, TempTree,
 };
 use anyhow::{bail, ensure, Context, Result};
+use sha2::{Digest as _, Sha256};
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write as _;
@@ -37,21 +41,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub const USAGE: &str = "\
-usage: cargo xtask vm-build
-
-Builds the cgroup-v2 VM image (needs root: it installs missing host packages
-with apt-get and bootstraps a Debian root filesystem). Instant when the image
-for the current recipe exists already.
-
-environment:
+/// The environment variables of the VM lane, for `vm-build --help`.
+pub const ENVIRONMENT: &str = "\
+Environment:
   CODECAGE_VM_CACHE   image cache directory (default /var/cache/codecage/vm)
-  CODECAGE_VM_MIRROR  mmdebstrap mirror argument (default: the host's bookworm
-                      sources, else deb.debian.org)
+  CODECAGE_VM_MIRROR  mmdebstrap mirror argument(s), one per line (default: the
+                      host's bookworm sources, else deb.debian.org)
   CODECAGE_VM_KERNEL_SUITE
-                      where the guest kernel comes from: bookworm-backports
-                      (default, 6.12, Landlock ABI 6) or bookworm (6.1, ABI 2).
-                      Each has its own image; set it for vm-run/vm-test too.
+                      where the guest kernel comes from: bookworm-backports (default,
+                      6.12, Landlock ABI 6) or bookworm (6.1, ABI 2). Each has its own
+                      image; set it for vm-run/vm-test too.
   CODECAGE_VM_KERNEL_MIRROR
                       mirror for a kernel suite other than bookworm
                       (default http://deb.debian.org/debian)";
@@ -59,6 +58,18 @@ environment:
 /// The line of `image.txt` naming the kernel suite (pruning keeps the
 /// images of other kernel suites).
 const KERNEL_SUITE_KEY: &str = "kernel-suite: ";
+
+/// Hex digits of the recipe hash in an image directory's name.
+const IMAGE_HASH_LEN: usize = 16;
+
+/// Build directories are `<cache>/.build-<hash>-<pid>-<n>`.
+const BUILD_PREFIX: &str = ".build-";
+
+/// The build's log: the tools' output, kept in the image directory.
+const BUILD_LOG: &str = "build.log";
+
+/// The variable that overrides the mirror (see [`debian::mirrors`]).
+const MIRROR_VARIABLE: &str = "CODECAGE_VM_MIRROR";
 
 /// Written last into a finished image directory.
 pub const COMPLETE_MARKER: &str = "complete";
@@ -126,22 +137,11 @@ const MODULE_FLAT_DIRS: &[&str] = &["kernel/drivers/net"];
 /// whatever tests write outside /tmp (which is a tmpfs).
 const DISK_SLACK: u64 = 1536 << 20;
 
-/// The recipe hash naming the image directory (16 hex digits).
-///
-/// FNV-1a over names and contents: stable across Rust versions (unlike
-/// `DefaultHasher`) and dependency-free; this is a cache key, not a security
-/// boundary.
+/// The recipe hash naming the image directory: the first 16 hex digits of a SHA-256
+/// over the names and contents of everything that goes into the image, each
+/// length-prefixed so that no two recipes feed the same bytes.
 pub fn recipe_hash() -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separator, so that ("ab","c") and ("a","bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
+    let mut h = Sha256::new();
     let kernel_suite = kernel_suite();
     for (name, content) in [
         ("suite", SUITE),
@@ -152,93 +152,32 @@ pub fn recipe_hash() -> String {
         ("vm-init.sh", VM_INIT_SH),
         ("build.rs", THIS_SOURCE),
     ] {
-        feed(name.as_bytes());
-        feed(content.as_bytes());
+        for field in [name, content] {
+            h.update((field.len() as u64).to_le_bytes());
+            h.update(field);
+        }
     }
-    format!("{h:016x}")
+    let mut hex = format!("{:x}", h.finalize());
+    hex.truncate(IMAGE_HASH_LEN);
+    hex
 }
 
 /// The guest packages: `packages.txt` without comments.
 fn guest_packages() -> Vec<&'static str> {
-    list_lines(PACKAGES).collect()
-}
-
-fn list_lines(text: &'static str) -> impl Iterator<Item = &'static str> {
-    text.lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
-}
-
-/// Progress lines with elapsed time, and a useful report when a step fails.
-struct Steps {
-    start: Instant,
-    total: usize,
-    done: usize,
-    logs: PathBuf,
-    failed_log: PathBuf,
-}
-
-impl Steps {
-    fn run<T>(&mut self, title: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
-        self.done += 1;
-        let log = self.logs.join(format!("step{}.log", self.done));
-        eprintln!(
-            "[vm-build {:>6}] ({}/{}) {title}",
-            secs(self.start.elapsed()),
-            self.done,
-            self.total
-        );
-        let t = Instant::now();
-        match f(&log) {
-            Ok(v) => {
-                eprintln!(
-                    "[vm-build {:>6}]       ok ({})",
-                    secs(self.start.elapsed()),
-                    secs(t.elapsed())
-                );
-                Ok(v)
-            }
-            Err(e) => {
-                eprintln!(
-                    "[vm-build {:>6}] step ({}/{}) `{title}` FAILED after {}: {e:#}",
-                    secs(self.start.elapsed()),
-                    self.done,
-                    self.total,
-                    secs(t.elapsed())
-                );
-                if super::interrupted().is_none() && log.exists() {
-                    eprintln!("----- output of the failed step -----");
-                    eprint!("{}", tail_lines(&log, 80));
-                    eprintln!("-------------------------------------");
-                    if fs::copy(&log, &self.failed_log).is_ok() {
-                        eprintln!("full log: {}", self.failed_log.display());
-                    }
-                }
-                Err(e.context(format!("vm-build step `{title}` failed")))
-            }
-        }
-    }
-}
-
-/// Run `cmd` logging to `log`; fail with its exit status otherwise.
-fn run_ok(cmd: &mut Command, log: &Path) -> Result<()> {
-    let status = run_logged(cmd, log)?;
-    ensure!(
-        status.success(),
-        "{} exited with {status}",
-        cmd.get_program().to_string_lossy()
-    );
-    Ok(())
+    debian::list_lines(PACKAGES).collect()
 }
 
 /// Build the image for the current recipe unless it exists already.
 pub fn build() -> Result<Image> {
     let start = Instant::now();
     if let Some(image) = Image::current() {
-        eprintln!(
-            "[vm-build] image is up to date: {} ({})",
-            image.dir.display(),
-            secs(start.elapsed())
+        status(
+            "Fresh",
+            format!(
+                "VM image {} is up to date ({})",
+                image.dir.display(),
+                secs(start.elapsed())
+            ),
         );
         return Ok(image);
     }
@@ -249,20 +188,22 @@ pub fn build() -> Result<Image> {
     let hash = recipe_hash();
     let cache = super::cache_root();
     fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
-    remove_stale_builds(&cache);
-    let tmp = TempDir::new_in(&cache, &format!(".build-{hash}-"))?;
+    for stale in orphans(&cache, build_pid) {
+        remove_stale(&stale);
+    }
+    let tmp = TempTree::create_in(&cache, &format!("{BUILD_PREFIX}{hash}-"))?;
     let dir = tmp.path().to_path_buf();
-    let logs = dir.join("logs");
-    fs::create_dir(&logs)?;
-    eprintln!("[vm-build] building image {hash} in {}", dir.display());
+    let mut steps = Steps::new(
+        &format!("VM image {hash}"),
+        7,
+        dir.join(BUILD_LOG),
+        false,
+        cache.join("last-failed-build.log"),
+    );
+    steps
+        .runner()
+        .note(&format!("codecage VM image {hash} in {}", dir.display()));
 
-    let mut steps = Steps {
-        start,
-        total: 7,
-        done: 0,
-        logs,
-        failed_log: cache.join("last-failed-build.log"),
-    };
     steps.run(
         "host tools (apt-get install when missing)",
         install_host_tools,
@@ -272,18 +213,18 @@ pub fn build() -> Result<Image> {
     let kernel = dir.join("kernel");
     steps.run(
         &format!("root filesystem: mmdebstrap {SUITE} + kernel package"),
-        |log| mmdebstrap(&dir, &rootfs, &kernel, log),
+        |r| mmdebstrap(r, &dir, &rootfs, &kernel),
     )?;
 
-    let release = steps.run("kernel: vmlinux from the bzImage", |log| {
+    let release = steps.run("kernel: vmlinux from the bzImage", |r| {
         let (release, bzimage) = find_kernel(&kernel)?;
-        extract_vmlinux(&bzimage, &dir.join("vmlinux"), log)?;
+        extract_vmlinux(r, &bzimage, &dir.join("vmlinux"))?;
         Ok(release)
     })?;
 
-    steps.run("modules and initramfs", |log| {
-        install_modules(&kernel, &rootfs, &release, log)?;
-        build_initramfs(&rootfs, &release, &dir.join("initrd.cpio"), log)
+    steps.run("modules and initramfs", |r| {
+        install_modules(r, &kernel, &rootfs, &release)?;
+        build_initramfs(r, &rootfs, &release, &dir.join("initrd.cpio"))
     })?;
     // The unpacked kernel package is ~400 MB; it is not needed any more.
     remove_tree(&kernel)?;
@@ -292,8 +233,8 @@ pub fn build() -> Result<Image> {
         customize_rootfs(&rootfs)
     })?;
 
-    steps.run("root disk: mke2fs -d", |log| {
-        make_disk(&rootfs, &dir.join("rootfs.img"), log)
+    steps.run("root disk: mke2fs -d", |r| {
+        make_disk(r, &rootfs, &dir.join("rootfs.img"))
     })?;
 
     let final_dir = cache.join(&hash);
@@ -308,7 +249,6 @@ pub fn build() -> Result<Image> {
             secs(start.elapsed())
         );
         fs::write(dir.join("image.txt"), manifest)?;
-        remove_tree(&dir.join("logs"))?;
         // The marker last: an image directory without it is never used.
         let mut marker = fs::File::create(dir.join(COMPLETE_MARKER))?;
         marker.write_all(b"ok\n")?;
@@ -325,70 +265,48 @@ pub fn build() -> Result<Image> {
     remove_other_images(&cache, &hash);
 
     let image = Image::current().context("image vanished right after the build")?;
-    eprintln!(
-        "[vm-build] image ready in {}: {}",
-        secs(start.elapsed()),
-        image.dir.display()
+    status(
+        "Finished",
+        format!(
+            "VM image {hash} in {}: {}",
+            secs(start.elapsed()),
+            image.dir.display()
+        ),
     );
     Ok(image)
 }
 
+/// The pid in the name of a build directory, `.build-<hash>-<pid>-<n>`.
+fn build_pid(name: &str) -> Option<u32> {
+    name.strip_prefix(BUILD_PREFIX)?
+        .split('-')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Install the host packages (`host-packages.txt`) whose command is missing.
-fn install_host_tools(log: &Path) -> Result<()> {
-    let mut missing = Vec::new();
-    for line in list_lines(HOST_PACKAGES) {
-        let mut words = line.split_whitespace();
-        let (Some(pkg), Some(cmd)) = (words.next(), words.next()) else {
-            bail!("bad line in host-packages.txt: {line:?}");
-        };
-        if !have_command(cmd) {
-            missing.push(pkg);
-        }
-    }
+fn install_host_tools(r: &Runner) -> Result<()> {
     for cmd in ["apt-get", "dpkg-deb", "chroot", "unshare"] {
         ensure!(
-            have_command(cmd),
+            find_command(cmd).is_some(),
             "`{cmd}` not found: vm-build needs a Debian or Ubuntu host"
         );
     }
-    if missing.is_empty() {
-        return Ok(());
+    let mut tools = Vec::new();
+    for line in debian::list_lines(HOST_PACKAGES) {
+        let mut words = line.split_whitespace();
+        let (Some(package), Some(command)) = (words.next(), words.next()) else {
+            bail!("bad line in host-packages.txt: {line:?}");
+        };
+        tools.push((command, package));
     }
-    eprintln!("    installing: {}", missing.join(" "));
-    let install = || {
-        let mut cmd = Command::new("apt-get");
-        cmd.args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive");
-        run_logged(&mut cmd, log)
-    };
-    if install()?.success() {
-        return Ok(());
-    }
-    // Package lists may be missing or stale on a fresh machine.
-    run_ok(Command::new("apt-get").args(["update", "-q"]), log)?;
-    let status = install()?;
-    ensure!(status.success(), "apt-get install exited with {status}");
-    Ok(())
-}
-
-/// The mirror argument for mmdebstrap: `$CODECAGE_VM_MIRROR`; else the host's
-/// own deb822 sources when the host is bookworm too (a local mirror or proxy
-/// configured there then applies); else mmdebstrap's default (deb.debian.org
-/// with the updates and security suites).
-fn mirror() -> Option<String> {
-    if let Some(m) = std::env::var_os("CODECAGE_VM_MIRROR").filter(|m| !m.is_empty()) {
-        return Some(m.to_string_lossy().into_owned());
-    }
-    let os = fs::read_to_string("/etc/os-release").unwrap_or_default();
-    let host_sources = Path::new("/etc/apt/sources.list.d/debian.sources");
-    (os.lines().any(|l| l == format!("VERSION_CODENAME={SUITE}")) && host_sources.is_file())
-        .then(|| host_sources.display().to_string())
+    install_missing(r, &tools, Recommends::Skip)
 }
 
 /// Bootstrap the guest root filesystem, and fetch and unpack the kernel
 /// package from inside it (see `fetch-kernel.sh`).
-fn mmdebstrap(dir: &Path, rootfs: &Path, kernel: &Path, log: &Path) -> Result<()> {
+fn mmdebstrap(r: &Runner, dir: &Path, rootfs: &Path, kernel: &Path) -> Result<()> {
     let hook = dir.join("fetch-kernel.sh");
     fs::write(&hook, FETCH_KERNEL_SH)?;
     let kernel_mirror = std::env::var("CODECAGE_VM_KERNEL_MIRROR")
@@ -422,11 +340,9 @@ fn mmdebstrap(dir: &Path, rootfs: &Path, kernel: &Path, log: &Path) -> Result<()
             shell_quote(kernel_mirror)
         ))
         .arg(SUITE)
-        .arg(rootfs);
-    if let Some(m) = mirror() {
-        cmd.arg(m);
-    }
-    run_ok(&mut cmd, log)
+        .arg(rootfs)
+        .args(debian::mirrors(MIRROR_VARIABLE, SUITE));
+    r.run("mmdebstrap", cmd)
 }
 
 /// The kernel release and bzImage path in the unpacked kernel package.
@@ -447,7 +363,7 @@ fn find_kernel(kernel: &Path) -> Result<(String, PathBuf)> {
 /// (`payload_offset`/`payload_length`, relative to the protected-mode code
 /// after the `setup_sects` real-mode sectors); its magic says how it is
 /// compressed. The command-line decompressors do the work.
-fn extract_vmlinux(bzimage: &Path, out: &Path, log: &Path) -> Result<()> {
+fn extract_vmlinux(r: &Runner, bzimage: &Path, out: &Path) -> Result<()> {
     let data = fs::read(bzimage).with_context(|| format!("reading {}", bzimage.display()))?;
     ensure!(
         data.len() > 0x250 && &data[0x202..0x206] == b"HdrS",
@@ -478,10 +394,7 @@ fn extract_vmlinux(bzimage: &Path, out: &Path, log: &Path) -> Result<()> {
     fs::write(&compressed, payload)?;
     let mut cmd = Command::new(tool);
     cmd.args(args).arg(&compressed);
-    let output = cmd
-        .stderr(fs::OpenOptions::new().append(true).create(true).open(log)?)
-        .output()
-        .with_context(|| format!("cannot run {tool}"))?;
+    let output = r.capture(cmd)?;
     fs::remove_file(&compressed)?;
     ensure!(
         output.stdout.starts_with(b"\x7fELF"),
@@ -493,7 +406,7 @@ fn extract_vmlinux(bzimage: &Path, out: &Path, log: &Path) -> Result<()> {
 }
 
 /// Copy the module subset into the guest and run depmod there.
-fn install_modules(kernel: &Path, rootfs: &Path, release: &str, log: &Path) -> Result<()> {
+fn install_modules(r: &Runner, kernel: &Path, rootfs: &Path, release: &str) -> Result<()> {
     let from = kernel.join("lib/modules").join(release);
     let to = rootfs.join("lib/modules").join(release);
     fs::create_dir_all(&to)?;
@@ -520,12 +433,9 @@ fn install_modules(kernel: &Path, rootfs: &Path, release: &str, log: &Path) -> R
             fs::copy(from.join(file), to.join(file))?;
         }
     }
-    run_ok(
-        Command::new("chroot")
-            .arg(rootfs)
-            .args(["depmod", "-a", release]),
-        log,
-    )
+    let mut depmod = Command::new("chroot");
+    depmod.arg(rootfs).args(["depmod", "-a", release]);
+    r.run("depmod", depmod)
 }
 
 /// Recursive copy of regular files and directories (a module tree has nothing else).
@@ -545,20 +455,18 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// The initramfs: busybox, the modules in load order, `/init`.
-fn build_initramfs(rootfs: &Path, release: &str, out: &Path, log: &Path) -> Result<()> {
+fn build_initramfs(r: &Runner, rootfs: &Path, release: &str, out: &Path) -> Result<()> {
     // Module paths in dependency order, as modprobe would load them.
     let mut seen = BTreeSet::new();
     let mut modules = Vec::new();
     for &(module, required) in INITRAMFS_MODULES {
-        let output = Command::new("chroot")
+        let mut modprobe = Command::new("chroot");
+        modprobe
             .arg(rootfs)
-            .args(["modprobe", "-S", release, "--show-depends", module])
-            .stderr(fs::OpenOptions::new().append(true).create(true).open(log)?)
-            .output()
-            .context("running modprobe --show-depends in the chroot")?;
+            .args(["modprobe", "-S", release, "--show-depends", module]);
+        let output = r.capture(modprobe)?;
         let text = String::from_utf8_lossy(&output.stdout);
-        let mut logf = fs::OpenOptions::new().append(true).create(true).open(log)?;
-        writeln!(logf, "{module}: {}\n{text}", output.status)?;
+        r.note(&format!("{module}: {}\n{text}", output.status));
         if !output.status.success() {
             ensure!(!required, "modprobe --show-depends {module} failed");
             continue;
@@ -592,9 +500,9 @@ fn build_initramfs(rootfs: &Path, release: &str, out: &Path, log: &Path) -> Resu
             .into_owned();
         // busybox insmod takes uncompressed modules only.
         let (name, data) = if let Some(stem) = base.strip_suffix(".xz") {
-            (stem.to_string(), decompress("xz", &path)?)
+            (stem.to_string(), decompress(r, "xz", &path)?)
         } else if let Some(stem) = base.strip_suffix(".zst") {
-            (stem.to_string(), decompress("zstd", &path)?)
+            (stem.to_string(), decompress(r, "zstd", &path)?)
         } else {
             (base.clone(), fs::read(&path)?)
         };
@@ -607,13 +515,15 @@ fn build_initramfs(rootfs: &Path, release: &str, out: &Path, log: &Path) -> Resu
     Ok(())
 }
 
-fn decompress(tool: &str, path: &Path) -> Result<Vec<u8>> {
-    let out = Command::new(tool).arg("-dc").arg(path).output()?;
+fn decompress(r: &Runner, tool: &str, path: &Path) -> Result<Vec<u8>> {
+    let mut cmd = Command::new(tool);
+    cmd.arg("-dc").arg(path);
+    let out = r.capture(cmd)?;
     ensure!(
         out.status.success(),
-        "{tool} -dc {} failed: {}",
+        "{tool} -dc {} failed ({})",
         path.display(),
-        String::from_utf8_lossy(&out.stderr)
+        out.status
     );
     Ok(out.stdout)
 }
@@ -705,27 +615,26 @@ fn customize_rootfs(rootfs: &Path) -> Result<()> {
 /// The ext4 root disk: a sparse file, populated by `mke2fs -d` without any
 /// loop mount. No journal: every run uses a throw-away snapshot, and jbd2
 /// writes cost time under TCG.
-fn make_disk(rootfs: &Path, out: &Path, log: &Path) -> Result<()> {
+fn make_disk(r: &Runner, rootfs: &Path, out: &Path) -> Result<()> {
     let used = tree_size(rootfs)?;
     let size_mib = (used + DISK_SLACK).div_ceil(1 << 20);
-    run_ok(
-        Command::new(find_command("mke2fs").context("mke2fs not found")?)
-            .args([
-                "-q",
-                "-F",
-                "-t",
-                "ext4",
-                "-O",
-                "^has_journal",
-                "-L",
-                "codecage-vm",
-            ])
-            .args(["-E", "root_owner=0:0", "-d"])
-            .arg(rootfs)
-            .arg(out)
-            .arg(format!("{size_mib}M")),
-        log,
-    )
+    let mut mke2fs = Command::new(find_command("mke2fs").context("mke2fs not found")?);
+    mke2fs
+        .args([
+            "-q",
+            "-F",
+            "-t",
+            "ext4",
+            "-O",
+            "^has_journal",
+            "-L",
+            "codecage-vm",
+        ])
+        .args(["-E", "root_owner=0:0", "-d"])
+        .arg(rootfs)
+        .arg(out)
+        .arg(format!("{size_mib}M"));
+    r.run("mke2fs", mke2fs)
 }
 
 /// Bytes used by the files in a tree (hard links counted once).
@@ -747,28 +656,6 @@ fn tree_size(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-/// Remove `.build-*` directories left by builds whose process is gone.
-fn remove_stale_builds(cache: &Path) {
-    let Ok(entries) = fs::read_dir(cache) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(".build-") else {
-            continue;
-        };
-        // .build-<hash>-<pid>-<n>
-        let pid: Option<i32> = rest.split('-').nth(1).and_then(|p| p.parse().ok());
-        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-        if !alive {
-            eprintln!("[vm-build] removing stale {}", entry.path().display());
-            if let Err(e) = remove_tree(&entry.path()) {
-                eprintln!("warning: {e:#}");
-            }
-        }
-    }
-}
-
 /// After a successful build: remove complete images of older recipes for
 /// the same kernel suite (each is ~0.5 GB). A VM still running from one keeps
 /// its open files.
@@ -781,7 +668,7 @@ fn remove_other_images(cache: &Path, keep: &str) {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
         if name != keep
-            && name.len() == 16
+            && name.len() == IMAGE_HASH_LEN
             && name.bytes().all(|b| b.is_ascii_hexdigit())
             && path.join(COMPLETE_MARKER).is_file()
             && fs::read_to_string(path.join("image.txt"))
@@ -789,9 +676,9 @@ fn remove_other_images(cache: &Path, keep: &str) {
                 .lines()
                 .any(|l| l == suite_line)
         {
-            eprintln!("[vm-build] removing the old image {}", path.display());
+            status("Removing", format!("old image {}", path.display()));
             if let Err(e) = remove_tree(&path) {
-                eprintln!("warning: {e:#}");
+                warn(format!("{e:#}"));
             }
         }
     }

@@ -1,13 +1,13 @@
 //! `cargo xtask vm-test` and `cargo xtask vm-check`: the test lane on top of
 //! [`super::run`].
 
+use super::ensure_image;
 use super::run::{self, parse_env, parse_timeout, RunOptions};
-use super::{ensure_image, workspace_root};
+use crate::host::workspace_root;
 use anyhow::{bail, ensure, Context, Result};
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 /// The package whose integration tests the lane runs.
 const PACKAGE: &str = "codecage";
@@ -23,15 +23,46 @@ const FORWARDED_ENV: &[&str] = &[
     "RUST_TEST_NOCAPTURE",
 ];
 
-pub const TEST_USAGE: &str = "\
-usage: cargo xtask vm-test [--release] [--timeout SECS] [--env K=V|K]... [-- TEST-ARGS...]
+/// Run the integration tests in the VM
+///
+/// Builds codecage's binary and integration tests on the host, then runs every integration
+/// test executable in ONE boot of the cgroup v2 VM, each with TEST-ARGS (libtest filters
+/// and flags, e.g. `-- limits:: --test-threads 1`), with CODECAGE_TEST_LAYOUT=v2 and
+/// CODECAGE_IN_VM=1 set. Exits 0 when all passed, else with the first failing
+/// executable's status (124: timeout, 125: the VM failed).
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct TestArgs {
+    /// Build and test in release mode
+    #[arg(long)]
+    release: bool,
+    /// Time limit of all test executables together in whole seconds (boot not included)
+    #[arg(long, value_name = "SECS", default_value_t = TEST_TIMEOUT_SECS, value_parser = parse_timeout)]
+    timeout: u64,
+    /// Extra environment for the tests (repeatable)
+    ///
+    /// K=V, or K for the host's value of K.
+    #[arg(long, value_name = "K=V|K", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Passed to every test executable (libtest filters and flags)
+    #[arg(last = true, value_name = "TEST-ARGS")]
+    test_args: Vec<String>,
+}
 
-Builds codecage's binary and integration tests on the host, then runs every
-integration test executable in ONE boot of the cgroup-v2 VM, each with
-TEST-ARGS (libtest filters and flags, e.g. `-- limits:: --test-threads 1`),
-with CODECAGE_TEST_LAYOUT=v2 and CODECAGE_IN_VM=1 set. Exits 0 when all
-passed, else with the first failing executable's status (124: timeout,
-125: the VM failed). Default timeout: 1800 s for all executables together.";
+impl TestArgs {
+    /// The defaults of `vm-test`, with `test_args` for every test executable.
+    pub fn new(test_args: Vec<String>) -> TestArgs {
+        TestArgs {
+            release: false,
+            timeout: TEST_TIMEOUT_SECS,
+            env: Vec::new(),
+            test_args,
+        }
+    }
+}
+
+/// `vm-test`'s time limit.
+const TEST_TIMEOUT_SECS: u64 = 1800;
 
 /// Runs the test executables given before `--` in turn, each with the
 /// arguments after it; reports every failure and exits with the first one's
@@ -59,36 +90,10 @@ exit "$status"
 "#;
 
 /// `cargo xtask vm-test`.
-pub fn vm_test(args: &[String]) -> Result<i32> {
-    let mut release = false;
-    let mut timeout = Duration::from_secs(1800);
-    let mut extra_env = Vec::new();
-    let mut test_args = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--" => {
-                test_args = args[i + 1..].to_vec();
-                break;
-            }
-            "--release" => release = true,
-            "--timeout" => {
-                i += 1;
-                timeout = parse_timeout(args.get(i).context("--timeout needs a value")?)?;
-            }
-            "--env" => {
-                i += 1;
-                extra_env.push(parse_env(args.get(i).context("--env needs a value")?)?);
-            }
-            "-h" | "--help" => bail!("{TEST_USAGE}"),
-            a => bail!("unknown argument {a:?} (test filters go after `--`)\n\n{TEST_USAGE}"),
-        }
-        i += 1;
-    }
-
+pub fn vm_test(args: &TestArgs) -> Result<i32> {
     let image = ensure_image()?;
     let root = workspace_root();
-    let built = build_tests(&root, release)?;
+    let built = build_tests(&root, args.release)?;
     if built.tests.is_empty() {
         bail!(
             "package `{PACKAGE}` has no integration test executables (tests/*.rs) yet: \
@@ -124,14 +129,14 @@ pub fn vm_test(args: &[String]) -> Result<i32> {
     ];
     command.extend(built.tests.iter().map(|p| p.display().to_string()));
     command.push("--".to_string());
-    command.extend(test_args);
+    command.extend(args.test_args.iter().cloned());
 
     let mut opts = RunOptions::new(command);
     opts.share = share.clone();
     opts.cwd = share.clone();
-    opts.timeout = timeout;
+    opts.timeout = args.timeout;
     opts.env = test_env(&share, built.bin.as_deref());
-    opts.env.extend(extra_env);
+    opts.env.extend(args.env.iter().cloned());
     run::run(&image, &opts)
 }
 
@@ -239,12 +244,8 @@ fn build_tests(root: &Path, release: bool) -> Result<Built> {
     Ok(built)
 }
 
-pub const CHECK_USAGE: &str = "\
-usage: cargo xtask vm-check
-
-Boots the cgroup-v2 VM once and prints what the tests will find there: kernel,
-cgroup mounts, controllers of the root and of the job's cgroup, Landlock ABI.
-Fails if the layout is not the expected one.";
+/// `vm-check`'s time limit.
+const CHECK_TIMEOUT_SECS: u64 = 120;
 
 /// The smoke test, run by bash in the guest.
 const CHECK_SH: &str = r#"
@@ -283,19 +284,48 @@ grep -q ' cgroup ' /proc/self/mounts && { echo "FAIL: a cgroup v1 hierarchy is m
 "#;
 
 /// `cargo xtask vm-check`.
-pub fn vm_check(args: &[String]) -> Result<i32> {
-    if let Some(a) = args.first() {
-        if a == "-h" || a == "--help" {
-            bail!("{CHECK_USAGE}");
-        }
-        bail!("unknown argument {a:?}\n\n{CHECK_USAGE}");
-    }
+pub fn vm_check() -> Result<i32> {
     let image = ensure_image()?;
     let mut opts = RunOptions::new(vec![
         "bash".to_string(),
         "-c".to_string(),
         CHECK_SH.to_string(),
     ]);
-    opts.timeout = Duration::from_secs(120);
+    opts.timeout = CHECK_TIMEOUT_SECS;
     run::run(&image, &opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{tests::parse, Task};
+
+    #[test]
+    fn parses_arguments() {
+        let Ok(Task::VmTest(a)) = parse(&["vm-test"]) else {
+            panic!()
+        };
+        assert!(!a.release && a.env.is_empty() && a.test_args.is_empty());
+        assert_eq!(a.timeout, TEST_TIMEOUT_SECS);
+        let Ok(Task::VmTest(a)) = parse(&[
+            "vm-test",
+            "--release",
+            "--timeout",
+            "9",
+            "--env",
+            "K=v",
+            "--",
+            "limits::",
+            "--x",
+        ]) else {
+            panic!()
+        };
+        assert!(a.release);
+        assert_eq!(a.timeout, 9);
+        assert_eq!(a.env, [("K".to_string(), "v".to_string())]);
+        assert_eq!(a.test_args, ["limits::", "--x"]);
+        // Test filters go after `--`.
+        assert!(parse(&["vm-test", "limits::"]).is_err());
+        assert!(parse(&["vm-test", "--timeout", "0"]).is_err());
+    }
 }

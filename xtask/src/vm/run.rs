@@ -18,24 +18,24 @@
 //! before the job could report one. A boot that dies before the job started
 //! is retried (up to twice); once the job has started it is never run again.
 
-use super::{
-    find_command, interrupted, own_group_and_die_with_parent, secs, shell_quote, signal_group,
-    tail_lines, Image, TempDir, EXIT_TIMEOUT, EXIT_VM_FAILED,
+use super::qemu::{self, Machine};
+use super::{Image, EXIT_TIMEOUT, EXIT_VM_FAILED};
+use crate::host::{
+    find_command, interrupted, orphans, remove_tree, secs, shell_quote, signal_group,
+    workspace_root, TempTree,
 };
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
+use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const GUEST_INIT_SH: &str = include_str!("../../vm/guest-init.sh");
 
 /// Control directories are `$TMPDIR/codecage-vm-<pid>-<n>`.
 const CONTROL_DIR_PREFIX: &str = "codecage-vm-";
-
-/// Name of the virtio-serial port carrying the job's output.
-const OUT_PORT: &str = "codecage.out";
 
 /// Boots in total when the job never started: the first plus two retries.
 /// (A rare early-boot oops under multi-threaded TCG was seen with newer
@@ -46,102 +46,87 @@ const BOOT_ATTEMPTS: u32 = 3;
 /// kills QEMU (time for the guest to record the status and power off).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// What to run in the VM.
-#[derive(Debug, Clone)]
+/// How often the host copies the job's output and looks at QEMU and the guest.
+const POLL_INTERVAL: Duration = Duration::from_millis(25);
+
+/// Lines of the guest console and of QEMU's messages shown when a boot fails.
+const CONSOLE_TAIL_LINES: usize = 40;
+const QEMU_TAIL_LINES: usize = 20;
+
+/// Run a command in the VM
+///
+/// Boots the cgroup v2 VM (building its image first if needed), runs CMD as root in the
+/// current directory when that is inside the share (else in the share), with its output
+/// streamed to stdout, and exits with CMD's status (124: timeout, 125: the VM failed).
+/// The share is mounted at the same absolute path in the guest.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    verbatim_doc_comment,
+    override_usage = "cargo xtask vm-run [OPTIONS] [--] CMD [ARGS...]"
+)]
 pub struct RunOptions {
-    /// Time limit of the command itself (boot time not included).
-    pub timeout: Duration,
-    /// Host directory shared at the same path in the guest.
+    /// Time limit of the command in whole seconds (boot time not included)
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT_SECS, value_parser = parse_timeout)]
+    pub timeout: u64,
+    /// Host directory shared at the same path in the guest
+    ///
+    /// Default: the workspace root.
+    #[arg(long, value_name = "DIR", default_value_os_t = workspace_root(), hide_default_value = true)]
     pub share: PathBuf,
-    /// Working directory of the command (inside `share`).
-    pub cwd: PathBuf,
-    /// Extra environment for the command.
+    /// Extra environment for the command (repeatable)
+    ///
+    /// K=V, or K for the host's value of K.
+    #[arg(long, value_name = "K=V|K", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
-    /// The command and its arguments.
+    /// Working directory of the command (inside `share`); empty: the current directory
+    /// when it is inside the share, else the share.
+    #[arg(skip)]
+    pub cwd: PathBuf,
+    /// The command and its arguments
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
 }
 
 impl RunOptions {
-    /// Defaults: share the workspace root, run in the current directory when
-    /// that is inside the share (else in the share), 10 minutes.
+    /// The defaults of `vm-run` for `command`.
     pub fn new(command: Vec<String>) -> RunOptions {
         RunOptions {
-            timeout: Duration::from_secs(600),
-            share: super::workspace_root(),
-            cwd: PathBuf::new(),
+            timeout: DEFAULT_TIMEOUT_SECS,
+            share: workspace_root(),
             env: Vec::new(),
+            cwd: PathBuf::new(),
             command,
         }
     }
 }
 
-pub const USAGE: &str = "\
-usage: cargo xtask vm-run [--timeout SECS] [--share DIR] [--env K=V|K]... -- CMD [ARGS...]
+/// `vm-run`'s time limit.
+const DEFAULT_TIMEOUT_SECS: u64 = 600;
 
-Boots the cgroup-v2 VM (building its image first if needed), runs CMD as root
-in DIR (default: the workspace root, shared at the same absolute path), with
-its output streamed to stdout, and exits with CMD's status (124: timeout,
-125: the VM failed). `--env K` passes the host's value of K.";
-
-/// Parse `vm-run`'s arguments.
-pub fn parse_args(args: &[String]) -> Result<RunOptions> {
-    let mut opts = RunOptions::new(Vec::new());
-    let mut share = None;
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].as_str();
-        let mut value = || -> Result<&String> {
-            i += 1;
-            args.get(i)
-                .with_context(|| format!("{arg} needs a value\n\n{USAGE}"))
-        };
-        match arg {
-            "--" => {
-                opts.command = args[i + 1..].to_vec();
-                break;
-            }
-            "--timeout" => opts.timeout = parse_timeout(value()?)?,
-            "--share" => share = Some(PathBuf::from(value()?)),
-            "--env" => opts.env.push(parse_env(value()?)?),
-            "-h" | "--help" => bail!("{USAGE}"),
-            a if a.starts_with('-') => bail!("unknown option {a}\n\n{USAGE}"),
-            _ => {
-                opts.command = args[i..].to_vec();
-                break;
-            }
-        }
-        i += 1;
+/// `--timeout`: whole seconds, more than zero.
+pub fn parse_timeout(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("the timeout must be positive".to_string()),
+        Ok(secs) => Ok(secs),
+        Err(_) => Err("want whole seconds".to_string()),
     }
-    ensure!(!opts.command.is_empty(), "no command given\n\n{USAGE}");
-    if let Some(share) = share {
-        opts.share = share;
-    }
-    Ok(opts)
-}
-
-pub fn parse_timeout(s: &str) -> Result<Duration> {
-    let secs: u64 = s
-        .parse()
-        .with_context(|| format!("bad timeout {s:?}: want whole seconds"))?;
-    ensure!(secs > 0, "timeout must be positive");
-    Ok(Duration::from_secs(secs))
 }
 
 /// `K=V`, or `K` for the host's value of K.
-pub fn parse_env(s: &str) -> Result<(String, String)> {
+pub fn parse_env(s: &str) -> Result<(String, String), String> {
     let (k, v) = match s.split_once('=') {
         Some((k, v)) => (k.to_string(), v.to_string()),
         None => (
             s.to_string(),
-            std::env::var(s).with_context(|| format!("--env {s}: not set on the host"))?,
+            std::env::var(s).map_err(|_| format!("{s} is not set on the host"))?,
         ),
     };
-    ensure!(
-        !k.is_empty()
-            && !k.starts_with(|c: char| c.is_ascii_digit())
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
-        "bad environment variable name {k:?}"
-    );
+    let valid = !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid {
+        return Err(format!("bad environment variable name {k:?}"));
+    }
     Ok((k, v))
 }
 
@@ -183,18 +168,12 @@ pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
 /// with SIGKILL (QEMU dies with it, through PR_SET_PDEATHSIG, but no cleanup
 /// code runs).
 fn remove_stale_control_dirs() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
+    let run_pid = |name: &str| {
+        let rest = name.strip_prefix(CONTROL_DIR_PREFIX)?;
+        rest.split('-').next()?.parse().ok()
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(CONTROL_DIR_PREFIX) else {
-            continue;
-        };
-        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-            let _ = super::remove_tree(&entry.path());
-        }
+    for dir in orphans(&std::env::temp_dir(), run_pid) {
+        let _ = remove_tree(&dir);
     }
 }
 
@@ -204,6 +183,14 @@ enum Outcome {
     /// The job never started: a new boot may be tried.
     NotStarted(String),
 }
+
+/// The guest's system directories, which a share mounted at the same path must not hide.
+const GUEST_SYSTEM_DIRS: &[&str] = &[
+    "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
+    "/sys", "/tmp", "/usr", "/var",
+];
+/// The guest's own file systems, in which a share cannot be.
+const GUEST_OWN_DIRS: &[&str] = &["/dev", "/proc", "/run", "/sys"];
 
 /// The share must be an existing directory that does not hide a part of the
 /// guest's own system when mounted at the same path.
@@ -216,18 +203,14 @@ fn check_share(share: &Path) -> Result<PathBuf> {
         "share {} is not a directory",
         share.display()
     );
-    let system = [
-        "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
-        "/sys", "/tmp", "/usr", "/var",
-    ];
-    for dir in system {
+    for dir in GUEST_SYSTEM_DIRS {
         ensure!(
             !Path::new(dir).starts_with(&share),
             "cannot share {}: it would hide the guest's {dir}",
             share.display()
         );
     }
-    for dir in ["/dev", "/proc", "/run", "/sys"] {
+    for dir in GUEST_OWN_DIRS {
         ensure!(
             !share.starts_with(dir),
             "cannot share {}: {dir} is the guest's own",
@@ -235,58 +218,6 @@ fn check_share(share: &Path) -> Result<PathBuf> {
         );
     }
     Ok(share)
-}
-
-/// QEMU option values escape a comma by doubling it.
-fn qemu_path(p: &Path) -> String {
-    p.to_string_lossy().replace(',', ",,")
-}
-
-/// KVM only when it can really run a stock kernel: /dev/kvm usable *and* the
-/// CPU shows vmx/svm. (On PVM-backed hosts /dev/kvm exists, but a stock
-/// kernel crawls there; TCG is much faster.) `CODECAGE_VM_ACCEL=kvm|tcg`
-/// overrides, `CODECAGE_VM_CPU` sets the CPU model.
-fn accel_args() -> (&'static str, Vec<String>) {
-    let forced = std::env::var("CODECAGE_VM_ACCEL").unwrap_or_default();
-    let kvm = match forced.as_str() {
-        "kvm" => true,
-        "tcg" => false,
-        _ => {
-            let usable = fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open("/dev/kvm")
-                .is_ok();
-            let flags = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-            let virt = flags
-                .lines()
-                .filter(|l| l.starts_with("flags"))
-                .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
-            usable && virt
-        }
-    };
-    let (name, accel, cpu) = if kvm {
-        ("kvm", "kvm", "host")
-    } else {
-        // Nehalem covers x86-64-v2 (SSE4.2, POPCNT), more than what
-        // Debian and rustc target by default. Measured against `-cpu max`
-        // (which adds AVX/AVX2, that glibc then prefers and TCG emulates
-        // slowly): boot 4.7-5.5 s instead of 5.6-9 s, exec ~30% faster.
-        // Binaries built for x86-64-v3 need CODECAGE_VM_CPU=max.
-        ("tcg", "tcg,thread=multi", "Nehalem")
-    };
-    let cpu = std::env::var("CODECAGE_VM_CPU").unwrap_or_else(|_| cpu.to_string());
-    (
-        name,
-        vec!["-accel".into(), accel.into(), "-cpu".into(), cpu],
-    )
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// The job script: environment, working directory, exec of the command.
@@ -308,7 +239,10 @@ fn job_script(opts: &RunOptions, cwd: &Path) -> String {
     {
         s.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
-    s.push_str(&format!("cd {} || exit 125\n", shell_quote(cwd)));
+    s.push_str(&format!(
+        "cd {} || exit {EXIT_VM_FAILED}\n",
+        shell_quote(cwd)
+    ));
     s.push_str("exec");
     for a in &opts.command {
         s.push(' ');
@@ -318,7 +252,7 @@ fn job_script(opts: &RunOptions, cwd: &Path) -> String {
     s
 }
 
-/// One boot of the VM.
+/// One boot of the VM: the control directory, QEMU, its supervision, the verdict.
 fn boot(
     qemu: &Path,
     image: &Image,
@@ -327,185 +261,218 @@ fn boot(
     cwd: &Path,
     attempt: u32,
 ) -> Result<Outcome> {
-    let ctl = TempDir::new_in(&std::env::temp_dir(), CONTROL_DIR_PREFIX)?;
-    let ctl_dir = ctl.path();
-    let output_log = ctl_dir.join("output.log");
-    let console_log = ctl_dir.join("console.log");
-    let qemu_log = ctl_dir.join("qemu.log");
-    let started_file = ctl_dir.join("started");
-    let rc_file = ctl_dir.join("rc");
-    fs::write(ctl_dir.join("guest-init.sh"), GUEST_INIT_SH)?;
-    fs::write(
-        ctl_dir.join("config"),
-        format!(
-            "SHARE={}\nTIMEOUT={}\nOUT_PORT={}\nDEBUG={}\n",
-            shell_quote(share),
-            opts.timeout.as_secs(),
-            OUT_PORT,
-            if debug() { "1" } else { "" }
-        ),
-    )?;
-    fs::write(ctl_dir.join("cmd.sh"), job_script(opts, cwd))?;
-    // Created before QEMU opens it (which truncates an empty file: harmless),
-    // so the reader can open it right away.
-    fs::write(&output_log, b"")?;
-    let mut output = fs::File::open(&output_log)?;
-
-    let (accel, accel_args) = accel_args();
-    let mem = env_u64("CODECAGE_VM_MEM", 2048);
-    let host_cpus = std::thread::available_parallelism().map_or(2, |n| n.get() as u64);
-    let cpus = env_u64("CODECAGE_VM_CPUS", host_cpus.min(4));
-    let boot_timeout = Duration::from_secs(env_u64("CODECAGE_VM_BOOT_TIMEOUT", 120));
-    let append = format!(
-        "console=ttyS0 panic=-1 oops=panic quiet loglevel=3 mitigations=off \
-         cgroup_no_v1=all random.trust_cpu=on {}",
-        std::env::var("CODECAGE_VM_APPEND").unwrap_or_default()
-    );
-
-    let mut cmd = Command::new(qemu);
-    cmd.args([
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-    ])
-    .args(["-machine", "q35"])
-    .args(&accel_args)
-    .args(["-m", &mem.to_string(), "-smp", &cpus.to_string()])
-    .arg("-kernel")
-    .arg(&image.vmlinux)
-    .arg("-initrd")
-    .arg(&image.initrd)
-    .args(["-append", append.trim_end()])
-    .arg("-drive")
-    .arg(format!(
-        "file={},format=raw,if=virtio,snapshot=on,cache=unsafe",
-        qemu_path(&image.rootfs)
-    ))
-    .arg("-virtfs")
-    .arg(format!(
-        "local,path={},mount_tag=codecage.ctl,security_model=none",
-        qemu_path(ctl_dir)
-    ))
-    .arg("-virtfs")
-    .arg(format!(
-        "local,path={},mount_tag=codecage.share,security_model=none,multidevs=remap",
-        qemu_path(share)
-    ))
-    .args(["-device", "virtio-rng-pci"])
-    .args(["-device", "virtio-serial-pci,id=vser"])
-    .arg("-chardev")
-    .arg(format!("file,id=out,path={}", qemu_path(&output_log)))
-    .args([
-        "-device",
-        &format!("virtserialport,bus=vser.0,chardev=out,name={OUT_PORT}"),
-    ])
-    .arg("-serial")
-    .arg(format!("file:{}", qemu_path(&console_log)))
-    .stdin(Stdio::null());
-    // stdout and stderr share one open file (and so its offset).
-    let qlog = fs::File::create(&qemu_log)?;
-    cmd.stdout(qlog.try_clone()?).stderr(qlog);
-    own_group_and_die_with_parent(&mut cmd);
-
+    let ctl = ControlDir::write(opts, share, cwd)?;
+    let machine = Machine::from_env();
+    let mut output = OutputPump::open(&ctl.output)?;
+    let mut cmd = qemu::command(qemu, image, &machine, &ctl, share)?;
     eprintln!(
-        "[vm] boot {attempt}: {accel}, {cpus} vCPUs, {mem} MiB; share {}; timeout {}s",
+        "[vm] boot {attempt}: {}, {} vCPUs, {} MiB; share {}; timeout {}s",
+        machine.accel,
+        machine.cpus,
+        machine.mem_mib,
         share.display(),
-        opts.timeout.as_secs()
+        opts.timeout
     );
-    let t0 = Instant::now();
-    let mut child = cmd.spawn().context("cannot start qemu-system-x86_64")?;
-    let mut started: Option<Instant> = None;
-    let mut stdout = std::io::stdout();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut pump = |output: &mut fs::File| {
-        // Copy whatever the guest wrote since the last poll. A closed stdout
-        // (e.g. piped into `head`) must not stop the run.
-        while let Ok(n) = output.read(&mut buf) {
+    let mut vm = RunningVm::start(&mut cmd)?;
+    let verdict = vm.supervise(&ctl, &mut output, &machine, opts.timeout)?;
+    // QEMU has exited (or was killed): nothing more will be written, so this
+    // last read gets the complete tail of the output.
+    output.pump();
+    if debug() {
+        ctl.show_console();
+    }
+    Ok(verdict.unwrap_or_else(|| vm.outcome_after_exit(&ctl)))
+}
+
+/// A run's control directory (see the module docs), written before the boot.
+pub(super) struct ControlDir {
+    pub(super) dir: TempTree,
+    /// The job's output, as QEMU writes it.
+    pub(super) output: PathBuf,
+    /// The guest's serial console.
+    pub(super) console: PathBuf,
+    /// QEMU's own stdout and stderr.
+    pub(super) qemu_log: PathBuf,
+    /// Written by the guest right before the job starts.
+    started: PathBuf,
+    /// The job's exit status, written by the guest.
+    rc: PathBuf,
+}
+
+impl ControlDir {
+    fn write(opts: &RunOptions, share: &Path, cwd: &Path) -> Result<ControlDir> {
+        let dir = TempTree::create_in(&std::env::temp_dir(), CONTROL_DIR_PREFIX)?;
+        let path = dir.path();
+        fs::write(path.join("guest-init.sh"), GUEST_INIT_SH)?;
+        fs::write(
+            path.join("config"),
+            format!(
+                "SHARE={}\nTIMEOUT={}\nOUT_PORT={}\nDEBUG={}\n",
+                shell_quote(share),
+                opts.timeout,
+                qemu::OUT_PORT,
+                if debug() { "1" } else { "" }
+            ),
+        )?;
+        fs::write(path.join("cmd.sh"), job_script(opts, cwd))?;
+        let ctl = ControlDir {
+            output: path.join("output.log"),
+            console: path.join("console.log"),
+            qemu_log: path.join("qemu.log"),
+            started: path.join("started"),
+            rc: path.join("rc"),
+            dir,
+        };
+        // Created before QEMU opens it (which truncates an empty file: harmless),
+        // so the reader can open it right away.
+        fs::write(&ctl.output, b"")?;
+        Ok(ctl)
+    }
+
+    /// Show all of the guest's console and of QEMU's messages (`CODECAGE_VM_DEBUG`).
+    fn show_console(&self) {
+        eprintln!("----- guest console (CODECAGE_VM_DEBUG) -----");
+        eprint!("{}", fs::read_to_string(&self.console).unwrap_or_default());
+        eprint!("{}", fs::read_to_string(&self.qemu_log).unwrap_or_default());
+        eprintln!("---------------------------------------------");
+    }
+
+    /// Show the end of the guest's console and of QEMU's messages.
+    fn show_failure(&self) {
+        eprintln!("----- guest console (tail) -----");
+        eprint!("{}", tail_lines(&self.console, CONSOLE_TAIL_LINES));
+        let q = fs::read_to_string(&self.qemu_log).unwrap_or_default();
+        if !q.trim().is_empty() {
+            eprintln!("----- qemu -----");
+            eprint!("{}", tail_lines(&self.qemu_log, QEMU_TAIL_LINES));
+        }
+        eprintln!("--------------------------------");
+    }
+}
+
+/// Copies what the guest writes to the output file on to our stdout.
+struct OutputPump {
+    file: fs::File,
+    buf: Vec<u8>,
+}
+
+impl OutputPump {
+    fn open(path: &Path) -> Result<OutputPump> {
+        Ok(OutputPump {
+            file: fs::File::open(path)?,
+            buf: vec![0; 1 << 16],
+        })
+    }
+
+    /// Copy whatever the guest wrote since the last call. A closed stdout (piped into
+    /// `head`, say) must not stop the run.
+    fn pump(&mut self) {
+        let mut stdout = std::io::stdout();
+        while let Ok(n) = self.file.read(&mut self.buf) {
             if n == 0 {
                 break;
             }
-            let _ = stdout.write_all(&buf[..n]);
+            let _ = stdout.write_all(&self.buf[..n]);
         }
         let _ = stdout.flush();
-    };
+    }
+}
 
-    let verdict: Option<Outcome> = loop {
-        pump(&mut output);
-        if started.is_none() && started_file.exists() {
-            started = Some(Instant::now());
-            eprintln!("[vm] command started after {} of boot", secs(t0.elapsed()));
-        }
-        if child.try_wait()?.is_some() {
-            break None;
-        }
-        if let Some(sig) = interrupted() {
-            signal_group(&child, libc::SIGKILL);
-            let _ = child.wait();
-            pump(&mut output);
-            eprintln!("[vm] interrupted by signal {sig}: VM killed");
-            break Some(Outcome::Status(128 + sig));
-        }
-        match started {
-            None if t0.elapsed() > boot_timeout => {
-                signal_group(&child, libc::SIGKILL);
-                let _ = child.wait();
-                show_failure(&console_log, &qemu_log);
-                break Some(Outcome::NotStarted(format!(
-                    "no command start within {} (CODECAGE_VM_BOOT_TIMEOUT)",
-                    secs(boot_timeout)
-                )));
-            }
-            Some(s) if s.elapsed() > opts.timeout + SHUTDOWN_GRACE => {
-                signal_group(&child, libc::SIGKILL);
-                let _ = child.wait();
-                pump(&mut output);
-                eprintln!(
-                    "[vm] timeout: the command ran over {}s and the guest did not stop it; VM killed",
-                    opts.timeout.as_secs()
-                );
-                break Some(Outcome::Status(EXIT_TIMEOUT));
-            }
-            _ => {}
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    };
-    // QEMU has exited (or was killed): nothing more will be written, so this
-    // last read gets the complete tail of the output.
-    pump(&mut output);
-    if debug() {
-        eprintln!("----- guest console (CODECAGE_VM_DEBUG) -----");
-        eprint!("{}", fs::read_to_string(&console_log).unwrap_or_default());
-        eprint!("{}", fs::read_to_string(&qemu_log).unwrap_or_default());
-        eprintln!("---------------------------------------------");
+/// QEMU, running.
+struct RunningVm {
+    child: Child,
+    booted: Instant,
+    /// When the guest said the job started.
+    started: Option<Instant>,
+}
+
+impl RunningVm {
+    fn start(qemu: &mut Command) -> Result<RunningVm> {
+        let booted = Instant::now();
+        let child = qemu.spawn().context("cannot start qemu-system-x86_64")?;
+        Ok(RunningVm {
+            child,
+            booted,
+            started: None,
+        })
     }
-    if let Some(outcome) = verdict {
-        return Ok(outcome);
+
+    /// Stream the output until QEMU exits (`None`: the guest decides the outcome), or
+    /// until an interrupt, the boot timeout or the job's timeout (plus the guest's grace)
+    /// ends the VM with an outcome of its own.
+    fn supervise(
+        &mut self,
+        ctl: &ControlDir,
+        output: &mut OutputPump,
+        machine: &Machine,
+        timeout_secs: u64,
+    ) -> Result<Option<Outcome>> {
+        loop {
+            output.pump();
+            if self.started.is_none() && ctl.started.exists() {
+                self.started = Some(Instant::now());
+                let boot = secs(self.booted.elapsed());
+                eprintln!("[vm] command started after {boot} of boot");
+            }
+            if self.child.try_wait()?.is_some() {
+                return Ok(None);
+            }
+            if let Some(sig) = interrupted() {
+                self.kill();
+                output.pump();
+                eprintln!("[vm] interrupted by signal {sig}: VM killed");
+                return Ok(Some(Outcome::Status(128 + sig)));
+            }
+            match self.started {
+                None if self.booted.elapsed() > machine.boot_timeout => {
+                    self.kill();
+                    ctl.show_failure();
+                    return Ok(Some(Outcome::NotStarted(format!(
+                        "no command start within {} (CODECAGE_VM_BOOT_TIMEOUT)",
+                        secs(machine.boot_timeout)
+                    ))));
+                }
+                Some(s) if s.elapsed() > Duration::from_secs(timeout_secs) + SHUTDOWN_GRACE => {
+                    self.kill();
+                    output.pump();
+                    eprintln!(
+                        "[vm] timeout: the command ran over {timeout_secs}s and the guest did not \
+                         stop it; VM killed"
+                    );
+                    return Ok(Some(Outcome::Status(EXIT_TIMEOUT)));
+                }
+                _ => {}
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
     }
-    let rc = fs::read_to_string(&rc_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok());
-    match (rc, started) {
-        (Some(rc), Some(s)) => {
-            eprintln!(
-                "[vm] exit status {rc} (command {}, total {})",
-                secs(s.elapsed()),
-                secs(t0.elapsed())
-            );
-            Ok(Outcome::Status(rc))
-        }
-        (_, Some(_)) => {
-            eprintln!("[vm] the VM stopped while the command was running, without a status");
-            show_failure(&console_log, &qemu_log);
-            Ok(Outcome::Status(EXIT_VM_FAILED))
-        }
-        (_, None) => {
-            show_failure(&console_log, &qemu_log);
-            Ok(Outcome::NotStarted(format!(
-                "the VM exited after {}",
-                secs(t0.elapsed())
-            )))
+
+    fn kill(&mut self) {
+        signal_group(&self.child, libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// The outcome once QEMU exited by itself: the job's status when the guest wrote it.
+    fn outcome_after_exit(&self, ctl: &ControlDir) -> Outcome {
+        let rc = fs::read_to_string(&ctl.rc)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        let total = secs(self.booted.elapsed());
+        match (rc, self.started) {
+            (Some(rc), Some(s)) => {
+                let job = secs(s.elapsed());
+                eprintln!("[vm] exit status {rc} (command {job}, total {total})");
+                Outcome::Status(rc)
+            }
+            (_, Some(_)) => {
+                eprintln!("[vm] the VM stopped while the command was running, without a status");
+                ctl.show_failure();
+                Outcome::Status(EXIT_VM_FAILED)
+            }
+            (_, None) => {
+                ctl.show_failure();
+                Outcome::NotStarted(format!("the VM exited after {total}"))
+            }
         }
     }
 }
@@ -515,13 +482,77 @@ fn debug() -> bool {
     std::env::var_os("CODECAGE_VM_DEBUG").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-fn show_failure(console_log: &Path, qemu_log: &Path) {
-    eprintln!("----- guest console (tail) -----");
-    eprint!("{}", tail_lines(console_log, 40));
-    let q = fs::read_to_string(qemu_log).unwrap_or_default();
-    if !q.trim().is_empty() {
-        eprintln!("----- qemu -----");
-        eprint!("{}", tail_lines(qemu_log, 20));
+/// The last `n` lines of a file (lossy UTF-8), for failure reports.
+fn tail_lines(path: &Path, n: usize) -> String {
+    let Ok(bytes) = fs::read(path) else {
+        return format!("({} is missing)\n", path.display());
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(n);
+    let mut out = String::new();
+    if start > 0 {
+        let _ = writeln!(out, "... ({start} earlier lines in {})", path.display());
     }
-    eprintln!("--------------------------------");
+    for l in &lines[start..] {
+        let _ = writeln!(out, "{l}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{tests::parse, Task};
+
+    fn run_options(args: &[&str]) -> Result<RunOptions, clap::Error> {
+        match parse(&[&["vm-run"], args].concat())? {
+            Task::VmRun(opts) => Ok(opts),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_arguments() {
+        let o = run_options(&["ls", "-la", "--timeout", "5"]).unwrap();
+        assert_eq!(o.command, ["ls", "-la", "--timeout", "5"]);
+        assert_eq!(o.timeout, DEFAULT_TIMEOUT_SECS);
+        assert_eq!(o.share, workspace_root());
+        let o = run_options(&[
+            "--timeout",
+            "5",
+            "--timeout",
+            "7",
+            "--env",
+            "A=b=c",
+            "--share",
+            "/s",
+            "--",
+            "--x",
+        ])
+        .unwrap();
+        assert_eq!(o.command, ["--x"]);
+        assert_eq!(o.timeout, 7);
+        assert_eq!(o.env, [("A".to_string(), "b=c".to_string())]);
+        assert_eq!(o.share, PathBuf::from("/s"));
+        for bad in [
+            &[][..],
+            &["--"],
+            &["--bogus", "--", "x"],
+            &["--timeout", "0", "x"],
+            &["--timeout", "1.5", "x"],
+            &["--env", "1A=b", "x"],
+            &["--env", "=b", "x"],
+            &["--env", "CODECAGE_XTASK_TEST_UNSET", "x"],
+        ] {
+            assert!(run_options(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn env_takes_the_hosts_value() {
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(parse_env("PATH"), Ok(("PATH".to_string(), path)));
+        assert_eq!(parse_env("A_1="), Ok(("A_1".to_string(), String::new())));
+    }
 }
