@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::cgroup::{self, Controller, Layout, Limits, RunCgroup};
+use crate::outcome::Skipped;
 
 /// One layer's verdict.
 #[derive(Debug, Clone, Serialize)]
@@ -24,6 +25,8 @@ pub struct HostReport {
     pub kernel: String,
     pub cgroup_layout: &'static str,
     pub checks: Vec<Check>,
+    /// What a run with the default profiles does not enforce on this host, and what covers it.
+    pub not_enforced: Vec<Skipped>,
 }
 
 impl HostReport {
@@ -38,12 +41,14 @@ pub fn probe() -> HostReport {
     let layout = cgroup::layout();
     let mut checks = vec![user_namespaces(), userns_restrictions()];
     checks.extend(cgroup_checks(layout));
-    checks.push(landlock());
+    let (landlock, not_enforced) = landlock();
+    checks.push(landlock);
     checks.push(seccomp());
     HostReport {
         kernel: kernel(),
         cgroup_layout: layout.name(),
         checks,
+        not_enforced,
     }
 }
 
@@ -103,29 +108,52 @@ fn userns_restrictions() -> Check {
     }
 }
 
-fn landlock() -> Check {
+fn landlock() -> (Check, Vec<Skipped>) {
+    use crate::sandbox::landlock::FEATURES;
     match crate::sys::landlock_abi() {
-        Ok(abi) if abi >= 6 => Check {
-            name: "landlock",
-            ok: true,
-            detail: format!("ABI {abi}: filesystem rules, TCP bind/connect denied, abstract unix socket and signal scopes"),
-        },
-        Ok(abi) => Check {
-            name: "landlock",
-            ok: false,
-            detail: format!(
-                "ABI {abi}; codecage requires ABI 6 (Linux 6.12) by default: TCP rules need ABI 4, scopes ABI 6. \
-                 Profiles with landlock = \"best-effort\" run here and list what was skipped"
-            ),
-        },
-        Err(errno) => Check {
-            name: "landlock",
-            ok: false,
-            detail: format!(
-                "unavailable ({}): boot with landlock in lsm= (Linux 5.13+), or use landlock = \"best-effort\"",
-                nix::errno::Errno::from_raw(errno)
-            ),
-        },
+        Ok(abi) => {
+            let missing: Vec<Skipped> = FEATURES
+                .iter()
+                .filter(|f| f.abi > abi)
+                .map(|f| {
+                    Skipped::new(
+                        "landlock",
+                        f.what,
+                        format!("this kernel has landlock ABI {abi}"),
+                    )
+                    .covered_by(f.covered_by)
+                })
+                .collect();
+            let detail = if missing.is_empty() {
+                format!("ABI {abi}: filesystem rules, TCP bind/connect rules, abstract unix socket and signal scopes")
+            } else {
+                format!(
+                    "ABI {abi}: filesystem rules; the default profiles run here without {} (covered by other \
+                     layers, see not_enforced); landlock = \"strict\" profiles need ABI 6 (Linux 6.12)",
+                    missing.iter().map(|m| m.feature.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            };
+            let check = Check {
+                name: "landlock",
+                ok: true,
+                detail,
+            };
+            (check, missing)
+        }
+        Err(errno) => {
+            let check = Check {
+                name: "landlock",
+                ok: false,
+                detail: format!(
+                    "unavailable ({}): the default profiles refuse to run. Boot with landlock in lsm= (Linux \
+                     5.13+), or use profiles with landlock = \"best-effort\"",
+                    nix::errno::Errno::from_raw(errno)
+                ),
+            };
+            let skipped =
+                Skipped::new("landlock", "the whole layer", "this kernel has no landlock");
+            (check, vec![skipped])
+        }
     }
 }
 

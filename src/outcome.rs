@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 /// Why a run did not simply finish. Agents branch on this; `message` says what to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -73,8 +73,9 @@ pub struct Outcome {
     pub oom_kills: u64,
     /// The kernel's landlock ABI the payload was restricted with.
     pub landlock_abi: Option<u32>,
-    /// Hardening a best-effort profile could not apply on this host.
-    pub skipped_layers: Vec<String>,
+    /// Hardening that was not applied (the host lacks it, or the profile turned it off),
+    /// each with what covers for it, if anything.
+    pub skipped_layers: Vec<Skipped>,
     /// The init died without a word (killed from outside the sandbox's code): the launcher
     /// decides with the cgroup's counters whether the OOM killer did it.
     #[serde(skip)]
@@ -82,6 +83,46 @@ pub struct Outcome {
     /// Where the wall time went (`codecage run --timings`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<Phases>,
+}
+
+/// A piece of hardening that was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// `landlock`, `seccomp` or `cgroup`.
+    pub layer: String,
+    /// What of the layer: "TCP bind and connect rules (landlock ABI 4, Linux 6.7)",
+    /// "pids limit", "the whole layer".
+    pub feature: String,
+    /// Why: "this kernel has landlock ABI 2", "turned off by the profile", an error.
+    pub reason: String,
+    /// The layer that still enforces what this feature would have, if any.
+    pub covered_by: Option<String>,
+}
+
+impl Skipped {
+    pub fn new(layer: &str, feature: impl Into<String>, reason: impl Into<String>) -> Skipped {
+        Skipped {
+            layer: layer.to_string(),
+            feature: feature.into(),
+            reason: reason.into(),
+            covered_by: None,
+        }
+    }
+
+    pub fn covered_by(mut self, layer: impl Into<String>) -> Skipped {
+        self.covered_by = Some(layer.into());
+        self
+    }
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.layer, self.feature, self.reason)?;
+        if let Some(cover) = &self.covered_by {
+            write!(f, " (covered by {cover})")?;
+        }
+        Ok(())
+    }
 }
 
 /// The run's wall time by phase, in milliseconds. A phase the run did not reach is null.

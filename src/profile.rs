@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::knobs::{self, Headroom, Knob, Raw, Section, Values};
 use crate::runner::Lang;
-use crate::spec::{LayerMode, Rootfs, Spec};
+use crate::spec::{LandlockMode, LayerMode, Rootfs, Spec};
 
 /// The profiles built into the binary, by name.
 pub const BUILT_IN: &[(&str, &str)] = &[
@@ -59,7 +59,7 @@ pub struct NetworkSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct HardeningSection {
-    pub landlock: LayerMode,
+    pub landlock: LandlockMode,
     pub seccomp: LayerMode,
     /// The memory, CPU and pids limits' cgroup.
     pub cgroup: LayerMode,
@@ -525,7 +525,7 @@ mod tests {
         assert_eq!(p.max(Knob::Timeout), 120_000);
         assert_eq!(p.max(Knob::TmpSize), 64 << 20);
         assert_eq!(p.network.mode, NetworkMode::None);
-        assert_eq!(p.hardening.landlock, LayerMode::Required);
+        assert_eq!(p.hardening.landlock, LandlockMode::Required);
         assert!(p.output_types.contains(&"png".to_string()));
     }
 

@@ -270,7 +270,7 @@ pub enum FromSandbox {
     /// kernel has, and what a best-effort layer could not enforce.
     Hardened {
         landlock_abi: Option<u32>,
-        skipped: Vec<String>,
+        skipped: Vec<crate::outcome::Skipped>,
     },
     /// The payload ended: with an exit status, or by a signal.
     Exited {

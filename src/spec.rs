@@ -68,6 +68,24 @@ pub enum LayerMode {
     Off,
 }
 
+/// How much of landlock a sandbox must have. Landlock grew by ABI versions; what the
+/// newer ones add is covered by other layers (see `sandbox::landlock::FEATURES`), except
+/// the filesystem rules of ABI 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LandlockMode {
+    /// Every feature codecage asks for (ABI 6, Linux 6.12), or the run is refused.
+    Strict,
+    /// Landlock's filesystem rules (ABI 1, Linux 5.13) at least, or the run is refused;
+    /// what the kernel's ABI lacks is listed in `skipped_layers` with what covers it.
+    #[default]
+    Required,
+    /// What the kernel has, even nothing; the rest is listed.
+    BestEffort,
+    /// Not applied (for measuring what the layer costs).
+    Off,
+}
+
 /// A file the init writes into /work before the payload starts (the code of a language
 /// runner), owned by the sandbox user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,7 +178,7 @@ pub struct Spec {
     /// costs), `BestEffort` without one where the host cannot make it.
     pub cgroup: LayerMode,
     /// Landlock filesystem, TCP and scope rules.
-    pub landlock: LayerMode,
+    pub landlock: LandlockMode,
     /// The seccomp filter of profiles/seccomp/<arch>.json.
     pub seccomp: LayerMode,
     /// RLIMIT_NOFILE: open files per process.
@@ -194,7 +212,7 @@ impl Spec {
             work_size: 0,
             limits: Some(Limits::default()),
             cgroup: LayerMode::Required,
-            landlock: LayerMode::Required,
+            landlock: LandlockMode::Required,
             seccomp: LayerMode::Required,
             nofile: 0,
             hostname: "sandbox".into(),

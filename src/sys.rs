@@ -47,7 +47,7 @@ struct CloneArgs {
 /// Which side of [`clone3`] we are on.
 pub enum Forked {
     /// The new process. It must call only the async-signal-safe functions of this module and
-    /// end in [`execveat_empty_path`] or [`exit_now`].
+    /// end in [`child_execveat`] or [`exit_now`].
     Child,
     /// The caller, with the child's pid and a pidfd for race-free signalling and polling.
     Parent { pid: Pid, pidfd: OwnedFd },
@@ -437,9 +437,9 @@ pub fn child_dup2(from: RawFd, to: RawFd) -> Result<(), i32> {
 
 /// close_range(first, ~0, CLOSE_RANGE_CLOEXEC) (Linux 5.11): every fd from `first` up is
 /// closed at execve, whatever the calling program left open without O_CLOEXEC
-/// (CVE-2024-21626). Falls back to closing fds one by one up to the rlimit, all but `keep`
-/// (-1 keeps none). Allocation-free, for the raw child too.
-pub fn cloexec_from(first: RawFd, keep: RawFd) -> Result<(), i32> {
+/// (CVE-2024-21626). Older kernels: the same, one fd at a time, for each fd that
+/// /proc/self/fd lists. Allocation-free, for the raw child too.
+pub fn cloexec_from(first: RawFd) -> Result<(), i32> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: plain syscall on integers.
     let ret = unsafe {
@@ -453,21 +453,60 @@ pub fn cloexec_from(first: RawFd, keep: RawFd) -> Result<(), i32> {
     if ret == 0 {
         return Ok(());
     }
-    // Old kernel: close everything but `keep`, which must survive until execveat.
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: writes into a local rlimit.
-    raw_result(unsafe { libc::syscall(libc::SYS_getrlimit, libc::RLIMIT_NOFILE, &mut limit) })?;
-    let max = limit.rlim_cur.min(1 << 20) as RawFd;
-    for fd in first..max {
-        if fd != keep {
-            // SAFETY: closing an fd we may or may not own is harmless in a child about to exec.
-            unsafe { libc::syscall(libc::SYS_close, fd) };
+    cloexec_listed_fds(first)
+}
+
+/// Sets FD_CLOEXEC on every fd from `first` up that /proc/self/fd lists, reading the
+/// directory with getdents64 into a buffer on the stack.
+fn cloexec_listed_fds(first: RawFd) -> Result<(), i32> {
+    const DIR: &CStr = c"/proc/self/fd";
+    // SAFETY: a NUL-terminated path; the fd returned is ours.
+    let dir = raw_result(unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            DIR.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })? as RawFd;
+    let mut buf = [0u8; 4096];
+    let result = loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into the buffer.
+        let n = match raw_result(unsafe {
+            libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len())
+        }) {
+            Ok(0) => break Ok(()),
+            Ok(n) => n as usize,
+            Err(errno) => break Err(errno),
+        };
+        let mut at = 0;
+        while at + 19 < n {
+            // struct linux_dirent64: ino u64, off i64, reclen u16, type u8, name[].
+            let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            let name = &buf[at + 19..(at + reclen).min(n)];
+            let mut fd: RawFd = 0;
+            let mut digits = 0;
+            for &b in name.iter().take_while(|b| **b != 0) {
+                if !b.is_ascii_digit() {
+                    digits = 0;
+                    break;
+                }
+                fd = fd.saturating_mul(10).saturating_add(RawFd::from(b - b'0'));
+                digits += 1;
+            }
+            if digits > 0 && fd >= first && fd != dir {
+                // SAFETY: fcntl with integer arguments; a closed fd just fails.
+                unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            }
+            if reclen == 0 {
+                break;
+            }
+            at += reclen;
         }
-    }
-    Ok(())
+    };
+    // SAFETY: closing the directory fd opened above.
+    unsafe { libc::syscall(libc::SYS_close, dir) };
+    result
 }
 
 /// execveat(fd, "", argv, envp, AT_EMPTY_PATH): runs the program open at `fd`. Returns only
@@ -494,4 +533,32 @@ pub fn child_execveat(fd: RawFd, argv: *const *const c_char, envp: *const *const
 pub fn exit_now(code: c_int) -> ! {
     // SAFETY: _exit never returns and is async-signal-safe.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fallback for kernels without CLOSE_RANGE_CLOEXEC (before 5.11) marks every fd
+    /// from `first` up, and none below.
+    #[test]
+    fn the_cloexec_fallback_marks_every_listed_fd_from_first_up() {
+        let flags = |fd: RawFd| {
+            // SAFETY: fcntl F_GETFD on an fd this test owns.
+            unsafe { libc::fcntl(fd, libc::F_GETFD) }
+        };
+        // Without O_CLOEXEC, on purpose.
+        let files: Vec<std::fs::File> = (0..3)
+            .map(|_| std::fs::File::open("/dev/null").unwrap())
+            .collect();
+        let raw: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        for fd in &raw {
+            // SAFETY: clearing FD_CLOEXEC on an fd this test owns.
+            unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) };
+        }
+        cloexec_listed_fds(raw[1]).unwrap();
+        assert_eq!(flags(raw[0]) & libc::FD_CLOEXEC, 0);
+        assert_ne!(flags(raw[1]) & libc::FD_CLOEXEC, 0);
+        assert_ne!(flags(raw[2]) & libc::FD_CLOEXEC, 0);
+    }
 }

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::outcome::Skipped;
 pub use crate::spec::{Limits, CPU_PERIOD_US};
 pub use detect::{Controller, Layout};
 
@@ -99,8 +100,8 @@ pub struct RunCgroup {
     limits: Limits,
     /// In best-effort mode a controller that cannot be set up is skipped, alone.
     best_effort: bool,
-    /// What a best-effort run goes without, one line per controller.
-    skipped: Vec<String>,
+    /// What a best-effort run goes without, one entry per controller.
+    skipped: Vec<Skipped>,
     removed: bool,
 }
 
@@ -225,7 +226,7 @@ impl RunCgroup {
     }
 
     /// What a best-effort run goes without (empty in required mode).
-    pub fn skipped(&self) -> &[String] {
+    pub fn skipped(&self) -> &[Skipped] {
         &self.skipped
     }
 
@@ -238,7 +239,13 @@ impl RunCgroup {
     ) -> Result<(), CgroupError> {
         match result {
             Err(e) if self.best_effort => {
-                self.skipped.push(format!("cgroup {controller} limit: {e}"));
+                let skipped = Skipped::new("cgroup", format!("{controller} limit"), e.to_string());
+                // The payload's uid has its own process count, whatever the cgroup.
+                self.skipped.push(if controller == "pids" {
+                    skipped.covered_by("RLIMIT_NPROC of the payload's own uid")
+                } else {
+                    skipped
+                });
                 Ok(())
             }
             other => other,
@@ -817,8 +824,9 @@ mod tests {
         assert!(RunCgroup::create(layout(), &limits, false).is_err());
         let run = RunCgroup::create(layout(), &limits, true).unwrap();
         assert_eq!(run.skipped().len(), 1, "{:?}", run.skipped());
-        assert!(
-            run.skipped()[0].starts_with("cgroup pids limit"),
+        assert_eq!(
+            run.skipped()[0].feature,
+            "pids limit",
             "{:?}",
             run.skipped()
         );

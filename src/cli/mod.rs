@@ -106,6 +106,9 @@ fn doctor(json: bool) -> i32 {
             let mark = if check.ok { "ok " } else { "NO " };
             println!("{mark} {:<20} {}", check.name, check.detail);
         }
+        for skipped in &report.not_enforced {
+            println!("not enforced here: {skipped}");
+        }
     }
     if report.ok() {
         0

@@ -311,10 +311,13 @@ fn above_stdio(fd: OwnedFd) -> Result<OwnedFd, String> {
 /// may have had other threads, so it only makes the raw calls of `sys` (no allocation, no
 /// locks, no panics). Each failure sends a raw error frame naming the step and exits 125.
 fn child_pre_exec(plan: &ChildPlan) -> ! {
-    let fail = |step: Step, errno: i32| -> ! {
-        let _ = sys::child_write_all(plan.channel, &raw_error_frame(step, errno));
+    // Errors go to the channel where it is: its original fd until the dup2s, fd 3 after
+    // (the original is marked close-on-exec with the rest, and exists on no kernel after).
+    let report = |fd: RawFd, step: Step, errno: i32| -> ! {
+        let _ = sys::child_write_all(fd, &raw_error_frame(step, errno));
         sys::exit_now(125)
     };
+    let fail = |step: Step, errno: i32| -> ! { report(plan.channel, step, errno) };
     // Wait until the launcher has written our uid/gid maps.
     match sys::child_read_byte(plan.channel) {
         Ok(GO) => {}
@@ -322,18 +325,19 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
         Err(errno) => fail(Step::WaitForGo, errno),
     }
     // Become the sandbox's root (an unprivileged host uid), so execve keeps the new user
-    //    namespace's capabilities, which the init needs for mounts.
+    // namespace's capabilities, which the init needs for mounts.
     if let Err(errno) = sys::child_become_root() {
         fail(Step::EnterSandboxIds, errno)
     }
     // Into the run's v1 cgroups, by moving itself (cheap; see RunCgroup::attach), before
-    //    it execs anything.
+    // it execs anything.
     for &path in &plan.cgroup_tasks[..plan.cgroup_tasks_len] {
         if let Err(errno) = sys::child_join_cgroup(path) {
             fail(Step::JoinCgroups, errno)
         }
     }
-    // Die with the launcher. After step 1: a credential change clears the death signal.
+    // Die with the launcher. After the id switch: a credential change clears the death
+    // signal.
     if let Err(errno) = sys::child_set_pdeathsig() {
         fail(Step::SetParentDeathSignal, errno)
     }
@@ -348,13 +352,15 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
             fail(Step::AttachStdio, errno)
         }
     }
-    // Nothing else of the calling program survives the exec (CVE-2024-21626).
-    if let Err(errno) = sys::cloexec_from(CHANNEL_FD + 1, plan.exe) {
-        fail(Step::CloseInheritedFds, errno)
+    // Nothing else of the calling program survives the exec (CVE-2024-21626). The init
+    // binary's fd was opened close-on-exec: execveat of an ELF file needs it only until
+    // the exec.
+    if let Err(errno) = sys::cloexec_from(CHANNEL_FD + 1) {
+        report(CHANNEL_FD, Step::CloseInheritedFds, errno)
     }
     // A fresh, single-threaded codecage becomes pid 1.
     let errno = sys::child_execveat(plan.exe, plan.argv.as_ptr(), plan.envp.as_ptr());
-    fail(Step::ExecInit, errno)
+    report(CHANNEL_FD, Step::ExecInit, errno)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use std::time::Instant;
 use nix::sys::signalfd::SignalFd;
 
 use crate::cgroup::{self, RunCgroup, Usage};
-use crate::outcome::{ErrorKind, Outcome, Phases};
+use crate::outcome::{ErrorKind, Outcome, Phases, Skipped};
 use crate::protocol::Phase;
 use crate::spec::Limits;
 use crate::spec::{LayerMode, Spec};
@@ -71,7 +71,7 @@ pub fn run_with(
                     Some(cgroup)
                 }
                 Err(e) if best_effort => {
-                    skipped.push(format!("cgroup limits: {e}"));
+                    skipped.push(Skipped::new("cgroup", "the whole layer", e.to_string()));
                     None
                 }
                 Err(e) => return failed(e.to_string()),
@@ -92,9 +92,11 @@ pub fn run_with(
         .iter()
         .any(|(p, _)| *p == Phase::PayloadReady);
     if spec.cgroup == LayerMode::Off {
-        outcome
-            .skipped_layers
-            .push("cgroup limits: turned off by the profile".into());
+        outcome.skipped_layers.push(Skipped::new(
+            "cgroup",
+            "the whole layer",
+            "turned off by the profile",
+        ));
     }
     if let (Some(cgroup), Some(limits)) = (cgroup, &spec.limits) {
         account(&mut outcome, cgroup.usage(), limits, payload_started);

@@ -6,72 +6,151 @@
 //! - read and write in `/tmp`, `/work` and `/dev/shm`, and on the harmless devices;
 //! - no TCP bind or connect at all (ABI 4);
 //! - no abstract unix sockets or signals beyond the sandbox's own domain (ABI 6).
+//!
+//! Each ABI after the first adds a feature another layer already covers ([`FEATURES`]), so
+//! by default ([`LandlockMode::Required`]) a kernel with landlock runs whatever its ABI,
+//! and the result lists what it lacks and what covers it. Only the filesystem rules of ABI
+//! 1 have no full substitute: the read-only mounts stop writes to the image and /etc, but
+//! not to the writable kernel files of the payload's own processes in /proc, nor to the
+//! devices; landlock does. A kernel without landlock is refused unless the profile says
+//! `best-effort` or `off`; `strict` refuses anything below ABI 6.
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope, ABI,
 };
 
+use crate::outcome::Skipped;
 use crate::protocol::{SetupError, Step};
-use crate::spec::LayerMode;
+use crate::spec::LandlockMode;
 
 /// The ABI whose rights codecage asks for: filesystem (1-3, 5), TCP (4), scopes (6).
 const TARGET: ABI = ABI::V6;
+
+/// A landlock feature newer than ABI 1: the ABI that brought it, and the layer that
+/// enforces the same where the kernel lacks it.
+pub struct Feature {
+    pub abi: u32,
+    pub what: &'static str,
+    pub covered_by: &'static str,
+}
+
+/// What each ABI after the first adds, and what covers it without landlock.
+pub const FEATURES: &[Feature] = &[
+    Feature {
+        abi: 2,
+        what: "file renames and links across directories (landlock ABI 2, Linux 5.19)",
+        covered_by: "the read-only mounts: files can only move within /tmp, /work and /dev/shm, all writable anyway",
+    },
+    Feature {
+        abi: 3,
+        what: "truncation (landlock ABI 3, Linux 6.2)",
+        covered_by: "the read-only mounts and the tmpfs sizes",
+    },
+    Feature {
+        abi: 4,
+        what: "TCP bind and connect rules (landlock ABI 4, Linux 6.7)",
+        covered_by: "the network namespace: only the sandbox's own loopback exists",
+    },
+    Feature {
+        abi: 5,
+        what: "device ioctls (landlock ABI 5, Linux 6.10)",
+        covered_by: "the minimal /dev (null, zero, full, random, urandom, tty) and seccomp's TIOCSTI rule",
+    },
+    Feature {
+        abi: 6,
+        what: "abstract unix socket and signal scopes (landlock ABI 6, Linux 6.12)",
+        covered_by: "the network namespace (abstract sockets are per namespace) and the pid namespace (signals reach only the sandbox)",
+    },
+];
 
 /// What was enforced.
 pub struct Enforced {
     /// The kernel's landlock ABI, if it has landlock.
     pub abi: Option<u32>,
-    /// What the kernel could not enforce (best-effort mode only).
-    pub skipped: Vec<String>,
+    /// What was not enforced, and why.
+    pub skipped: Vec<Skipped>,
 }
 
 /// Restricts this process and its future children.
-pub fn restrict(mode: LayerMode) -> Result<Enforced, SetupError> {
-    if mode == LayerMode::Off {
+pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
+    if mode == LandlockMode::Off {
         return Ok(Enforced {
             abi: None,
-            skipped: vec!["landlock: turned off by the profile".into()],
+            skipped: vec![Skipped::new(
+                "landlock",
+                "the whole layer",
+                "turned off by the profile",
+            )],
         });
     }
-    let status = build_and_restrict().map_err(|e| {
+    let Some(abi) = crate::sys::landlock_abi().ok() else {
+        if mode == LandlockMode::BestEffort {
+            return Ok(Enforced {
+                abi: None,
+                skipped: vec![Skipped::new("landlock", "the whole layer", no_landlock())],
+            });
+        }
+        return Err(SetupError::refused(
+            Step::RestrictWithLandlock,
+            format!(
+                "landlock is required and {}. Its filesystem rules are the one landlock feature no other layer \
+                 covers. Boot a kernel with landlock (Linux 5.13+, `lsm=...,landlock`), or set landlock = \
+                 \"best-effort\" in the profile to run without it",
+                no_landlock()
+            ),
+        ));
+    };
+    let missing: Vec<&Feature> = FEATURES.iter().filter(|f| f.abi > abi).collect();
+    if mode == LandlockMode::Strict && !missing.is_empty() {
+        let names: Vec<&str> = missing.iter().map(|f| f.what).collect();
+        return Err(SetupError::refused(
+            Step::RestrictWithLandlock,
+            format!(
+                "landlock = \"strict\" needs ABI {} and this kernel has ABI {abi}, without {}. Use a newer kernel \
+                 (6.12+), or landlock = \"required\" (the default), which runs with what this kernel has and \
+                 lists the rest with the layers that cover it",
+                TARGET as u32,
+                names.join(", ")
+            ),
+        ));
+    }
+    build_and_restrict().map_err(|e| {
         SetupError::from_error(
             Step::RestrictWithLandlock,
             &e,
             "building the landlock ruleset",
         )
     })?;
-    let abi = match status.landlock {
-        LandlockStatus::Available {
-            effective_abi,
-            kernel_abi,
-        } => Some(kernel_abi.map_or(effective_abi as u32, |v| v as u32)),
-        _ => None,
-    };
-    if status.ruleset == RulesetStatus::FullyEnforced {
-        return Ok(Enforced {
-            abi,
-            skipped: Vec::new(),
-        });
-    }
-    let missing = missing_features(abi);
-    if mode == LayerMode::Required {
-        return Err(SetupError::refused(
-            Step::RestrictWithLandlock,
-            format!(
-                "landlock ABI {} is required and this kernel has {}: {missing}. Use a newer kernel (6.12+), or set \
-                 landlock = \"best-effort\" in the profile to run with what this kernel enforces",
-                TARGET as u32,
-                abi.map_or("no landlock".to_string(), |a| format!("ABI {a}")),
-            ),
-        ));
-    }
+    let skipped = missing
+        .iter()
+        .map(|f| {
+            Skipped::new(
+                "landlock",
+                f.what,
+                format!("this kernel has landlock ABI {abi}"),
+            )
+            .covered_by(f.covered_by)
+        })
+        .collect();
     Ok(Enforced {
-        abi,
-        skipped: vec![format!("landlock: {missing}")],
+        abi: Some(abi),
+        skipped,
     })
 }
 
+fn no_landlock() -> String {
+    match crate::sys::landlock_abi() {
+        Err(libc::EOPNOTSUPP) => {
+            "this kernel has landlock built in but not enabled (add landlock to its lsm= boot parameter)"
+                .into()
+        }
+        _ => "this kernel has no landlock (it needs Linux 5.13+ built with CONFIG_SECURITY_LANDLOCK)".into(),
+    }
+}
+
+/// Everything codecage asks for, at the kernel's ABI (the crate drops what it lacks: the
+/// features [`restrict`] has listed).
 fn build_and_restrict() -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
     let read = AccessFs::from_read(TARGET);
     let all = AccessFs::from_all(TARGET);
@@ -90,38 +169,17 @@ fn build_and_restrict() -> Result<landlock::RestrictionStatus, landlock::Ruleset
         .restrict_self()
 }
 
-/// What a kernel of landlock ABI `abi` lacks of what codecage asks for.
-fn missing_features(abi: Option<u32>) -> String {
-    let Some(abi) = abi else {
-        return "the kernel has no landlock (needs Linux 5.13+ with landlock in the lsm= list)"
-            .into();
-    };
-    let mut missing = Vec::new();
-    for (needed, what) in [
-        (2, "file renames across directories (ABI 2, Linux 5.19)"),
-        (3, "truncation (ABI 3, Linux 6.2)"),
-        (4, "TCP bind and connect rules (ABI 4, Linux 6.7)"),
-        (5, "device ioctls (ABI 5, Linux 6.10)"),
-        (
-            6,
-            "abstract unix socket and signal scopes (ABI 6, Linux 6.12)",
-        ),
-    ] {
-        if abi < needed {
-            missing.push(what);
-        }
-    }
-    format!("not enforced: {}", missing.join(", "))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn missing_features_name_the_abi() {
-        assert!(missing_features(Some(2)).contains("TCP bind and connect rules (ABI 4"));
-        assert!(!missing_features(Some(5)).contains("ABI 4"));
-        assert!(missing_features(None).contains("no landlock"));
+    fn every_abi_after_the_first_is_covered_by_another_layer() {
+        let abis: Vec<u32> = FEATURES.iter().map(|f| f.abi).collect();
+        assert_eq!(abis, (2..=TARGET as u32).collect::<Vec<_>>());
+        for f in FEATURES {
+            assert!(f.what.contains(&format!("ABI {}", f.abi)));
+            assert!(!f.covered_by.is_empty());
+        }
     }
 }

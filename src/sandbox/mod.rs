@@ -5,7 +5,7 @@
 //! setup error reports. The order matters, and each step says why it stands where it does.
 
 mod init;
-mod landlock;
+pub(crate) mod landlock;
 mod mount;
 mod payload;
 mod procfs;

@@ -68,7 +68,11 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
     mark_fds_cloexec()?;
     let mut skipped = landlock.skipped;
     if filters.is_none() {
-        skipped.push("seccomp: turned off by the profile".into());
+        skipped.push(crate::outcome::Skipped::new(
+            "seccomp",
+            "the whole layer",
+            "turned off by the profile",
+        ));
     }
     // The last message before the filter: it needs no syscall the filter might deny.
     protocol::mark(channel, protocol::Phase::PayloadReady);
@@ -201,7 +205,7 @@ fn check_no_capabilities() -> Result<(), SetupError> {
 
 /// The payload has only 0, 1, 2 open by construction; this keeps it so should that change.
 fn mark_fds_cloexec() -> Result<(), SetupError> {
-    crate::sys::cloexec_from(3, -1).map_err(|e| {
+    crate::sys::cloexec_from(3).map_err(|e| {
         SetupError::errno(
             Step::MarkFdsCloexec,
             Errno::from_raw(e),

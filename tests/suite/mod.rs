@@ -12,4 +12,5 @@ mod isolation;
 mod kmem;
 mod library;
 mod limits;
+mod portability;
 mod profiles;
