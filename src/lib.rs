@@ -18,6 +18,7 @@
 pub mod caller;
 mod cgroup;
 pub mod doctor;
+mod drivers;
 mod ids;
 pub mod knobs;
 pub mod launcher;
@@ -27,6 +28,7 @@ pub mod profile;
 mod proptests;
 mod protocol;
 pub mod runner;
+pub mod session;
 mod sandbox;
 pub mod spec;
 mod sys;

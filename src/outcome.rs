@@ -20,6 +20,12 @@ pub enum ErrorKind {
     InvalidRequest,
     /// The request asked for more than its profile allows.
     Policy,
+    /// A session's cell raised an exception (the session goes on).
+    Exception,
+    /// A session's call was interrupted by request.
+    Interrupted,
+    /// A session's interpreter, or its whole sandbox, ended during the call.
+    SessionLost,
 }
 
 impl ErrorKind {
@@ -30,6 +36,9 @@ impl ErrorKind {
             ErrorKind::Setup | ErrorKind::InvalidRequest | ErrorKind::Policy => 125,
             // The sandbox, or a process of it, was killed with SIGKILL.
             ErrorKind::OutputLimit | ErrorKind::Oom => 128 + libc::SIGKILL,
+            ErrorKind::Exception => 1,
+            ErrorKind::Interrupted => 128 + libc::SIGINT,
+            ErrorKind::SessionLost => 125,
         }
     }
 }

@@ -20,6 +20,8 @@
 mod clone;
 mod supervise;
 
+pub(crate) use supervise::set_nonblocking;
+
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -293,6 +295,14 @@ impl Sandbox {
     fn reap(&mut self) -> &std::io::Result<(i32, libc::rusage)> {
         let pid = self.pid;
         self.reaped.get_or_insert_with(|| sys::wait4(pid))
+    }
+
+    /// Starts the peak-memory figure afresh, where the kernel allows (v1; v2 since 6.12),
+    /// so that a session's call reports its own peak.
+    pub fn reset_peak_memory(&self) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.reset_peak_memory();
+        }
     }
 
     /// What the sandbox's cgroup measured so far.
