@@ -125,7 +125,7 @@ fn landlock() -> (Check, Vec<Skipped>) {
                 })
                 .collect();
             let detail = if missing.is_empty() {
-                format!("ABI {abi}: filesystem rules, TCP bind/connect rules, abstract unix socket and signal scopes")
+                format!("ABI {abi}: filesystem rules, abstract unix socket and signal scopes")
             } else {
                 format!(
                     "ABI {abi}: filesystem rules; the default profiles run here without {} (covered by other \

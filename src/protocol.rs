@@ -95,6 +95,7 @@ steps! {
     MountTmp = "mount_tmp": "mounting the tmpfs on /tmp",
     MountWork = "mount_work": "mounting the tmpfs on /work",
     MountDev = "mount_dev": "building the minimal /dev",
+    MountDevpts = "mount_devpts": "mounting the sandbox's own devpts on /dev/pts",
     MountProc = "mount_proc": "mounting a new proc on /proc",
     ProtectProc = "protect_proc": "making kernel knobs in /proc read-only",
     MaskHostProcEntries = "mask_host_proc_entries": "hiding the /proc entries that describe the host",

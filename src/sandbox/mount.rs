@@ -25,6 +25,11 @@ const NEW_ROOT: &str = "/tmp";
 
 /// Device nodes bound from the host's /dev (mknod is not allowed in a user namespace).
 const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// The most ptys a sandbox may hold at once. Every devpts instance but the host's initial
+/// one draws on one pool of `kernel.pty.max - kernel.pty.reserve` ptys (3072 by default),
+/// and a pty's buffers are kernel memory no cgroup is charged for: one sandbox must not
+/// take them all.
+pub const MAX_PTYS: u32 = 32;
 /// /proc entries made read-only: kernel knobs that even a namespaced root must not turn.
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus"];
 
@@ -256,9 +261,9 @@ fn mount_work(size: u64) -> Done {
     .map_err(|e| SetupError::errno(Step::MountWork, e, "mounting the tmpfs on /work"))
 }
 
-/// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks and
-/// a /dev/shm tmpfs; [`seal_dev`] makes it read-only once /proc's files are staged. (Its
-/// size leaves room for those files.)
+/// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks, a
+/// /dev/shm tmpfs and a devpts instance of the sandbox's own; [`seal_dev`] makes it
+/// read-only once /proc's files are staged. (Its size leaves room for those files.)
 fn mount_dev(shm_size: u64) -> Done {
     let dev = at("dev");
     tmpfs(&dev, "mode=0755,size=512k,nr_inodes=64", MsFlags::MS_NOEXEC)
@@ -296,7 +301,34 @@ fn mount_dev(shm_size: u64) -> Done {
         &format!("mode=1777,{}", sized(shm_size)),
         MsFlags::empty(),
     )
-    .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev/shm"))
+    .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev/shm"))?;
+    mount_devpts(&dev)
+}
+
+/// A devpts instance of the sandbox's own on /dev/pts, and /dev/ptmx pointing at its ptmx:
+/// the payload can open ptys (`os.openpty()`, `script`, test suites of terminal code), and
+/// no host pty is visible. A devpts mounted in a user namespace is always a new instance.
+/// The slaves belong to whoever opens the master (the sandbox user); `max` bounds how many
+/// the sandbox holds ([`MAX_PTYS`]).
+fn mount_devpts(dev: &Path) -> Done {
+    let pts = dev.join("pts");
+    mkdir(&pts, 0o755).map_err(|e| SetupError::io(Step::MountDevpts, &e, "creating /dev/pts"))?;
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(format!("newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}").as_str()),
+    )
+    .map_err(|e| {
+        SetupError::errno(
+            Step::MountDevpts,
+            e,
+            "mounting a devpts instance on /dev/pts",
+        )
+    })?;
+    symlink("pts/ptmx", dev.join("ptmx"))
+        .map_err(|e| SetupError::io(Step::MountDevpts, &e, "creating /dev/ptmx"))
 }
 
 /// The REPL drivers of this codecage's version, on a read-only tmpfs. An image has the

@@ -160,8 +160,8 @@ fn tcp_to_the_hosts_loopback_is_unreachable() {
         let run = attack(&format!(
             "print(err(lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2)))"
         ));
-        // Landlock refuses the connect (EACCES) before the empty netns would (ECONNREFUSED).
-        assert_eq!(run.stdout(), "EACCES\n", "{}", run.json);
+        // The sandbox's 127.0.0.1 is its own loopback, where nothing listens on that port.
+        assert_eq!(run.stdout(), "ECONNREFUSED\n", "{}", run.json);
         assert!(
             listener.accept().is_err(),
             "the host's listener got a connection"
@@ -174,16 +174,50 @@ fn raw_packet_and_netlink_sockets_are_refused() {
     as_root(|| {
         let run = attack(
             "for fam, typ, proto in [(socket.AF_INET, socket.SOCK_RAW, 1), (socket.AF_PACKET, socket.SOCK_RAW, 0),\n\
-             \x20                    (socket.AF_NETLINK, socket.SOCK_RAW, 0), (socket.AF_NETLINK, socket.SOCK_DGRAM, 0),\n\
              \x20                    (40, socket.SOCK_STREAM, 0), (38, socket.SOCK_SEQPACKET, 0),\n\
              \x20                    (socket.AF_INET, socket.SOCK_STREAM, 132)]:\n\
-             \x20   print(err(lambda: socket.socket(fam, typ, proto)))",
+             \x20   print(err(lambda: socket.socket(fam, typ, proto)))\n\
+             # Netlink: every protocol but NETLINK_ROUTE (0), raw or datagram.\n\
+             for proto in [1, 2, 4, 6, 9, 10, 12, 15, 16, 17, 18, 21]:\n\
+             \x20   for typ in [socket.SOCK_RAW, socket.SOCK_DGRAM]:\n\
+             \x20       print(proto, err(lambda: socket.socket(socket.AF_NETLINK, typ, proto)))",
         );
-        // AF_INET raw, AF_PACKET, AF_NETLINK (raw and dgram), AF_VSOCK (40), AF_ALG (38), and
-        // SCTP (protocol 132: its module would load on demand).
+        // AF_INET raw, AF_PACKET, AF_VSOCK (40), AF_ALG (38), and SCTP (protocol 132: its
+        // module would load on demand).
+        let mut expected = "EPERM\n".repeat(5);
+        for proto in [1, 2, 4, 6, 9, 10, 12, 15, 16, 17, 18, 21] {
+            expected.push_str(&format!("{proto} EPERM\n{proto} EPERM\n"));
+        }
+        assert_eq!(run.stdout(), expected, "{}", run.json);
+    });
+}
+
+/// NETLINK_ROUTE reads the sandbox's own interfaces (only `lo`); changing them (here:
+/// setting lo down, adding an address) needs CAP_NET_ADMIN, which the payload lacks.
+#[test]
+fn netlink_route_reads_the_sandbox_interfaces_and_changes_nothing() {
+    as_root(|| {
+        let run = attack(
+            "import struct\n\
+             print(socket.if_nameindex())\n\
+             def ask(kind, flags, body):\n\
+             \x20   s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)\n\
+             \x20   s.send(struct.pack('=LHHLL', 16 + len(body), kind, 1 | 4 | flags, 1, 0) + body)\n\
+             \x20   reply = s.recv(4096)\n\
+             \x20   code = struct.unpack('=i', reply[16:20])[0]\n\
+             \x20   return errno.errorcode.get(-code, code)\n\
+             # RTM_SETLINK (19): lo (index 1) down.\n\
+             print(ask(19, 0, struct.pack('=BxHiII', 0, 0, 1, 0, 1)))\n\
+             # RTM_NEWADDR (20), NLM_F_CREATE|NLM_F_EXCL: 10.9.9.9/8 on lo.\n\
+             addr = struct.pack('=BBBBi', socket.AF_INET, 8, 0, 0, 1) + struct.pack('=HH4s', 8, 2, socket.inet_aton('10.9.9.9'))\n\
+             print(ask(20, 0x400 | 0x200, addr))\n\
+             import fcntl\n\
+             flags = struct.unpack('=16sH', fcntl.ioctl(socket.socket(), 0x8913, struct.pack('=16sH', b'lo', 0)))[1]\n\
+             print('up' if flags & 1 else 'down')",
+        );
         assert_eq!(
             run.stdout(),
-            "EPERM\nEPERM\nEPERM\nEPERM\nEPERM\nEPERM\nEPERM\n",
+            "[(1, 'lo')]\nEPERM\nEPERM\nup\n",
             "{}",
             run.json
         );

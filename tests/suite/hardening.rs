@@ -52,25 +52,33 @@ fn proc_entries_that_describe_the_host_are_empty() {
     });
 }
 
-/// Landlock's TCP rules see bind and connect, not a listen() that autobinds a port nor a
-/// sendto(MSG_FASTOPEN) that connects: TCP Fast Open is off in the sandbox's network
-/// namespace, so no connection comes up that way.
+/// TCP Fast Open stays off in the sandbox's network namespace, so connect(2) is the only
+/// way a TCP connection opens (landlock's connect rule would see nothing else, should a
+/// network mode handle TCP again), and a sendto(MSG_FASTOPEN) aimed at a port the host
+/// listens on reaches nothing outside the namespace: loopback TCP is the sandbox's own.
 #[test]
-fn tcp_fast_open_cannot_open_a_connection_around_landlock() {
+fn tcp_fast_open_is_off_and_reaches_nothing_outside_the_namespace() {
     as_root(|| {
-        let code = "import socket\n\
-            l = socket.socket(); l.listen()\n\
-            port = l.getsockname()[1]\n\
-            c = socket.socket()\n\
-            try:\n\
-            \x20   c.sendto(b'hi', 0x20000000, ('127.0.0.1', port))\n\
-            \x20   l.settimeout(1); a, _ = l.accept(); print('connected', a.recv(2))\n\
-            except OSError as e:\n\
-            \x20   print('refused', e.errno)\n\
-            print(open('/proc/sys/net/ipv4/tcp_fastopen').read().strip())";
-        let run = run_json(&["--", "python3", "-c", code]);
+        let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        host.set_nonblocking(true).unwrap();
+        let port = host.local_addr().unwrap().port();
+        let code = format!(
+            "import socket, errno\n\
+             c = socket.socket()\n\
+             try:\n\
+             \x20   c.sendto(b'hi', 0x20000000, ('127.0.0.1', {port})); print('sent')\n\
+             except OSError as e:\n\
+             \x20   print('refused', errno.errorcode[e.errno])\n\
+             print(open('/proc/sys/net/ipv4/tcp_fastopen').read().strip())"
+        );
+        let run = run_json(&["--", "python3", "-c", &code]);
+        // The namespace's own 127.0.0.1 has nothing on that port.
         assert!(run.stdout().starts_with("refused "), "{}", run.json);
         assert!(run.stdout().ends_with("\n0\n"), "{}", run.json);
+        assert!(
+            host.accept().is_err(),
+            "the host's listener got a connection"
+        );
     });
 }
 

@@ -41,7 +41,9 @@ fn the_default_profile_runs_and_lists_what_this_kernels_landlock_lacks() {
         assert_eq!(run.stdout(), "ran\n");
         assert_eq!(run.json["landlock_abi"].as_u64(), Some(abi), "{}", run.json);
         let skipped = run.json["skipped_layers"].as_array().unwrap();
-        let lacking = (abi + 1..=6).count();
+        // The ABIs whose features codecage asks for: 4's TCP rules are not (network mode
+        // none: the namespace is the boundary).
+        let lacking = [2, 3, 5, 6].iter().filter(|&&a| a > abi).count();
         assert_eq!(skipped.len(), lacking, "{}", run.json);
         for entry in skipped {
             assert_eq!(entry["layer"], "landlock", "{entry}");
