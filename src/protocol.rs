@@ -112,6 +112,7 @@ steps! {
     MakeInitUndumpable = "make_init_undumpable": "PR_SET_DUMPABLE 0 for the init",
     BlockInitSignals = "block_init_signals": "blocking the init's signals (taken with sigwait)",
     CompileSeccomp = "compile_seccomp": "decoding the seccomp filters",
+    PrepareNetlinkWatch = "prepare_netlink_watch": "opening the socket pair payloads hand their netlink watch to the init on",
     ForkPayload = "fork_payload": "forking the payload",
     // The payload's last mile, in the child the init forked.
     AttachPayloadFds = "attach_payload_fds": "putting the launcher's stdin, stdout, stderr (and a driver's channel) on 0-3",
@@ -127,6 +128,7 @@ steps! {
     RestrictWithLandlock = "restrict_with_landlock": "applying the landlock rules",
     MarkFdsCloexec = "mark_fds_cloexec": "marking fds above 2 close-on-exec",
     ReportHardening = "report_hardening": "telling the launcher which layers are on",
+    WatchNetlink = "watch_netlink": "installing the netlink watch and handing its listener to the init",
     ApplySeccomp = "apply_seccomp": "installing the seccomp filters",
 }
 

@@ -340,6 +340,149 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// Installs a seccomp filter whose `SECCOMP_RET_USER_NOTIF` answers go to the returned
+/// listener (`SECCOMP_FILTER_FLAG_NEW_LISTENER`, Linux 5.0). The caller must have
+/// no_new_privs set.
+pub fn seccomp_filter_with_listener(program: &[libc::sock_filter]) -> io::Result<OwnedFd> {
+    let prog = libc::sock_fprog {
+        len: u16::try_from(program.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies the
+    // instructions and writes nothing back.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// The next seccomp user notification of `listener` (SECCOMP_IOCTL_NOTIF_RECV). ENOENT: the
+/// process that raised it is gone or was interrupted.
+pub fn seccomp_notif_recv(listener: BorrowedFd<'_>) -> io::Result<libc::seccomp_notif> {
+    // SAFETY: seccomp_notif is plain old data; the kernel requires it zeroed.
+    let mut notif: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: the fd is a listener and `notif` is valid for writes of its size.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_RECV,
+            &mut notif as *mut libc::seccomp_notif,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(notif)
+}
+
+/// Puts a copy of `fd` into the table of the process that raised notification `id`
+/// (SECCOMP_IOCTL_NOTIF_ADDFD, Linux 5.9). Returns its number there.
+pub fn seccomp_notif_addfd(
+    listener: BorrowedFd<'_>,
+    id: u64,
+    fd: BorrowedFd<'_>,
+    cloexec: bool,
+) -> io::Result<RawFd> {
+    let add = libc::seccomp_notif_addfd {
+        id,
+        flags: 0,
+        srcfd: fd.as_raw_fd() as u32,
+        newfd: 0,
+        newfd_flags: if cloexec { libc::O_CLOEXEC as u32 } else { 0 },
+    };
+    // SAFETY: the fd is a listener and `add` is a valid request the kernel only reads.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_ADDFD,
+            &add as *const libc::seccomp_notif_addfd,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as RawFd)
+}
+
+/// Answers notification `id`: the system call returns `val`, or fails with `errno` when it
+/// is not 0 (SECCOMP_IOCTL_NOTIF_SEND).
+pub fn seccomp_notif_send(
+    listener: BorrowedFd<'_>,
+    id: u64,
+    val: i64,
+    errno: i32,
+) -> io::Result<()> {
+    let resp = libc::seccomp_notif_resp {
+        id,
+        val,
+        error: -errno,
+        flags: 0,
+    };
+    // SAFETY: the fd is a listener and `resp` is a valid answer the kernel only reads.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &resp as *const libc::seccomp_notif_resp,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether seccomp notification `id` is still pending (SECCOMP_IOCTL_NOTIF_ID_VALID): the
+/// process that raised it still waits, so a pid read from it has not been reused.
+pub fn seccomp_notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
+    // SAFETY: the fd is a listener and `id` is a u64 the kernel only reads.
+    unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_ID_VALID,
+            &id as *const u64,
+        ) == 0
+    }
+}
+
+/// A pidfd for `pid` (pidfd_open, Linux 5.3).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain integer arguments; the result is checked.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// A copy of fd `target` of the process behind `pidfd` (pidfd_getfd, Linux 5.6).
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: plain integer arguments; the result is checked.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd (close-on-exec) that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// Adopts an fd that arrived with SCM_RIGHTS.
+pub fn adopt_received_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: the kernel installed the fd in our table for us, and nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
 // ---- async-signal-safe calls for the child between clone3 and execve ----------------------
 //
 // Each returns the raw errno on failure and touches no memory it does not own. They use

@@ -18,6 +18,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use super::netlink;
 use super::payload::{self, Launch};
 use super::seccomp::{self, Filters};
 use crate::protocol::{self, FromSandbox, Inbox, Phase, SetupError, Step, ToSandbox};
@@ -39,6 +40,8 @@ struct Init<'a> {
     spec: &'a SandboxSpec,
     channel: &'a UnixStream,
     filters: Option<Filters>,
+    /// Counts and makes the payloads' netlink sockets (with the seccomp layer on).
+    netlink: Option<netlink::Guard>,
     /// Live payloads: pid -> (id, last).
     payloads: BTreeMap<Pid, (u64, bool)>,
     newest: Option<Pid>,
@@ -50,6 +53,7 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
         spec,
         channel,
         filters: None,
+        netlink: None,
         payloads: BTreeMap::new(),
         newest: None,
     };
@@ -59,16 +63,32 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
     };
     let mut inbox = Inbox::default();
     loop {
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(channel.as_fd(), PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some(guard) = &init.netlink {
+            fds.extend(
+                guard
+                    .fds()
+                    .into_iter()
+                    .map(|fd| PollFd::new(fd, PollFlags::POLLIN)),
+            );
+        }
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => init.exit(125),
         }
-        let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+        let revents: Vec<PollFlags> = fds
+            .iter()
+            .map(|fd| fd.revents().unwrap_or(PollFlags::empty()))
+            .collect();
+        drop(fds);
+        let ready = |i: usize| !revents[i].is_empty();
         let (channel_ready, signal_ready) = (ready(0), ready(1));
+        if let Some(guard) = &mut init.netlink {
+            guard.ready(&revents[2..]);
+        }
         if signal_ready {
             while let Ok(Some(info)) = signals.read_signal() {
                 match Signal::try_from(info.ssi_signo as i32) {
@@ -111,6 +131,9 @@ impl Init<'_> {
                 Some(seccomp::compile().map_err(|e| SetupError::refused(Step::CompileSeccomp, e))?)
             }
         };
+        if self.filters.is_some() {
+            self.netlink = Some(netlink::Guard::new()?);
+        }
         Ok(signals)
     }
 
@@ -135,7 +158,11 @@ impl Init<'_> {
                 };
                 match sys::fork_in_init() {
                     Ok(ForkedInit::Child) => {
-                        payload::exec(self.spec, &launch, self.filters.as_ref(), self.channel)
+                        let seccomp = self.filters.as_ref().map(|filters| payload::Seccomp {
+                            filters,
+                            netlink_outbox: self.netlink.as_ref().map(|g| g.outbox()),
+                        });
+                        payload::exec(self.spec, &launch, seccomp, self.channel)
                     }
                     Ok(ForkedInit::Parent(pid)) => {
                         // The parent's copies of the payload's fds go now, or the launcher

@@ -7,6 +7,7 @@
 mod init;
 pub(crate) mod landlock;
 mod mount;
+mod netlink;
 mod payload;
 mod procfs;
 mod rootfs;

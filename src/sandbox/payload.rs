@@ -32,6 +32,13 @@ use crate::spec::{SandboxSpec, SANDBOX_PATH, SANDBOX_UID};
 /// The stack limit of the payload's processes (glibc sizes thread stacks from it).
 const STACK_LIMIT: u64 = 8 << 20;
 
+/// The seccomp layer for a payload: the compiled filters, and where to hand the netlink
+/// watch's listener to the init.
+pub struct Seccomp<'a> {
+    pub filters: &'a Filters,
+    pub netlink_outbox: Option<std::os::fd::BorrowedFd<'a>>,
+}
+
 /// One payload to start: what the launcher asked for, and the fds that came with it
 /// (stdin, stdout, stderr, and a REPL driver's channel).
 pub struct Launch<'a> {
@@ -46,10 +53,10 @@ pub struct Launch<'a> {
 pub fn exec(
     spec: &SandboxSpec,
     launch: &Launch,
-    filters: Option<&Filters>,
+    seccomp: Option<Seccomp>,
     channel: &UnixStream,
 ) -> ! {
-    match prepare(spec, launch, filters, channel) {
+    match prepare(spec, launch, seccomp, channel) {
         Ok(()) => {
             let (code, message) = exec_in_path(launch);
             eprintln!("codecage: {message}");
@@ -69,7 +76,7 @@ pub fn exec(
 fn prepare(
     spec: &SandboxSpec,
     launch: &Launch,
-    filters: Option<&Filters>,
+    seccomp: Option<Seccomp>,
     channel: &UnixStream,
 ) -> Result<(), SetupError> {
     attach_fds(&launch.fds)?;
@@ -87,7 +94,7 @@ fn prepare(
     let landlock = landlock::restrict(spec.landlock)?;
     mark_fds_cloexec(launch.fds.len() as i32)?;
     let mut skipped = landlock.skipped;
-    if filters.is_none() {
+    if seccomp.is_none() {
         skipped.push(crate::outcome::Skipped::new(
             "seccomp",
             "the whole layer",
@@ -108,8 +115,11 @@ fn prepare(
             "telling the launcher which layers are on",
         )
     })?;
-    if let Some(filters) = filters {
-        super::seccomp::apply(filters).map_err(|(which, e)| {
+    if let Some(seccomp) = seccomp {
+        if let Some(outbox) = seccomp.netlink_outbox {
+            watch_netlink(outbox)?;
+        }
+        super::seccomp::apply(seccomp.filters).map_err(|(which, e)| {
             SetupError::from_error(
                 Step::ApplySeccomp,
                 &e,
@@ -118,6 +128,26 @@ fn prepare(
         })?;
     }
     Ok(())
+}
+
+/// The netlink watch (see netlink.rs): socket(AF_NETLINK, ...) goes to the init, which
+/// counts the sandbox's netlink sockets. Installed before the other filters, whose EPERM
+/// for the other netlink protocols outranks its notification.
+fn watch_netlink(outbox: std::os::fd::BorrowedFd<'_>) -> Result<(), SetupError> {
+    let listener = super::seccomp::install_netlink_watch().map_err(|e| {
+        SetupError::io(
+            Step::WatchNetlink,
+            &e,
+            "installing the netlink watch filter",
+        )
+    })?;
+    super::netlink::send_listener(outbox, &listener).map_err(|e| {
+        SetupError::io(
+            Step::WatchNetlink,
+            &e,
+            "handing the netlink watch to the init",
+        )
+    })
 }
 
 /// The launcher's fds for this payload on 0, 1, 2 (and 3, a driver's channel).

@@ -73,6 +73,47 @@ fn compile_policy(json: &str, arch: TargetArch) -> Result<Filters, String> {
     })
 }
 
+/// The audit architecture of this build, as seccomp_data.arch holds it.
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xc000_003e;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xc000_00b7;
+
+/// The netlink watch, a third filter: `socket(AF_NETLINK, ...)` (the deny filter lets
+/// through NETLINK_ROUTE only; its EPERM outranks this filter's answer) and
+/// `setsockopt(SOL_SOCKET, SO_RCVBUF)` go to the init as user notifications, and the init
+/// answers them (see `netlink.rs`). Anything else, and foreign architectures (which the
+/// allow filter kills), is allowed here.
+fn netlink_watch_program() -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    // seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8i (the low half first: both
+    // architectures are little-endian).
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    vec![
+        /* 0 */ op(LD_W_ABS, 0, 0, 4),
+        /* 1 */ op(JEQ_K, 0, 10, AUDIT_ARCH), // else 12
+        /* 2 */ op(LD_W_ABS, 0, 0, 0),
+        /* 3 */ op(JEQ_K, 0, 2, libc::SYS_socket as u32), // else 6
+        /* 4 */ op(LD_W_ABS, 0, 0, 16),
+        /* 5 */ op(JEQ_K, 5, 6, libc::AF_NETLINK as u32), // 11 or 12
+        /* 6 */ op(JEQ_K, 0, 5, libc::SYS_setsockopt as u32), // else 12
+        /* 7 */ op(LD_W_ABS, 0, 0, 24),
+        /* 8 */ op(JEQ_K, 0, 3, libc::SOL_SOCKET as u32), // else 12
+        /* 9 */ op(LD_W_ABS, 0, 0, 32),
+        /* 10 */ op(JEQ_K, 0, 1, libc::SO_RCVBUF as u32), // 11 or 12
+        /* 11 */ op(RET_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF),
+        /* 12 */ op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+/// Installs the netlink watch on the calling thread (no_new_privs must be set) and returns
+/// the listener its notifications go to.
+pub fn install_netlink_watch() -> std::io::Result<std::os::fd::OwnedFd> {
+    crate::sys::seccomp_filter_with_listener(&netlink_watch_program())
+}
+
 /// Installs the filters on the calling thread (and sets no_new_privs). On failure: which
 /// filter, and seccompiler's error.
 pub fn apply(filters: &Filters) -> Result<(), (&'static str, seccompiler::Error)> {
@@ -182,6 +223,53 @@ mod tests {
         }
     }
 
+    /// Runs the netlink watch on (arch, nr, args).
+    fn watch(arch: u32, nr: i64, args: [u32; 3]) -> u32 {
+        let program = netlink_watch_program();
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = &program[pc];
+            pc += 1;
+            match i.code {
+                0x20 => {
+                    acc = match i.k {
+                        0 => nr as u32,
+                        4 => arch,
+                        16 | 24 | 32 => args[(i.k as usize - 16) / 8],
+                        k => panic!("load of offset {k}"),
+                    }
+                }
+                0x15 => pc += usize::from(if acc == i.k { i.jt } else { i.jf }),
+                0x06 => return i.k,
+                other => panic!("instruction {other:#x}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_netlink_watch_sends_netlink_sockets_and_rcvbuf_to_the_init_only() {
+        use libc::{SECCOMP_RET_ALLOW as ALLOW, SECCOMP_RET_USER_NOTIF as NOTIFY};
+        let (socket, setsockopt) = (libc::SYS_socket, libc::SYS_setsockopt);
+        let netlink = libc::AF_NETLINK as u32;
+        let (sol, rcvbuf) = (libc::SOL_SOCKET as u32, libc::SO_RCVBUF as u32);
+        assert_eq!(watch(AUDIT_ARCH, socket, [netlink, 3, 0]), NOTIFY);
+        assert_eq!(
+            watch(AUDIT_ARCH, socket, [libc::AF_INET as u32, 1, 0]),
+            ALLOW
+        );
+        assert_eq!(watch(AUDIT_ARCH, setsockopt, [3, sol, rcvbuf]), NOTIFY);
+        assert_eq!(
+            watch(AUDIT_ARCH, setsockopt, [3, sol, libc::SO_SNDBUF as u32]),
+            ALLOW
+        );
+        assert_eq!(watch(AUDIT_ARCH, setsockopt, [3, 6, rcvbuf]), ALLOW);
+        assert_eq!(
+            watch(AUDIT_ARCH, libc::SYS_getpid, [netlink, sol, rcvbuf]),
+            ALLOW
+        );
+        assert_eq!(watch(0x4000_0003, socket, [netlink, 3, 0]), ALLOW);
+    }
+
     /// The filters, applied in a thread of their own so the test process stays unfiltered.
     #[test]
     fn denied_calls_get_the_documented_errno() {
@@ -217,6 +305,18 @@ mod tests {
                     errno(libc::syscall(libc::SYS_io_uring_setup, 1, 0)),
                     errno(libc::syscall(libc::SYS_personality, 0x0040000)),
                     errno(libc::syscall(libc::SYS_getpid)),
+                    errno(libc::syscall(
+                        libc::SYS_socket,
+                        libc::AF_NETLINK,
+                        libc::SOCK_RAW,
+                        libc::NETLINK_AUDIT,
+                    )),
+                    errno(libc::syscall(
+                        libc::SYS_socket,
+                        libc::AF_NETLINK,
+                        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                        libc::NETLINK_ROUTE,
+                    )),
                 ]
             }
         })
@@ -225,7 +325,7 @@ mod tests {
         use libc::{ENOSYS, EPERM};
         assert_eq!(
             results,
-            [EPERM, ENOSYS, EPERM, EPERM, EPERM, EPERM, EPERM, EPERM, 0]
+            [EPERM, ENOSYS, EPERM, EPERM, EPERM, EPERM, EPERM, EPERM, 0, EPERM, 0]
         );
     }
 }

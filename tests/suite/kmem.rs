@@ -156,3 +156,31 @@ fn inotify_and_epoll_instances_are_bounded_per_sandbox() {
         }
     });
 }
+
+/// NETLINK_ROUTE reply queues are charged to no cgroup, so the init bounds them: at most
+/// 16 netlink sockets at once, each with a 32 KiB queue the payload cannot raise. Sockets
+/// parked in flight in a unix socket escape the count only up to the kernel's in-flight
+/// limit (RLIMIT_NOFILE), and still with the small queue.
+#[test]
+fn netlink_queues_are_bounded_per_sandbox() {
+    as_root(|| {
+        let (run, loss) = pin("netlink");
+        assert!(
+            run.stdout().starts_with("16 netlink sockets\n"),
+            "{}",
+            run.json
+        );
+        assert_host_held("netlink", &run, &loss);
+        let (run, loss) = pin("netlink-parked");
+        let pinned_mib: i64 = run
+            .stdout()
+            .lines()
+            .find_map(|l| l.strip_prefix("netlink-parked pinned "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{}", run.json));
+        // About 1000 sockets (the fd limit) of 32 KiB queues: well under the memory limit.
+        assert!(pinned_mib < LIMIT_MIB, "{}", run.json);
+        assert_host_held("netlink-parked", &run, &loss);
+    });
+}

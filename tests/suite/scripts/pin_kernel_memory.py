@@ -24,6 +24,52 @@ try:
             try:
                 while True: pinned += a.send(b"x" * 65536)
             except BlockingIOError: pass
+    elif kind in ("netlink", "netlink-parked"):
+        # NETLINK_ROUTE replies queue in kernel memory no cgroup is charged for. Requests
+        # sent and never read fill each socket's queue; "parked" first hides sockets in
+        # flight in a unix socket (unbound, they hold nothing yet), then takes them all back.
+        import struct, array
+        def request(seq):
+            ifi = struct.pack("=BxHiII", 0, 0, 1, 0, 0)  # RTM_GETLINK of lo, with an ack
+            return struct.pack("=LHHLL", 16 + len(ifi), 18, 1 | 4, seq, 0) + ifi
+        sockets = []
+        netlink_table = open("/proc/net/netlink")  # opened now: the fds run out later
+        def open_netlink():
+            s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, 0)
+            try: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * MiB)
+            except OSError: pass
+            return s
+        if kind == "netlink-parked":
+            a, b = socket.socketpair(); keep += [a, b]
+            try:
+                while True:
+                    batch = []
+                    try:
+                        for i in range(16): batch.append(open_netlink())
+                    except OSError: pass
+                    if not batch: break
+                    socket.send_fds(a, [b"x"], [s.fileno() for s in batch])
+                    for s in batch: s.close()
+            except OSError as e: print("parking stopped:", e, flush=True)
+            b.setblocking(False)
+            try:
+                while True:
+                    _, fds, _, _ = socket.recv_fds(b, 1, 64)
+                    if not fds: break
+                    sockets += [socket.socket(fileno=fd) for fd in fds]
+            except (BlockingIOError, OSError): pass
+        try:
+            while len(sockets) < 4096: sockets.append(open_netlink())
+        except OSError: pass
+        keep += sockets
+        for s in sockets:
+            for j in range(400):
+                try: s.send(request(j))
+                except OSError: break
+        # What the queues hold: the Rmem column of the namespace's netlink table.
+        table = netlink_table.read().splitlines()[1:]
+        pinned = sum(int(line.split()[4]) for line in table)
+        print(f"{len(sockets)} netlink sockets", flush=True)
     elif kind == "pipe":
         for i in range(120):
             r, w = os.pipe(); keep += [r, w]
