@@ -171,7 +171,10 @@ pub const KNOBS: &[Definition] = &[
         key: "nofile",
         section: Section::Limits,
         unit: Unit::Count,
-        default: 256,
+        // Docker's default soft limit. Open files are charged to the memory cgroup (struct
+        // file, inodes, socket and pipe buffers; see ARCHITECTURE.md, "Kernel memory"), so
+        // the limit is there for programs that leak fds, not for the host.
+        default: 1024,
         headroom: Headroom::ProfileOnly,
         min: 16,
         max: 1 << 20,

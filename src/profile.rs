@@ -16,6 +16,7 @@ pub const BUILT_IN: &[(&str, &str)] = &[
     ("node", include_str!("../profiles/node.toml")),
     ("typescript", include_str!("../profiles/typescript.toml")),
     ("bash", include_str!("../profiles/bash.toml")),
+    ("ci", include_str!("../profiles/ci.toml")),
 ];
 
 /// Where a file of the same name replaces a built-in profile.
@@ -512,9 +513,36 @@ mod tests {
     fn every_built_in_profile_parses() {
         for (name, text) in BUILT_IN {
             let profile = Profile::parse(text, name).unwrap();
+            if *name == "ci" {
+                assert_eq!(profile.language.map(|l| l.name()), Some("bash"));
+                continue;
+            }
             assert_eq!(profile.language.map(|l| l.name()), Some(*name));
             assert_eq!(profile.value(Knob::Timeout), 30_000);
         }
+    }
+
+    /// The ci profile runs test suites: an hour at most, thousands of files, and room in
+    /// /work for a copied project; a request still cannot pass its maxima.
+    #[test]
+    fn the_ci_profile_allows_what_test_suites_need() {
+        let p = Profile::load("ci").unwrap();
+        assert_eq!(p.max(Knob::Timeout), 3600 * 1000);
+        assert!(p.value(Knob::Nofile) >= 4096);
+        assert!(p.max(Knob::Pids) >= 2048);
+        assert!(p.value(Knob::WorkSize) >= 1 << 30);
+        let mut r = Request {
+            argv: Some(vec!["true".into()]),
+            rootfs: Some("host".into()),
+            ..Request::default()
+        };
+        r.knobs.insert(Knob::Timeout, 3600 * 1000);
+        assert!(resolve(&p, "ci", &r, &data()).is_ok());
+        r.knobs.insert(Knob::Timeout, 3601 * 1000);
+        assert!(matches!(
+            resolve(&p, "ci", &r, &data()),
+            Err(PolicyError::AboveMax { .. })
+        ));
     }
 
     #[test]

@@ -97,24 +97,37 @@ pub struct WorkFile {
     pub contents: String,
 }
 
+/// uid and gid of `nobody` and `nogroup` inside the sandbox, mapped so that programs
+/// which try to switch to them (test suites, daemons dropping privileges) meet EPERM, the
+/// answer an unprivileged process expects, rather than EINVAL for an id that does not
+/// exist in the namespace.
+pub const NOBODY_UID: u32 = 65534;
+
 /// How sandbox ids map to host ids. Each live sandbox holds a slot (see `ids.rs`: a lock on
 /// one byte of a file under /run/codecage, so that every codecage process on the host
-/// agrees), and gets two host ids of its own: `base + 2*slot` for uid/gid 0 and
-/// `base + 2*slot + 1` for the sandbox user. The ids are known before clone3, so the
-/// sandbox root's uid also owns the user namespace: the kernel charges the sandbox's
-/// inotify instances and other per-user counts to that uid, not to host root.
+/// agrees), and gets [`IdMapping::IDS_PER_SLOT`] host ids of its own: `base + 3*slot` for
+/// uid/gid 0, `base + 3*slot + 1` for the sandbox user and `base + 3*slot + 2` for nobody.
+/// The ids are known before clone3, so the sandbox root's uid also owns the user
+/// namespace: the kernel charges the sandbox's inotify instances and other per-user counts
+/// to that uid, not to host root.
+///
+/// Nothing in the sandbox runs as nobody (the payload cannot switch to it: it has no
+/// capability), but its host id is the sandbox's own like the others, so two live
+/// sandboxes still never share a host uid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMapping {
-    /// First host id of the range codecage may use. The default, 0x7100_0000, lies above
+    /// First host id of the range codecage may use. The default, 0x7200_0000, lies above
     /// the ranges systemd assigns to users, dynamic users and containers
-    /// (systemd's UIDS-GIDS.md) and leaves room for `2 * SLOTS` ids.
+    /// (systemd's UIDS-GIDS.md) and leaves room for `3 * SLOTS` ids. (Codecage before
+    /// the third id used 0x7100_0000 with two ids per slot; the ranges do not meet, so
+    /// sandboxes of both versions may live side by side during an upgrade.)
     pub host_base: u32,
 }
 
 impl Default for IdMapping {
     fn default() -> Self {
         IdMapping {
-            host_base: 0x7100_0000,
+            host_base: 0x7200_0000,
         }
     }
 }
@@ -124,28 +137,36 @@ impl IdMapping {
     pub const MIN_BASE: u32 = 0x0010_0000;
     /// How many sandboxes may live at once on a host.
     pub const SLOTS: u32 = 1 << 22;
+    /// Host ids per sandbox: root, the sandbox user, nobody.
+    pub const IDS_PER_SLOT: u32 = 3;
 
     /// Host uid (and gid) that sandbox root maps to for `slot` (below [`Self::SLOTS`]).
     pub fn host_root(&self, slot: u32) -> u32 {
-        self.host_base + 2 * slot
+        self.host_base + Self::IDS_PER_SLOT * slot
     }
 
-    /// The `uid_map`/`gid_map` content for `slot`.
+    /// The `uid_map`/`gid_map` content for `slot`: 0, the sandbox user and nobody, each
+    /// to a host id of the slot's own.
     pub fn map_lines(&self, slot: u32) -> String {
         let root = self.host_root(slot);
-        format!("0 {root} 1\n{SANDBOX_UID} {} 1\n", root + 1)
+        format!(
+            "0 {root} 1\n{SANDBOX_UID} {} 1\n{NOBODY_UID} {} 1\n",
+            root + 1,
+            root + 2
+        )
     }
 
-    /// The range must hold `2 * SLOTS` ids and stay clear of real users and of the
-    /// overflow id 2^32-1.
+    /// The range must hold `IDS_PER_SLOT * SLOTS` ids and stay clear of real users and of
+    /// the overflow id 2^32-1.
     pub fn validate(&self) -> Result<(), String> {
-        let top = u64::from(self.host_base) + 2 * u64::from(Self::SLOTS) + 2;
+        let span = u64::from(Self::IDS_PER_SLOT) * u64::from(Self::SLOTS);
+        let top = u64::from(self.host_base) + span + 2;
         if self.host_base < Self::MIN_BASE || top >= u64::from(u32::MAX) {
             return Err(format!(
                 "host id base {:#x} is out of range: use {:#x} to {:#x}, clear of real users",
                 self.host_base,
                 Self::MIN_BASE,
-                u32::MAX as u64 - 2 * u64::from(Self::SLOTS) - 3
+                u64::from(u32::MAX) - span - 3
             ));
         }
         Ok(())
@@ -450,15 +471,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn id_maps_are_distinct_per_pid_and_never_root() {
+    fn id_maps_are_distinct_per_slot_and_never_root() {
         let ids = IdMapping::default();
+        let base = 0x7200_0000;
         assert_eq!(
             ids.map_lines(10),
-            format!("0 {} 1\n1000 {} 1\n", 0x7100_0000 + 20, 0x7100_0000 + 21)
+            format!(
+                "0 {} 1\n1000 {} 1\n65534 {} 1\n",
+                base + 30,
+                base + 31,
+                base + 32
+            )
         );
-        assert_ne!(ids.host_root(10) + 1, ids.host_root(11));
-        // pid_max can be at most 2^22: the range stays below u32::MAX and above root.
-        assert!(ids.host_root(1 << 22) + 1 < u32::MAX);
+        // A slot's last id is below the next slot's first: no two slots share an id.
+        assert_eq!(ids.host_root(10) + 2 + 1, ids.host_root(11));
+        // The last slot's ids stay below u32::MAX, and the range clears the old layout's
+        // (0x7100_0000 + 2 * SLOTS) so that both versions can live side by side.
+        assert!(ids.validate().is_ok());
+        assert!(u64::from(ids.host_root(IdMapping::SLOTS - 1)) + 2 < u64::from(u32::MAX));
+        assert!(ids.host_base >= 0x7100_0000 + 2 * IdMapping::SLOTS);
+        let top = IdMapping {
+            host_base: u32::MAX - 3 * IdMapping::SLOTS,
+        };
+        assert!(top.validate().unwrap_err().contains("out of range"));
+        let low = IdMapping { host_base: 1000 };
+        assert!(low.validate().is_err());
     }
 
     #[test]
