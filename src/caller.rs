@@ -34,6 +34,18 @@ impl Caller {
         Some(Caller { uid, gid, groups })
     }
 
+    /// Opens the directory `path` (O_PATH) with this user's file-system credentials, so a
+    /// directory they cannot reach is refused as it would be to them.
+    pub fn open_dir(&self, path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+        let (caller, path) = (self.clone(), path.to_path_buf());
+        std::thread::spawn(move || {
+            crate::sys::become_fs_user(caller.uid, caller.gid, &caller.groups)?;
+            open_dir(&path)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the opening thread panicked")))
+    }
+
     /// Reads `path` with this user's file-system credentials (on a thread of its own, whose
     /// credentials change alone), so a file the user cannot read is refused as it would be
     /// to them.
@@ -46,4 +58,18 @@ impl Caller {
         .join()
         .unwrap_or_else(|_| Err(std::io::Error::other("the reading thread panicked")))
     }
+}
+
+/// Opens the directory `path` (O_PATH, following symlinks), for a volume.
+pub fn open_dir(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTDIR) => std::io::Error::other("not a directory"),
+            _ => e,
+        })?;
+    Ok(file.into())
 }

@@ -373,6 +373,9 @@ pub struct Request {
     pub knobs: Values,
     pub rootfs: Option<String>,
     pub env: Vec<(String, String)>,
+    /// Host directories to see under /work (each already checked by the front end: see
+    /// [`crate::spec::Volume::pin`]).
+    pub volumes: Vec<crate::spec::Volume>,
 }
 
 /// Why a request cannot run under a profile.
@@ -469,6 +472,7 @@ pub fn resolve(
     }
     spec.sandbox.rootfs =
         resolve_rootfs(request.rootfs.as_deref().unwrap_or(&profile.rootfs), data)?;
+    spec.sandbox.volumes = request.volumes.clone();
     spec.validate().map_err(PolicyError::Invalid)?;
     Ok(spec)
 }

@@ -5,7 +5,8 @@
 //! init (which moves it out of the way of the payloads' fds at once). Frames, in order:
 //! - launcher -> sandbox: the byte [`GO`] once the id maps are written (read by the raw child
 //!   before it execs the init), then a [`TAG_MESSAGE`] frame holding the `SandboxSpec`,
-//!   then [`ToSandbox`] frames: spawn a payload (its stdin, stdout, stderr and, for a REPL
+//!   then, when the spec has volumes, the byte [`TAG_VOLUMES`] with their detached mount
+//!   trees (SCM_RIGHTS), then [`ToSandbox`] frames: spawn a payload (its stdin, stdout, stderr and, for a REPL
 //!   driver, its own channel travel with the frame as SCM_RIGHTS), signal it, kill every
 //!   process but the init, shut down.
 //! - sandbox -> launcher: either a 6-byte [`TAG_RAW_ERROR`] frame from the raw child (it
@@ -36,6 +37,9 @@ pub const GO: u8 = b'G';
 pub const TAG_RAW_ERROR: u8 = b'E';
 /// A length-prefixed JSON message.
 pub const TAG_MESSAGE: u8 = b'M';
+/// One byte that carries the volumes' mount trees (SCM_RIGHTS, in the order of
+/// `SandboxSpec::volumes`), sent right after the spec when there are volumes.
+pub const TAG_VOLUMES: u8 = b'V';
 /// The largest message body the launcher accepts from the sandbox, which it does not trust.
 pub const MAX_FRAME: usize = 1 << 20;
 /// The largest message the launcher sends (a Spec carries the code): the init reads it
@@ -84,6 +88,7 @@ steps! {
     LeaveSession = "leave_session": "leaving the launcher's session (setsid)",
     DieWithLauncher = "die_with_launcher": "asking for SIGKILL when the launcher dies",
     ReceiveSpec = "receive_spec": "reading the Spec from the launcher",
+    ReceiveVolumes = "receive_volumes": "reading the volumes' mount trees from the launcher",
     EnterCgroupNamespace = "enter_cgroup_namespace": "creating the cgroup namespace",
     StopMountPropagation = "stop_mount_propagation": "making / a recursive slave mount",
     MountRootTmpfs = "mount_root_tmpfs": "mounting the tmpfs the new root is assembled on",
@@ -94,6 +99,8 @@ steps! {
     CheckMountPoints = "check_mount_points": "checking the image has /dev, /proc, /tmp and /work",
     MountTmp = "mount_tmp": "mounting the tmpfs on /tmp",
     MountWork = "mount_work": "mounting the tmpfs on /work",
+    MountVolumes = "mount_volumes": "attaching the read-only volumes under /work",
+    CopyVolumes = "copy_volumes": "copying the :copy volumes into /work",
     MountDev = "mount_dev": "building the minimal /dev",
     MountDevpts = "mount_devpts": "mounting the sandbox's own devpts on /dev/pts",
     MountProc = "mount_proc": "mounting a new proc on /proc",

@@ -103,6 +103,158 @@ pub struct WorkFile {
 /// exist in the namespace.
 pub const NOBODY_UID: u32 = 65534;
 
+/// How a host directory appears in the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeMode {
+    /// Bound read-only (and nosuid, nodev) at the target: the payload reads the host's
+    /// files as they are, and every write fails with EROFS.
+    ReadOnly,
+    /// Copied into the target on /work's tmpfs by the init before the payload starts, owned
+    /// by the sandbox user: the payload may change the copy; the host's files never see it.
+    /// The copy counts against /work's size (`work_size`) and the memory limit.
+    Copy,
+}
+
+/// A host directory the sandbox sees under /work (`--volume HOST_DIR:/work/src[:ro|:copy]`).
+/// Never read-write onto the host.
+///
+/// The sandbox's ids are not the host's: inside, the host's files belong to nobody, and
+/// the payload (and the init, which copies) may read what the host lets any user read
+/// (the "other" permission bits), no more. Symlinks in the directory are never followed on
+/// the host's side: bound, they resolve inside the sandbox; copied, they are copied as
+/// links.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    /// The host directory, an absolute path. The launcher (root) opens it; a front end that
+    /// acts for someone else opens it with their credentials first ([`Volume::pin`]).
+    pub source: PathBuf,
+    /// Where it appears: `/work` itself (a copy only) or a path under it.
+    pub target: PathBuf,
+    pub mode: VolumeMode,
+    /// The directory as a front end opened it ([`Volume::pin`]): the launcher opens this fd
+    /// of its own process instead of `source`. Not sent anywhere.
+    #[serde(skip)]
+    pub pinned: Option<std::os::fd::RawFd>,
+}
+
+/// The most volumes a sandbox may have.
+pub const MAX_VOLUMES: usize = 16;
+
+impl Volume {
+    /// Parses `HOST_DIR:TARGET[:ro|:copy]` (read-only when no mode is given). A relative
+    /// HOST_DIR is taken from the current directory.
+    pub fn parse(text: &str) -> Result<Volume, String> {
+        let usage = "give HOST_DIR:/work/DIR, HOST_DIR:/work/DIR:ro or HOST_DIR:/work/DIR:copy";
+        let parts: Vec<&str> = text.split(':').collect();
+        let (source, target, mode) = match parts.as_slice() {
+            [source, target] => (*source, *target, VolumeMode::ReadOnly),
+            [source, target, "ro"] => (*source, *target, VolumeMode::ReadOnly),
+            [source, target, "copy"] => (*source, *target, VolumeMode::Copy),
+            [_, _, mode] => {
+                return Err(format!(
+                    "--volume {text}: unknown mode {mode:?}; {usage} (volumes are never writable onto the host)"
+                ))
+            }
+            _ => return Err(format!("--volume {text}: {usage}")),
+        };
+        if source.is_empty() {
+            return Err(format!(
+                "--volume {text}: the host directory is empty; {usage}"
+            ));
+        }
+        let source = std::path::absolute(source).map_err(|e| format!("--volume {text}: {e}"))?;
+        let volume = Volume {
+            source,
+            target: PathBuf::from(target),
+            mode,
+            pinned: None,
+        };
+        volume
+            .validate()
+            .map_err(|e| format!("--volume {text}: {e}"))?;
+        Ok(volume)
+    }
+
+    /// The target must be /work or under it, written plainly (no `.`, `..`, `//`, trailing
+    /// `/`); a read-only volume cannot be /work itself, which must stay writable.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.source.is_absolute() {
+            return Err(format!(
+                "the host directory {} is not an absolute path",
+                self.source.display()
+            ));
+        }
+        let target = self.target.to_str().unwrap_or_default();
+        let plain = target == "/work"
+            || target.strip_prefix("/work/").is_some_and(|rest| {
+                rest.split('/')
+                    .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+            });
+        if !plain {
+            return Err(format!(
+                "the target {} must be /work or a path under it (like /work/src), without . or ..",
+                self.target.display()
+            ));
+        }
+        if target == "/work" && self.mode == VolumeMode::ReadOnly {
+            return Err(
+                "a read-only volume cannot be /work itself (the working directory stays writable): \
+                 use a path under it (/work/src), or :copy"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The first component under /work (`src` for /work/src/x), or None for /work.
+    pub fn top(&self) -> Option<&str> {
+        self.target
+            .to_str()?
+            .strip_prefix("/work/")
+            .and_then(|rest| rest.split('/').next())
+    }
+
+    /// Opens the host directory for a front end, race-free: with `caller`'s credentials
+    /// when it acts for someone (so a directory they cannot open is refused as it would be
+    /// to them), and, when `roots` are given (a server's configuration), only if the
+    /// directory opened lies under one of them. The launcher then opens the directory
+    /// opened here ([`Volume::pinned`]), so nothing can swap the path in between; the
+    /// returned fd must stay open until the sandbox has started.
+    pub fn pin(
+        &mut self,
+        caller: Option<&crate::caller::Caller>,
+        roots: Option<&[PathBuf]>,
+    ) -> Result<std::os::fd::OwnedFd, String> {
+        let fd = match caller {
+            Some(caller) => caller.open_dir(&self.source),
+            None => crate::caller::open_dir(&self.source),
+        }
+        .map_err(|e| format!("volume {}: {e}", self.source.display()))?;
+        let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        let real = std::fs::read_link(&link)
+            .map_err(|e| format!("volume {}: {e}", self.source.display()))?;
+        if let Some(roots) = roots {
+            let inside = roots
+                .iter()
+                .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)));
+            if !inside {
+                return Err(format!(
+                    "volume {}: only directories under {} may be volumes here",
+                    self.source.display(),
+                    roots
+                        .iter()
+                        .map(|r| r.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+        self.pinned = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
+        Ok(fd)
+    }
+}
+
 /// How sandbox ids map to host ids. Each live sandbox holds a slot (see `ids.rs`: a lock on
 /// one byte of a file under /run/codecage, so that every codecage process on the host
 /// agrees), and gets [`IdMapping::IDS_PER_SLOT`] host ids of its own: `base + 3*slot` for
@@ -201,6 +353,9 @@ pub struct SandboxSpec {
     /// The REPL drivers (drivers/ in the repository, built into the binary) are mounted
     /// read-only at [`DRIVERS_DIR`]: sessions need them, one-shot runs do not.
     pub drivers: bool,
+    /// Host directories the sandbox sees under /work, read-only or copied.
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
     /// The binary to run as the sandbox's pid 1: a program whose `main` calls
     /// [`crate::dispatch_init`] first. `/proc/self/exe`, the default, is the running
     /// program itself, which is right for the `codecage` binary.
@@ -254,6 +409,7 @@ impl Default for SandboxSpec {
             hostname: "sandbox".into(),
             ids: IdMapping::default(),
             drivers: false,
+            volumes: Vec::new(),
             init_exe: PathBuf::from("/proc/self/exe"),
         };
         for knob in Knob::all() {
@@ -313,6 +469,30 @@ impl SandboxSpec {
         for knob in Knob::all() {
             if let Some(value) = self.get(knob) {
                 knob.check(value).map_err(|e| format!("{knob}: {e}"))?;
+            }
+        }
+        if self.volumes.len() > MAX_VOLUMES {
+            return Err(format!(
+                "{} volumes: at most {MAX_VOLUMES}",
+                self.volumes.len()
+            ));
+        }
+        for (i, volume) in self.volumes.iter().enumerate() {
+            volume
+                .validate()
+                .map_err(|e| format!("volume {}: {e}", volume.source.display()))?;
+            // One volume may not lie inside another: the later would land in the earlier
+            // (a read-only bind, or a copy being made).
+            for other in &self.volumes[..i] {
+                if volume.target.starts_with(&other.target)
+                    || other.target.starts_with(&volume.target)
+                {
+                    return Err(format!(
+                        "the volumes at {} and {} overlap: give each its own directory",
+                        other.target.display(),
+                        volume.target.display()
+                    ));
+                }
             }
         }
         let h = &self.hostname;
@@ -402,6 +582,16 @@ impl Exec {
         }
         for file in &self.files {
             let name = &file.name;
+            if let Some(volume) = sandbox
+                .volumes
+                .iter()
+                .find(|v| v.top() == Some(name.as_str()))
+            {
+                return Err(format!(
+                    "the code file /work/{name} would replace the volume at {}: mount it elsewhere",
+                    volume.target.display()
+                ));
+            }
             if name.is_empty()
                 || name.contains('/')
                 || name.contains('\0')
@@ -512,6 +702,58 @@ mod tests {
         let mut spec = Spec::new(vec!["true".into()]);
         spec.sandbox.hostname = "a b".into();
         assert!(spec.validate().unwrap_err().contains("hostname"));
+    }
+
+    #[test]
+    fn volumes_parse_and_their_targets_stay_under_work() {
+        let v = Volume::parse("/srv/project:/work/src").unwrap();
+        assert_eq!(v.source, PathBuf::from("/srv/project"));
+        assert_eq!(v.target, PathBuf::from("/work/src"));
+        assert_eq!(v.mode, VolumeMode::ReadOnly);
+        assert_eq!(v.top(), Some("src"));
+        let v = Volume::parse("/srv/project:/work:copy").unwrap();
+        assert_eq!((v.mode, v.top()), (VolumeMode::Copy, None));
+        assert_eq!(Volume::parse("/a:/work/a/b:ro").unwrap().top(), Some("a"));
+        let relative = Volume::parse("project:/work/src").unwrap();
+        assert!(relative.source.is_absolute());
+        for bad in [
+            "/a:/work/src:rw",
+            "/a:/etc",
+            "/a:/work/../etc",
+            "/a:/work/./x",
+            "/a:/work//x",
+            "/a:/work/x/",
+            "/a:/workspace",
+            "/a:/work",
+            "/a",
+            ":/work/x",
+            "/a:/work/x:copy:more",
+        ] {
+            assert!(Volume::parse(bad).is_err(), "{bad}");
+        }
+        assert!(Volume::parse("/a:/work/src:rw")
+            .unwrap_err()
+            .contains("never writable"));
+    }
+
+    #[test]
+    fn volumes_may_not_overlap_or_meet_the_code_file() {
+        let mut spec = Spec::new(vec!["true".into()]);
+        spec.sandbox.volumes = vec![
+            Volume::parse("/a:/work/src").unwrap(),
+            Volume::parse("/b:/work/src/sub:copy").unwrap(),
+        ];
+        assert!(spec.validate().unwrap_err().contains("overlap"));
+        spec.sandbox.volumes = vec![
+            Volume::parse("/a:/work/src").unwrap(),
+            Volume::parse("/b:/work/srcs:copy").unwrap(),
+        ];
+        assert!(spec.validate().is_ok());
+        spec.exec.files = vec![WorkFile {
+            name: "src".into(),
+            contents: String::new(),
+        }];
+        assert!(spec.validate().unwrap_err().contains("/work/src"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `codecage run`: one sandbox, one program, then the Outcome as an exit status or JSON.
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -9,7 +10,7 @@ use codecage::knobs::{Knob, Unit, Values};
 use codecage::outcome::{ErrorKind, Outcome};
 use codecage::profile::{self, DataDir, PolicyError, Profile, Request};
 use codecage::runner::Lang;
-use codecage::spec::Spec;
+use codecage::spec::{Spec, Volume};
 use codecage::{launcher, Stream};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -51,6 +52,15 @@ pub struct RunArgs {
     /// Set an environment variable (K=V). Repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
+    /// A host directory the sandbox sees under /work: read-only (`ro`, the default: writes
+    /// fail with EROFS), or a copy the code may change (`copy`, on /work's tmpfs: it must
+    /// fit in the profile's work_size). Never writable onto the host. Repeatable.
+    #[arg(
+        long = "volume",
+        short = 'v',
+        value_name = "HOST_DIR:/work/DIR[:ro|:copy]"
+    )]
+    volume: Vec<String>,
     /// Print one JSON object with the outcome instead of passing output through.
     #[arg(long)]
     json: bool,
@@ -62,8 +72,9 @@ pub struct RunArgs {
 
 pub fn main(args: RunArgs) -> i32 {
     let (json, timings) = (args.json, args.timings);
-    let spec = match build_spec(args) {
-        Ok(spec) => spec,
+    // The volumes' directories stay open until the launcher has cloned their trees.
+    let (spec, _volumes) = match build_spec(args) {
+        Ok(built) => built,
         Err(outcome) => return report(&outcome, json),
     };
     // SIGINT, SIGTERM and SIGHUP are forwarded to the payload rather than killing the
@@ -123,7 +134,9 @@ fn forward_signals() -> Option<SignalFd> {
 }
 
 /// Translates the flags into a Request, picks the profile, and resolves both into a Spec.
-fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
+/// Also returns the volumes' directories, opened (with the sudo caller's credentials when
+/// codecage runs for someone), which must stay open until the sandbox has started.
+fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>), Box<Outcome>> {
     let invalid = |message: String| Box::new(Outcome::failed(ErrorKind::InvalidRequest, message));
     let caller = Caller::from_sudo();
     let mut request = Request {
@@ -172,6 +185,12 @@ fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
         refuse_paths_for(caller, args.profile.as_deref(), request.rootfs.as_deref())
             .map_err(invalid)?;
     }
+    let mut opened = Vec::new();
+    for item in &args.volume {
+        let mut volume = Volume::parse(item).map_err(invalid)?;
+        opened.push(volume.pin(caller.as_ref(), None).map_err(invalid)?);
+        request.volumes.push(volume);
+    }
     let profile_name = match (&args.profile, request.lang) {
         (Some(name), _) => name.clone(),
         (None, Some(lang)) => lang.name().to_string(),
@@ -183,12 +202,16 @@ fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
         }
     };
     let profile = Profile::load(&profile_name).map_err(|e| invalid(e.to_string()))?;
-    profile::resolve(&profile, &profile_name, &request, &DataDir::from_env()).map_err(|e| match e {
-        PolicyError::Invalid(message) => invalid(message),
-        e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
-            Box::new(Outcome::failed(ErrorKind::Policy, e.to_string()))
-        }
-    })
+    let spec =
+        profile::resolve(&profile, &profile_name, &request, &DataDir::from_env()).map_err(|e| {
+            match e {
+                PolicyError::Invalid(message) => invalid(message),
+                e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
+                    Box::new(Outcome::failed(ErrorKind::Policy, e.to_string()))
+                }
+            }
+        })?;
+    Ok((spec, opened))
 }
 
 fn parse_lang(text: &str) -> Result<Lang, String> {

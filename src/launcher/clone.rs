@@ -89,7 +89,11 @@ fn namespaces() -> u64 {
 /// Clones the sandbox's init into new namespaces (and into its cgroup), writes its id maps,
 /// and sends it "go" and the spec. Returns once the init is on its way; setup errors from
 /// inside arrive later on the channel.
-pub fn start(spec: &SandboxSpec, cgroup: Option<&RunCgroup>) -> Result<Started, String> {
+pub fn start(
+    spec: &SandboxSpec,
+    cgroup: Option<&RunCgroup>,
+    volumes: Vec<OwnedFd>,
+) -> Result<Started, String> {
     let slot = Slot::take()?;
     let (child, channel) = open_fds(spec)?;
     // The sandbox's root uid owns its user namespace (see IdMapping).
@@ -122,7 +126,7 @@ pub fn start(spec: &SandboxSpec, cgroup: Option<&RunCgroup>) -> Result<Started, 
             return Err(e.to_string());
         }
     }
-    if let Err(message) = handshake(spec, &mut started) {
+    if let Err(message) = handshake(spec, &mut started, &volumes) {
         abort(&started);
         return Err(message);
     }
@@ -242,7 +246,7 @@ fn clone_child(job: &CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
 
 /// Writes the id maps, then "go" and the spec. A failure to send means the child already
 /// died; its raw error frame is waiting on the channel, so that is not an error here.
-fn handshake(spec: &SandboxSpec, started: &mut Started) -> Result<(), String> {
+fn handshake(spec: &SandboxSpec, started: &mut Started, volumes: &[OwnedFd]) -> Result<(), String> {
     let pid = started.pid.as_raw() as u32;
     let lines = spec.ids.map_lines(started.slot.number());
     // As root in the parent namespace we may write a map with several lines and need not
@@ -259,7 +263,12 @@ fn handshake(spec: &SandboxSpec, started: &mut Started) -> Result<(), String> {
     protocol::write_message(&mut frame, spec, protocol::MAX_SPEC_FRAME)
         .map_err(|e| format!("cannot encode the spec: {e}"))?;
     started.go_ns = crate::sys::monotonic_ns();
-    let _ = protocol::send_with_fds(&started.channel, &frame, &[]);
+    if protocol::send_with_fds(&started.channel, &frame, &[]).is_ok() && !volumes.is_empty() {
+        // The volumes' mount trees, in a frame of their own: the raw child reads "go" with
+        // a plain read, which would drop fds sent with it.
+        let fds: Vec<RawFd> = volumes.iter().map(|fd| fd.as_raw_fd()).collect();
+        let _ = protocol::send_with_fds(&started.channel, &[protocol::TAG_VOLUMES], &fds);
+    }
     Ok(())
 }
 

@@ -26,6 +26,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
@@ -160,8 +161,14 @@ impl Sandbox {
                 "turned off by the profile",
             ));
         }
+        // The volumes' mount trees, cloned here in the host's mount namespace (the sandbox's
+        // root cannot read host paths for itself), read-only, and passed to the init.
+        let volumes = open_volumes(spec).map_err(|message| StartError {
+            kind: ErrorKind::InvalidRequest,
+            message,
+        })?;
         let clone_ns = sys::monotonic_ns();
-        let started = clone::start(spec, cgroup.as_ref()).map_err(setup_failed)?;
+        let started = clone::start(spec, cgroup.as_ref(), volumes).map_err(setup_failed)?;
         Ok(Sandbox {
             pid: started.pid,
             pidfd: started.pidfd,
@@ -407,6 +414,31 @@ impl Drop for Sandbox {
         }
         // The cgroup, if still held, removes itself (RunCgroup's drop).
     }
+}
+
+/// A detached read-only copy of each volume's mount tree (see `sys::clone_tree_readonly`):
+/// the init attaches it (`:ro`) or copies from it (`:copy`).
+fn open_volumes(spec: &SandboxSpec) -> Result<Vec<OwnedFd>, String> {
+    spec.volumes
+        .iter()
+        .map(|volume| {
+            let failed = |e: std::io::Error| {
+                format!(
+                    "volume {} ({}): {e}",
+                    volume.source.display(),
+                    volume.target.display()
+                )
+            };
+            let dir = match volume.pinned {
+                // The front end's own fd, opened with the right credentials: reopened
+                // through /proc, it is the same directory whatever the path is now.
+                Some(fd) => crate::caller::open_dir(Path::new(&format!("/proc/self/fd/{fd}"))),
+                None => crate::caller::open_dir(&volume.source),
+            }
+            .map_err(failed)?;
+            sys::clone_tree_readonly(dir.as_fd()).map_err(failed)
+        })
+        .collect()
 }
 
 /// One execution's stdio: the payload's ends (sent to the init) and the launcher's.

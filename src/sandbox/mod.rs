@@ -12,7 +12,9 @@ mod payload;
 mod procfs;
 mod rootfs;
 mod seccomp;
+mod volumes;
 
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 use nix::sched::{unshare, CloneFlags};
@@ -74,6 +76,7 @@ fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     // Die with the launcher, and make sure it did not die before we asked.
     die_with_launcher(channel)?;
     let spec = receive_spec(channel)?;
+    let volumes = receive_volumes(channel, spec.volumes.len())?;
     // Only now: we joined our cgroups before the exec, so the new cgroup namespace is
     // rooted at the run's own cgroup. Created at clone time on a v1 host, it would be
     // rooted at the launcher's cgroup instead.
@@ -82,7 +85,7 @@ fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     // /proc/sys/net shows the reader's network namespace, whichever procfs it is read from;
     // the sandbox's own /proc/sys is read-only once built.
     set_network_sysctls()?;
-    mount::build_root(&spec)?;
+    mount::build_root(&spec, volumes)?;
     set_hostname(&spec.hostname)?;
     bring_up_loopback()?;
     // pid 1 holds the host binary open; other uids may not inspect it (CVE-2019-5736).
@@ -119,6 +122,52 @@ fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
 fn receive_spec(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     protocol::read_message(&mut &*channel, protocol::MAX_SPEC_FRAME)
         .map_err(|e| SetupError::io(Step::ReceiveSpec, &e, "reading the Spec from the launcher"))
+}
+
+/// The volumes' detached mount trees, which the launcher sends right after the spec.
+fn receive_volumes(channel: &UnixStream, count: usize) -> Result<Vec<OwnedFd>, SetupError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{AsRawFd, RawFd};
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let failed = |e: nix::errno::Errno| {
+        SetupError::errno(
+            Step::ReceiveVolumes,
+            e,
+            "reading the volumes from the launcher",
+        )
+    };
+    let mut tag = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; crate::spec::MAX_VOLUMES]);
+    let mut iov = [std::io::IoSliceMut::new(&mut tag)];
+    let msg = loop {
+        match recvmsg::<()>(
+            channel.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other.map_err(failed)?,
+        }
+    };
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs().map_err(failed)? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            fds.extend(raw.into_iter().map(crate::sys::adopt_fd));
+        }
+    }
+    if msg.bytes != 1 || tag[0] != protocol::TAG_VOLUMES || fds.len() != count {
+        return Err(SetupError::refused(
+            Step::ReceiveVolumes,
+            format!(
+                "expected {count} volumes from the launcher, got {}",
+                fds.len()
+            ),
+        ));
+    }
+    Ok(fds)
 }
 
 fn enter_cgroup_namespace() -> Result<(), SetupError> {

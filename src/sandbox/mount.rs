@@ -40,7 +40,7 @@ fn at(rel: &str) -> PathBuf {
 }
 
 /// Builds the new root and enters it.
-pub fn build_root(spec: &SandboxSpec) -> Done {
+pub fn build_root(spec: &SandboxSpec, volumes: Vec<std::os::fd::OwnedFd>) -> Done {
     // Our mounts must never propagate to the host's table: with a shared / (systemd's
     // default) they would, even from a new mount namespace.
     stop_mount_propagation()?;
@@ -58,6 +58,8 @@ pub fn build_root(spec: &SandboxSpec) -> Done {
     }
     mount_tmp(spec.tmp_size)?;
     mount_work(spec.work_size)?;
+    // On /work's tmpfs, before the payload exists: read-only trees attached, copies made.
+    super::volumes::apply(&spec.volumes, volumes, &at("work"), spec.work_size)?;
     mount_dev(spec.tmp_size)?;
     procfs::mount_sys(&at("sys"), spec)?;
     if spec.drivers {

@@ -4,6 +4,7 @@ mod host;
 mod basic;
 mod bombs;
 mod cleanup;
+mod compat;
 mod escape;
 mod fs;
 mod hardening;
