@@ -180,7 +180,15 @@ fn netlink_queues_are_bounded_per_sandbox() {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{}", run.json));
         // About 1000 sockets (the fd limit) of 32 KiB queues: well under the memory limit.
-        assert!(pinned_mib < LIMIT_MIB, "{}", run.json);
-        assert_host_held("netlink-parked", &run, &loss);
+        // The kernel's own count of the queues (the Rmem column of /proc/net/netlink) says
+        // so exactly; the host's MemAvailable, sampled while other tests run beside this
+        // long one, moves by more than that on its own.
+        assert!(pinned_mib < LIMIT_MIB / 2, "{}", run.json);
+        assert!(
+            loss.udp <= LIMIT_MIB + 8,
+            "netlink-parked: UDP queues held {} MiB: {}",
+            loss.udp,
+            run.json
+        );
     });
 }
