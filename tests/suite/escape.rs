@@ -461,8 +461,8 @@ fn rlimits_are_lowered() {
             &["--tmp-size", "16M"],
             "ulimit -c; ulimit -n; ulimit -s; ulimit -f",
         );
-        // core 0, 256 files, 8 MiB stacks, files up to the largest tmpfs (64M /work) + 64 KiB, in KiB.
-        assert_eq!(run.stdout(), "0\n256\n8192\n65600\n", "{}", run.json);
+        // core 0, 1024 files, 8 MiB stacks, files up to the largest tmpfs (64M /work) + 64 KiB, in KiB.
+        assert_eq!(run.stdout(), "0\n1024\n8192\n65600\n", "{}", run.json);
     });
 }
 

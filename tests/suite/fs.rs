@@ -108,7 +108,7 @@ fn sys_holds_only_the_cpu_count_and_dev_is_minimal() {
         assert_eq!(
             run.stdout(),
             "/sys/devices/system/cpu/online /sys/devices/system/cpu/possible /sys/devices/system/cpu/present \
-             0\n1\nfd full null random shm stderr stdin stdout tty urandom zero ",
+             0\n1\nfd full null ptmx pts random shm stderr stdin stdout tty urandom zero ",
             "{}",
             run.json
         );

@@ -57,7 +57,8 @@ fn runs_from_many_threads_at_once() {
             assert_eq!(outcome.error, None, "{:?}", outcome.message);
             assert_eq!(
                 String::from_utf8_lossy(&outcome.stdout),
-                format!("run {i}\n2\n")
+                // Three ids mapped: root, the sandbox user, nobody.
+                format!("run {i}\n3\n")
             );
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
