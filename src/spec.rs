@@ -736,6 +736,33 @@ mod tests {
             .contains("never writable"));
     }
 
+    /// A server's roots: a directory under one is pinned (the launcher will open the very
+    /// directory opened here), one outside every root is refused, symlinks resolved first.
+    #[test]
+    fn a_pinned_volume_must_lie_under_the_roots() {
+        let base = std::env::temp_dir().join(format!("codecage-pin-{}", std::process::id()));
+        let (root, other) = (base.join("root"), base.join("other"));
+        std::fs::create_dir_all(root.join("project")).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        std::os::unix::fs::symlink(&other, root.join("link")).unwrap();
+        let roots = [root.clone()];
+        let mut inside =
+            Volume::parse(&format!("{}:/work/src", root.join("project").display())).unwrap();
+        let fd = inside.pin(None, Some(&roots)).unwrap();
+        assert_eq!(inside.pinned, Some(std::os::fd::AsRawFd::as_raw_fd(&fd)));
+        assert_eq!(inside.source, root.join("project"));
+        let mut outside =
+            Volume::parse(&format!("{}:/work/src", root.join("link").display())).unwrap();
+        assert!(outside
+            .pin(None, Some(&roots))
+            .unwrap_err()
+            .contains("only directories under"));
+        let mut missing =
+            Volume::parse(&format!("{}:/work/src", base.join("nope").display())).unwrap();
+        assert!(missing.pin(None, None).is_err());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
     #[test]
     fn volumes_may_not_overlap_or_meet_the_code_file() {
         let mut spec = Spec::new(vec!["true".into()]);
