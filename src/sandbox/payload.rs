@@ -180,13 +180,15 @@ fn unblock_signals() -> Result<(), SetupError> {
         .map_err(|e| SetupError::errno(Step::UnblockSignals, e, "sigprocmask"))
 }
 
-/// No core dumps; `nofile` open files; no file larger than the largest tmpfs; 8 MiB stacks;
-/// the pids limit as RLIMIT_NPROC; 8 MiB of locked memory; no realtime priority.
-/// Defence in depth behind the cgroup and tmpfs limits. Only ever lowered: a limit the
-/// launcher already runs under is kept. The file size limit sits 64 KiB above the largest
-/// tmpfs, so a full tmpfs answers ENOSPC, as programs expect, before SIGXFSZ could fire.
+/// No core dumps; `nofile` open files; 8 MiB stacks; the pids limit as RLIMIT_NPROC; 8 MiB
+/// of locked memory; no realtime priority. Defence in depth behind the cgroup limits. Only
+/// ever lowered: a limit the launcher already runs under is kept.
+///
+/// No RLIMIT_FSIZE: every file system the payload may write is a tmpfs with a size (or
+/// memfd and shared memory, charged to the memory cgroup), so a file size limit would add
+/// no bound, and it broke what tmpfs allows: sparse files larger than the tmpfs (LMDB's
+/// map files, test suites' large-file tests), and programs that check the limit is off.
 fn set_rlimits(spec: &SandboxSpec) -> Result<(), SetupError> {
-    let largest_file = spec.tmp_size.max(spec.work_size) + (64 << 10);
     // The pids limit again, per uid: the payload's uid is the run's own, so this holds
     // even where a best-effort profile ran without a cgroup. One above the cgroup's limit
     // for the payload: the kernel checks RLIMIT_NPROC before the pids controller, and a
@@ -195,7 +197,6 @@ fn set_rlimits(spec: &SandboxSpec) -> Result<(), SetupError> {
     for (resource, name, value) in [
         (Resource::RLIMIT_CORE, "RLIMIT_CORE", 0),
         (Resource::RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile),
-        (Resource::RLIMIT_FSIZE, "RLIMIT_FSIZE", largest_file),
         (Resource::RLIMIT_STACK, "RLIMIT_STACK", STACK_LIMIT),
         (Resource::RLIMIT_NPROC, "RLIMIT_NPROC", nproc),
         (Resource::RLIMIT_MEMLOCK, "RLIMIT_MEMLOCK", 8 << 20),

@@ -421,3 +421,36 @@ fn switching_to_nobody_is_refused_with_eperm() {
         );
     });
 }
+
+/// No file size limit: a sparse file larger than its tmpfs takes only the blocks written
+/// (LMDB's map files, large-file tests); the tmpfs size still bounds what is written.
+#[test]
+fn a_sparse_file_may_be_larger_than_its_tmpfs() {
+    as_root(|| {
+        let run = python(
+            &["--tmp-size", "16M"],
+            "import os, resource\n\
+             print(resource.getrlimit(resource.RLIMIT_FSIZE)[1] == resource.RLIM_INFINITY or 'limited')\n\
+             with open('/tmp/sparse', 'wb') as f:\n\
+             \x20   f.seek(5 << 30); f.write(b'end')\n\
+             st = os.stat('/tmp/sparse'); print(st.st_size, st.st_blocks * 512 <= 1 << 20)\n\
+             try:\n\
+             \x20   open('/tmp/full', 'wb').write(b'x' * (32 << 20))\n\
+             except OSError as e: print(e.strerror)",
+        );
+        let expected_first =
+            match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_FSIZE)
+                .unwrap()
+                .1
+            {
+                libc::RLIM_INFINITY => "True",
+                _ => "limited",
+            };
+        assert_eq!(
+            run.stdout(),
+            format!("{expected_first}\n5368709123 True\nNo space left on device\n"),
+            "{}",
+            run.json
+        );
+    });
+}
