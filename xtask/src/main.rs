@@ -2,6 +2,8 @@
 //!
 //! * `test`: the project's test command (`test.rs`).
 //! * `bench`: codecage against bare execution, bubblewrap and crun (`bench.rs`).
+//! * `compat`: CPython's regression tests and a Node suite bare and in the sandbox, side
+//!   by side; writes COMPATIBILITY.md (`compat.rs`).
 //! * `rootfs`: the sandbox's root filesystem image (`rootfs/`, and `rootfs/README.md` at
 //!   the workspace root).
 //! * `vm-build`, `vm-run`, `vm-test`, `vm-check`: the cgroup v2 VM test lane (`vm/`, and
@@ -11,6 +13,7 @@
 //! apt-get and the Debian mirror, build steps, safe removal of trees.
 
 mod bench;
+mod compat;
 mod host;
 mod rootfs;
 mod test;
@@ -40,6 +43,7 @@ struct Cli {
 enum Task {
     Test(test::Args),
     Bench(bench::Args),
+    Compat(compat::Args),
     Rootfs(rootfs::Args),
     /// Build the cgroup v2 VM image (root; cached, instant when up to date)
     ///
@@ -65,7 +69,12 @@ impl Task {
     fn polls_interrupts(&self) -> bool {
         matches!(
             self,
-            Task::Test(_) | Task::VmBuild | Task::VmRun(_) | Task::VmTest(_) | Task::VmCheck
+            Task::Test(_)
+                | Task::Compat(_)
+                | Task::VmBuild
+                | Task::VmRun(_)
+                | Task::VmTest(_)
+                | Task::VmCheck
         )
     }
 
@@ -74,6 +83,7 @@ impl Task {
         match self {
             Task::Test(args) => test::test(&args),
             Task::Bench(args) => bench::bench(&args),
+            Task::Compat(args) => compat::compat(&args),
             Task::Rootfs(args) => rootfs::rootfs(&args),
             Task::VmBuild => vm::build::build().map(|_| 0),
             Task::VmRun(opts) => vm::run::run(&vm::ensure_image()?, &opts),
@@ -146,7 +156,7 @@ mod tests {
         let names: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
         assert_eq!(
             names,
-            ["test", "bench", "rootfs", "vm-build", "vm-run", "vm-test", "vm-check"]
+            ["test", "bench", "compat", "rootfs", "vm-build", "vm-run", "vm-test", "vm-check"]
         );
         for task in cli.get_subcommands() {
             assert!(task.get_about().is_some(), "{}", task.get_name());
