@@ -8,7 +8,10 @@ use crate::spec::DRIVERS_DIR;
 /// Every file of the drivers, by name.
 pub const FILES: &[(&str, &str)] = &[
     ("python.py", include_str!("../drivers/python.py")),
-    ("codecage_mpl.py", include_str!("../drivers/codecage_mpl.py")),
+    (
+        "codecage_mpl.py",
+        include_str!("../drivers/codecage_mpl.py"),
+    ),
     ("node.js", include_str!("../drivers/node.js")),
     ("bash.sh", include_str!("../drivers/bash.sh")),
 ];
@@ -16,7 +19,7 @@ pub const FILES: &[(&str, &str)] = &[
 /// The program that runs a language's driver.
 pub fn argv(lang: Lang) -> Vec<String> {
     let path = |file: &str| format!("{DRIVERS_DIR}/{file}");
-    let argv = match lang {
+    match lang {
         Lang::Python => vec!["python3".to_string(), "-u".into(), path("python.py")],
         Lang::Node => vec!["node".to_string(), path("node.js")],
         Lang::Typescript => vec!["node".to_string(), path("node.js"), "--typescript".into()],
@@ -26,6 +29,5 @@ pub fn argv(lang: Lang) -> Vec<String> {
             "--norc".into(),
             path("bash.sh"),
         ],
-    };
-    argv
+    }
 }

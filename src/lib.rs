@@ -28,13 +28,13 @@ pub mod profile;
 mod proptests;
 mod protocol;
 pub mod runner;
-pub mod session;
 mod sandbox;
+pub mod session;
 pub mod spec;
 mod sys;
 pub mod units;
 
-pub use launcher::{run, run_with, Sandbox, Stream};
+pub use launcher::{run, run_cancellable, run_with, Canceller, Sandbox, Stream};
 pub use outcome::{ErrorKind, Outcome};
 pub use sandbox::dispatch_init;
 pub use spec::{Exec, Rootfs, SandboxSpec, Spec};

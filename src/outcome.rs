@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize, Serializer};
 
 /// Why a run did not simply finish. Agents branch on this; `message` says what to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The wall-clock limit passed; the whole sandbox was killed.

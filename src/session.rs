@@ -169,11 +169,12 @@ impl Session {
     pub fn start(mut spec: SessionSpec) -> Result<Session, StartError> {
         spec.sandbox.drivers = true;
         let sandbox = Sandbox::start(&spec.sandbox)?;
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-            .map_err(|e| StartError {
-                kind: ErrorKind::Setup,
-                message: format!("cannot create the interrupt pipe: {e}"),
-            })?;
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| StartError {
+                    kind: ErrorKind::Setup,
+                    message: format!("cannot create the interrupt pipe: {e}"),
+                })?;
         let mut session = Session {
             sandbox,
             spec,
@@ -183,7 +184,9 @@ impl Session {
             lost: None,
             last_usage: None,
         };
-        session.start_driver().map_err(|(kind, message)| StartError { kind, message })?;
+        session
+            .start_driver()
+            .map_err(|(kind, message)| StartError { kind, message })?;
         session.last_usage = session.sandbox.usage();
         Ok(session)
     }
@@ -319,7 +322,9 @@ impl Session {
                 run.end = Some(End::DriverGone);
                 break;
             };
-            let timeout = wake.saturating_duration_since(now).min(Duration::from_secs(60));
+            let timeout = wake
+                .saturating_duration_since(now)
+                .min(Duration::from_secs(60));
             let timeout =
                 PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
             let mut fds = [
@@ -366,7 +371,10 @@ impl Session {
                         FromSandbox::Exited { id, .. } if id == driver.id => {
                             run.end.get_or_insert(End::DriverGone);
                         }
-                        FromSandbox::SetupFailed { id: Some(id), error } if id == driver.id => {
+                        FromSandbox::SetupFailed {
+                            id: Some(id),
+                            error,
+                        } if id == driver.id => {
                             run.end = Some(End::DriverBroke(error.to_string()));
                         }
                         _ => {}
@@ -446,7 +454,13 @@ impl Session {
             End::Unresponsive => {
                 let reason = run.stop_reason.unwrap_or(ErrorKind::Timeout);
                 self.restart_after(result, "did not stop within the grace period");
-                stopped(&mut result.outcome, reason, timeout, self.spec.output_limit, false);
+                stopped(
+                    &mut result.outcome,
+                    reason,
+                    timeout,
+                    self.spec.output_limit,
+                    false,
+                );
             }
             end @ (End::DriverGone | End::DriverBroke(_)) => {
                 let why = match end {
@@ -481,9 +495,8 @@ impl Session {
                 } else {
                     ErrorKind::SessionLost
                 });
-                result.outcome.message = Some(format!(
-                    "{why}; the session is over: create a new one"
-                ));
+                result.outcome.message =
+                    Some(format!("{why}; the session is over: create a new one"));
             }
         }
         self.last_usage = self.sandbox.usage();
@@ -492,9 +505,10 @@ impl Session {
     /// Kills what is left of the driver and starts it again; the result says so.
     fn restart_after(&mut self, result: &mut CallOutcome, why: &str) {
         result.state.preserved = false;
-        match self.kill_processes().and_then(|()| {
-            self.start_driver().map_err(|(_, message)| message)
-        }) {
+        match self
+            .kill_processes()
+            .and_then(|()| self.start_driver().map_err(|(_, message)| message))
+        {
             Ok(()) => result.state.restarted = true,
             Err(e) => {
                 self.driver = None;
@@ -527,7 +541,8 @@ impl Session {
     /// Waits for the sandbox's channel (or the init's end) until `end`.
     fn wait_channel(&mut self, end: Instant) -> Result<(), String> {
         let timeout = end.saturating_duration_since(Instant::now());
-        let timeout = PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
+        let timeout =
+            PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
         let mut fds = [
             PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
             PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
@@ -557,8 +572,8 @@ impl Session {
             exec.set_env(key, value);
         }
         let streams = ExecStreams::open(&exec).map_err(setup)?;
-        let (channel, driver_end) =
-            UnixStream::pair().map_err(|e| setup(format!("cannot create the driver's channel: {e}")))?;
+        let (channel, driver_end) = UnixStream::pair()
+            .map_err(|e| setup(format!("cannot create the driver's channel: {e}")))?;
         let id = self
             .sandbox
             .spawn(&exec, &streams.child_fds(), Some(driver_end.as_fd()), false)
@@ -727,7 +742,9 @@ impl<'a> CallRun<'a> {
     fn event(&mut self, call_id: u64, line: &[u8]) {
         let event: DriverEvent = match serde_json::from_slice(line) {
             Ok(event) => event,
-            Err(_) => return self.note("the interpreter sent a line that is not an event; ignored"),
+            Err(_) => {
+                return self.note("the interpreter sent a line that is not an event; ignored")
+            }
         };
         match event {
             DriverEvent::Ready => {}
@@ -830,7 +847,10 @@ fn checked_bundle(data: BTreeMap<String, String>) -> Result<MimeBundle, String> 
         let binary = mime.starts_with("image/") && mime != "image/svg+xml";
         if binary {
             if content.len() > MAX_IMAGE * 4 / 3 + 4 {
-                return Err(format!("an {mime} image is over {}", format_size(MAX_IMAGE as u64)));
+                return Err(format!(
+                    "an {mime} image is over {}",
+                    format_size(MAX_IMAGE as u64)
+                ));
             }
             base64::engine::general_purpose::STANDARD
                 .decode(&content)
@@ -847,7 +867,12 @@ fn checked_exception(e: Exception) -> Exception {
     Exception {
         name: clip(&e.name, 200),
         value: clip(&e.value, MAX_TEXT),
-        traceback: e.traceback.iter().take(500).map(|l| clip(l, 4096)).collect(),
+        traceback: e
+            .traceback
+            .iter()
+            .take(500)
+            .map(|l| clip(l, 4096))
+            .collect(),
     }
 }
 
@@ -927,7 +952,13 @@ mod tests {
         run.event(7, br#"{"ev":"display","id":7,"data":{"text/plain":"hi"}}"#);
         run.event(7, b"garbage");
         run.event(7, br#"{"ev":"done","id":7,"execution_count":2}"#);
-        assert!(matches!(run.end, Some(End::Done(Done { execution_count: Some(2), .. }))));
+        assert!(matches!(
+            run.end,
+            Some(End::Done(Done {
+                execution_count: Some(2),
+                ..
+            }))
+        ));
         assert_eq!(run.displays.len(), 1);
         assert_eq!(run.notes.len(), 1);
     }

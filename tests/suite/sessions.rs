@@ -14,9 +14,11 @@ use super::common::*;
 /// A session on `rootfs` ("host" or the built image).
 fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Session {
     in_process_launcher();
-    let mut sandbox = SandboxSpec::default();
-    sandbox.rootfs = rootfs;
-    sandbox.init_exe = env!("CARGO_BIN_EXE_codecage").into();
+    let mut sandbox = SandboxSpec {
+        rootfs,
+        init_exe: env!("CARGO_BIN_EXE_codecage").into(),
+        ..Default::default()
+    };
     if let (Some(memory), Some(limits)) = (memory, sandbox.limits.as_mut()) {
         limits.memory = memory;
     }
@@ -73,7 +75,10 @@ fn python_state_and_imports_persist() {
 fn python_output_exceptions_and_top_level_await() {
     as_root(|| {
         let mut s = session(Lang::Python);
-        let out = call(&mut s, "print('hi'); import sys; print('err', file=sys.stderr); 1 + 1");
+        let out = call(
+            &mut s,
+            "print('hi'); import sys; print('err', file=sys.stderr); 1 + 1",
+        );
         assert_eq!(out["stdout"], "hi\n", "{out}");
         assert_eq!(out["stderr"], "err\n", "{out}");
         assert_eq!(text(&out), "2");
@@ -135,7 +140,9 @@ fn a_call_that_ignores_sigint_is_killed_and_the_interpreter_restarted() {
         call(&mut s, "lost = 1");
         let out = s.execute(
             &Call {
-                code: "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass".into(),
+                code:
+                    "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+                        .into(),
                 timeout: Some(Duration::from_secs(slowdown())),
                 ..Call::default()
             },
@@ -180,10 +187,16 @@ fn a_memory_bomb_is_oom_and_the_next_call_works() {
 fn bash_keeps_cd_variables_and_exports_and_reports_the_status() {
     as_root(|| {
         let mut s = session(Lang::Bash);
-        let out = call(&mut s, "mkdir -p /work/d && cd /work/d && export GREETING=hi && count=3");
+        let out = call(
+            &mut s,
+            "mkdir -p /work/d && cd /work/d && export GREETING=hi && count=3",
+        );
         assert_eq!(out["error"], Value::Null, "{out}");
         assert_eq!(out["cwd"], "/work/d");
-        let out = call(&mut s, "echo $GREETING $count $(pwd); bash -c 'echo $GREETING'; false");
+        let out = call(
+            &mut s,
+            "echo $GREETING $count $(pwd); bash -c 'echo $GREETING'; false",
+        );
         assert_eq!(out["stdout"], "hi 3 /work/d\nhi\n", "{out}");
         assert_eq!(out["exit_code"], 1, "{out}");
         let out = s.execute(
