@@ -839,10 +839,13 @@ fn checked_bundle(data: BTreeMap<String, String>) -> Result<MimeBundle, String> 
         // type/subtype: one slash, each part starting with a letter or digit.
         let part = |p: &str| {
             p.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
         };
         let sane = mime.len() <= MAX_MIME_NAME
-            && mime.split_once('/').is_some_and(|(t, s)| part(t) && part(s));
+            && mime
+                .split_once('/')
+                .is_some_and(|(t, s)| part(t) && part(s));
         if !sane {
             return Err(format!("{:?} is not a MIME type", clip(&mime, 40)));
         }
