@@ -29,12 +29,17 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::Usage;
+use crate::files::{InputFile, OutputRules};
 use crate::launcher::{ExecStreams, OutputPipes, Sandbox, StartError, Stream};
 use crate::outcome::{ErrorKind, Outcome};
 use crate::protocol::FromSandbox;
+use crate::protocol::ToSandbox;
 use crate::runner::Lang;
 use crate::spec::{Exec, SandboxSpec};
 use crate::units::{format_duration, format_size};
+
+/// How long a file request (write, collect, list, read) may take.
+const FILE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long an interrupted driver has to answer before every process is killed.
 pub const GRACE: Duration = Duration::from_secs(2);
@@ -59,6 +64,8 @@ pub struct SessionSpec {
     pub env: Vec<(String, String)>,
     pub timeout: Duration,
     pub output_limit: u64,
+    /// Output files to take back after each call (new or changed during it).
+    pub outputs: Option<OutputRules>,
 }
 
 /// One call.
@@ -69,6 +76,9 @@ pub struct Call {
     pub stdin: Option<String>,
     /// This call's limit (the session's default if None).
     pub timeout: Option<Duration>,
+    /// Files placed in /work before the code runs (checked by the front end against the
+    /// profile's caps).
+    pub files: Vec<InputFile>,
 }
 
 /// A MIME bundle: type -> content (text, or base64 for binary types).
@@ -169,11 +179,12 @@ impl Session {
     pub fn start(mut spec: SessionSpec) -> Result<Session, StartError> {
         spec.sandbox.drivers = true;
         let sandbox = Sandbox::start(&spec.sandbox)?;
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-            .map_err(|e| StartError {
-                kind: ErrorKind::Setup,
-                message: format!("cannot create the interrupt pipe: {e}"),
-            })?;
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| StartError {
+                    kind: ErrorKind::Setup,
+                    message: format!("cannot create the interrupt pipe: {e}"),
+                })?;
         let mut session = Session {
             sandbox,
             spec,
@@ -183,7 +194,9 @@ impl Session {
             lost: None,
             last_usage: None,
         };
-        session.start_driver().map_err(|(kind, message)| StartError { kind, message })?;
+        session
+            .start_driver()
+            .map_err(|(kind, message)| StartError { kind, message })?;
         session.last_usage = session.sandbox.usage();
         Ok(session)
     }
@@ -253,6 +266,13 @@ impl Session {
             self.last_usage = Some(cgroup_usage);
         }
         self.sandbox.reset_peak_memory();
+        if !call.files.is_empty() {
+            if let Err(message) = self.write_files(&call.files) {
+                result.outcome = Outcome::failed(ErrorKind::InvalidRequest, message);
+                return result;
+            }
+        }
+        let marked = self.mark_outputs();
         let request = self.request(call);
         let sent = self
             .driver
@@ -265,8 +285,102 @@ impl Session {
             self.supervise(&mut call_state);
         }
         self.conclude(call_state, timeout, &mut result);
+        if self.lost.is_none() {
+            self.collect_outputs(marked, &mut result.outcome);
+        }
         result.outcome.duration = start.elapsed();
         result
+    }
+
+    /// Writes files into /work (the session must not be running a call).
+    pub fn write_files(&mut self, files: &[InputFile]) -> Result<(), String> {
+        let answers = self.sandbox.file_request(
+            &ToSandbox::WriteFiles {
+                files: files.to_vec(),
+            },
+            FILE_TIMEOUT,
+        )?;
+        match answers.last() {
+            Some(FromSandbox::FilesWritten) => Ok(()),
+            Some(FromSandbox::FileError { message }) => Err(message.clone()),
+            _ => Err("the sandbox did not confirm the files".into()),
+        }
+    }
+
+    /// Lists a directory under /work.
+    pub fn list_files(&mut self, path: &str) -> Result<Vec<crate::sandbox::DirEntry>, String> {
+        let answers = self
+            .sandbox
+            .file_request(&ToSandbox::ListDir { path: path.into() }, FILE_TIMEOUT)?;
+        match answers.into_iter().last() {
+            Some(FromSandbox::Listing { entries }) => Ok(entries),
+            Some(FromSandbox::FileError { message }) => Err(message),
+            _ => Err("the sandbox did not list the directory".into()),
+        }
+    }
+
+    /// Reads a file under /work, at most `max` bytes.
+    pub fn read_file(&mut self, path: &str, max: u64) -> Result<Vec<u8>, String> {
+        let answers = self.sandbox.file_request(
+            &ToSandbox::ReadFile {
+                path: path.into(),
+                max,
+            },
+            FILE_TIMEOUT,
+        )?;
+        match answers.into_iter().last() {
+            Some(FromSandbox::FileData { data }) => Ok(data),
+            Some(FromSandbox::FileError { message }) => Err(message),
+            _ => Err("the sandbox did not send the file".into()),
+        }
+    }
+
+    /// Notes the output directory before a call; whether the init did.
+    fn mark_outputs(&mut self) -> bool {
+        let Some(rules) = self.spec.outputs.clone() else {
+            return false;
+        };
+        let answers = self
+            .sandbox
+            .file_request(&ToSandbox::MarkOutputs { rules }, FILE_TIMEOUT);
+        matches!(answers.as_deref(), Ok([.., FromSandbox::OutputsMarked]))
+    }
+
+    /// Takes the output files new or changed since the call began (all of them if the
+    /// directory could not be noted then).
+    fn collect_outputs(&mut self, marked: bool, outcome: &mut Outcome) {
+        let Some(rules) = self.spec.outputs.clone() else {
+            return;
+        };
+        let request = ToSandbox::CollectOutputs {
+            rules: rules.clone(),
+            changed: marked,
+        };
+        match self.sandbox.file_request(&request, FILE_TIMEOUT) {
+            Ok(answers) => {
+                let mut total = 0;
+                for answer in answers {
+                    match answer {
+                        FromSandbox::OutputFile { path, data } => {
+                            crate::launcher::take_output_file(
+                                outcome, &rules, &mut total, path, data,
+                            )
+                        }
+                        FromSandbox::OutputsDone { skipped } => {
+                            outcome.files_skipped.extend(skipped)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Err(e) => {
+                let note = format!("the output files could not be taken: {e}");
+                outcome.message = Some(match outcome.message.take() {
+                    Some(m) => format!("{m}; {note}"),
+                    None => note,
+                });
+            }
+        }
     }
 
     /// The request line (and, for bash, the raw code and stdin after it).
@@ -319,7 +433,9 @@ impl Session {
                 run.end = Some(End::DriverGone);
                 break;
             };
-            let timeout = wake.saturating_duration_since(now).min(Duration::from_secs(60));
+            let timeout = wake
+                .saturating_duration_since(now)
+                .min(Duration::from_secs(60));
             let timeout =
                 PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
             let mut fds = [
@@ -366,7 +482,10 @@ impl Session {
                         FromSandbox::Exited { id, .. } if id == driver.id => {
                             run.end.get_or_insert(End::DriverGone);
                         }
-                        FromSandbox::SetupFailed { id: Some(id), error } if id == driver.id => {
+                        FromSandbox::SetupFailed {
+                            id: Some(id),
+                            error,
+                        } if id == driver.id => {
                             run.end = Some(End::DriverBroke(error.to_string()));
                         }
                         _ => {}
@@ -446,7 +565,13 @@ impl Session {
             End::Unresponsive => {
                 let reason = run.stop_reason.unwrap_or(ErrorKind::Timeout);
                 self.restart_after(result, "did not stop within the grace period");
-                stopped(&mut result.outcome, reason, timeout, self.spec.output_limit, false);
+                stopped(
+                    &mut result.outcome,
+                    reason,
+                    timeout,
+                    self.spec.output_limit,
+                    false,
+                );
             }
             end @ (End::DriverGone | End::DriverBroke(_)) => {
                 let why = match end {
@@ -481,9 +606,8 @@ impl Session {
                 } else {
                     ErrorKind::SessionLost
                 });
-                result.outcome.message = Some(format!(
-                    "{why}; the session is over: create a new one"
-                ));
+                result.outcome.message =
+                    Some(format!("{why}; the session is over: create a new one"));
             }
         }
         self.last_usage = self.sandbox.usage();
@@ -492,9 +616,10 @@ impl Session {
     /// Kills what is left of the driver and starts it again; the result says so.
     fn restart_after(&mut self, result: &mut CallOutcome, why: &str) {
         result.state.preserved = false;
-        match self.kill_processes().and_then(|()| {
-            self.start_driver().map_err(|(_, message)| message)
-        }) {
+        match self
+            .kill_processes()
+            .and_then(|()| self.start_driver().map_err(|(_, message)| message))
+        {
             Ok(()) => result.state.restarted = true,
             Err(e) => {
                 self.driver = None;
@@ -527,7 +652,8 @@ impl Session {
     /// Waits for the sandbox's channel (or the init's end) until `end`.
     fn wait_channel(&mut self, end: Instant) -> Result<(), String> {
         let timeout = end.saturating_duration_since(Instant::now());
-        let timeout = PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
+        let timeout =
+            PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
         let mut fds = [
             PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
             PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
@@ -557,8 +683,8 @@ impl Session {
             exec.set_env(key, value);
         }
         let streams = ExecStreams::open(&exec).map_err(setup)?;
-        let (channel, driver_end) =
-            UnixStream::pair().map_err(|e| setup(format!("cannot create the driver's channel: {e}")))?;
+        let (channel, driver_end) = UnixStream::pair()
+            .map_err(|e| setup(format!("cannot create the driver's channel: {e}")))?;
         let id = self
             .sandbox
             .spawn(&exec, &streams.child_fds(), Some(driver_end.as_fd()), false)
@@ -727,7 +853,9 @@ impl<'a> CallRun<'a> {
     fn event(&mut self, call_id: u64, line: &[u8]) {
         let event: DriverEvent = match serde_json::from_slice(line) {
             Ok(event) => event,
-            Err(_) => return self.note("the interpreter sent a line that is not an event; ignored"),
+            Err(_) => {
+                return self.note("the interpreter sent a line that is not an event; ignored")
+            }
         };
         match event {
             DriverEvent::Ready => {}
@@ -819,18 +947,26 @@ fn checked_bundle(data: BTreeMap<String, String>) -> Result<MimeBundle, String> 
     use base64::Engine as _;
     let mut bundle = MimeBundle::new();
     for (mime, content) in data {
+        // type/subtype: one slash, each part starting with a letter or digit.
+        let part = |p: &str| {
+            p.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+        };
         let sane = mime.len() <= MAX_MIME_NAME
-            && mime.contains('/')
             && mime
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"/+-.".contains(&b));
+                .split_once('/')
+                .is_some_and(|(t, s)| part(t) && part(s));
         if !sane {
             return Err(format!("{:?} is not a MIME type", clip(&mime, 40)));
         }
         let binary = mime.starts_with("image/") && mime != "image/svg+xml";
         if binary {
             if content.len() > MAX_IMAGE * 4 / 3 + 4 {
-                return Err(format!("an {mime} image is over {}", format_size(MAX_IMAGE as u64)));
+                return Err(format!(
+                    "an {mime} image is over {}",
+                    format_size(MAX_IMAGE as u64)
+                ));
             }
             base64::engine::general_purpose::STANDARD
                 .decode(&content)
@@ -847,7 +983,12 @@ fn checked_exception(e: Exception) -> Exception {
     Exception {
         name: clip(&e.name, 200),
         value: clip(&e.value, MAX_TEXT),
-        traceback: e.traceback.iter().take(500).map(|l| clip(l, 4096)).collect(),
+        traceback: e
+            .traceback
+            .iter()
+            .take(500)
+            .map(|l| clip(l, 4096))
+            .collect(),
     }
 }
 
@@ -927,7 +1068,13 @@ mod tests {
         run.event(7, br#"{"ev":"display","id":7,"data":{"text/plain":"hi"}}"#);
         run.event(7, b"garbage");
         run.event(7, br#"{"ev":"done","id":7,"execution_count":2}"#);
-        assert!(matches!(run.end, Some(End::Done(Done { execution_count: Some(2), .. }))));
+        assert!(matches!(
+            run.end,
+            Some(End::Done(Done {
+                execution_count: Some(2),
+                ..
+            }))
+        ));
         assert_eq!(run.displays.len(), 1);
         assert_eq!(run.notes.len(), 1);
     }

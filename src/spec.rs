@@ -5,11 +5,12 @@
 //! privileged part small and testable. Front ends build them by resolving a request under
 //! a profile (`profile::resolve`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::{InputFile, OutputRules};
 use crate::knobs::Knob;
 
 /// The CFS period codecage uses, in microseconds.
@@ -86,15 +87,6 @@ pub enum LandlockMode {
     BestEffort,
     /// Not applied (for measuring what the layer costs).
     Off,
-}
-
-/// A file the init writes into /work before the payload starts (the code of a language
-/// runner), owned by the sandbox user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkFile {
-    /// A plain file name: no `/`, not `.` or `..`.
-    pub name: String,
-    pub contents: String,
 }
 
 /// uid and gid of `nobody` and `nogroup` inside the sandbox, mapped so that programs
@@ -362,8 +354,9 @@ pub struct SandboxSpec {
     pub init_exe: PathBuf,
 }
 
-/// Where the REPL drivers are, inside a sandbox that has them.
-pub const DRIVERS_DIR: &str = "/opt/codecage/drivers";
+/// Where the REPL drivers are, inside a sandbox that has them: on a small read-only tmpfs
+/// on /run, which every root has (an empty directory in images, as the FHS wants it).
+pub const DRIVERS_DIR: &str = "/run/codecage/drivers";
 
 /// What describes one execution in a sandbox: the program, its environment, the files it
 /// finds in /work, its stdin, and how long and how loud it may be.
@@ -374,8 +367,10 @@ pub struct Exec {
     pub argv: Vec<String>,
     /// The payload's whole environment (nothing is inherited).
     pub env: Vec<(String, String)>,
-    /// Files written into /work before the payload starts.
-    pub files: Vec<WorkFile>,
+    /// Files written into /work before the payload starts (a runner's code file, inputs).
+    pub files: Vec<InputFile>,
+    /// Output files to take back when the payload has ended (one-shot runs).
+    pub outputs: Option<OutputRules>,
     /// What the payload reads on stdin; none is /dev/null.
     pub stdin: Option<Vec<u8>>,
     /// Wall-clock limit from start to the end of the last process.
@@ -517,6 +512,7 @@ impl Exec {
             argv,
             env: base_env(),
             files: Vec::new(),
+            outputs: None,
             stdin: None,
             timeout: Duration::ZERO,
             output_limit: 0,
@@ -571,35 +567,26 @@ impl Exec {
                 return Err(format!("environment variable {key} contains a NUL byte"));
             }
         }
-        let code_bytes: u64 = self.files.iter().map(|f| f.contents.len() as u64).sum();
+        let code_bytes: u64 = self.files.iter().map(|f| f.data.len() as u64).sum();
         if code_bytes > sandbox.work_size {
             return Err(format!(
-                "the code is {} bytes, more than /work holds ({}): send less code, or use a profile with a \
-                 larger work_size",
+                "the code and files are {} bytes, more than /work holds ({}): send less, or use a profile \
+                 with a larger work_size",
                 code_bytes,
                 crate::units::format_size(sandbox.work_size)
             ));
         }
         for file in &self.files {
-            let name = &file.name;
-            if let Some(volume) = sandbox
-                .volumes
-                .iter()
-                .find(|v| v.top() == Some(name.as_str()))
-            {
+            crate::files::check_input_path(&file.path)?;
+            let at = Path::new("/work").join(&file.path);
+            if let Some(volume) = sandbox.volumes.iter().find(|v| {
+                (v.mode == VolumeMode::ReadOnly && at.starts_with(&v.target))
+                    || v.target.starts_with(&at)
+            }) {
                 return Err(format!(
-                    "the code file /work/{name} would replace the volume at {}: mount it elsewhere",
-                    volume.target.display()
-                ));
-            }
-            if name.is_empty()
-                || name.contains('/')
-                || name.contains('\0')
-                || name == "."
-                || name == ".."
-            {
-                return Err(format!(
-                    "work file name {name:?} is invalid: use a plain file name"
+                    "file {:?} would land on the volume at {}: put it elsewhere in /work",
+                    file.path,
+                    volume.target.display(),
                 ));
             }
         }
@@ -776,10 +763,12 @@ mod tests {
             Volume::parse("/b:/work/srcs:copy").unwrap(),
         ];
         assert!(spec.validate().is_ok());
-        spec.exec.files = vec![WorkFile {
-            name: "src".into(),
-            contents: String::new(),
-        }];
+        spec.exec.files = vec![crate::files::InputFile::new("src", "")];
+        assert!(spec.validate().unwrap_err().contains("/work/src"));
+        // Into a copy, a file lands in the copied tree; onto a read-only volume, nowhere.
+        spec.exec.files = vec![crate::files::InputFile::new("srcs/extra.py", "")];
+        assert!(spec.validate().is_ok());
+        spec.exec.files = vec![crate::files::InputFile::new("src/extra.py", "")];
         assert!(spec.validate().unwrap_err().contains("/work/src"));
     }
 

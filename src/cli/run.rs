@@ -61,6 +61,12 @@ pub struct RunArgs {
         value_name = "HOST_DIR:/work/DIR[:ro|:copy]"
     )]
     volume: Vec<String>,
+    /// Place the host file SRC at /work/DEST before the code runs. Repeatable.
+    #[arg(long = "file", value_name = "DEST=SRC")]
+    files: Vec<String>,
+    /// Write the output files (the profile's outputs.dir, default /work/out) under DIR.
+    #[arg(long, value_name = "DIR")]
+    out_dir: Option<PathBuf>,
     /// Print one JSON object with the outcome instead of passing output through.
     #[arg(long)]
     json: bool,
@@ -72,6 +78,8 @@ pub struct RunArgs {
 
 pub fn main(args: RunArgs) -> i32 {
     let (json, timings) = (args.json, args.timings);
+    let out_dir = args.out_dir.clone();
+    let caller = Caller::from_sudo();
     // The volumes' directories stay open until the launcher has cloned their trees.
     let (spec, _volumes) = match build_spec(args) {
         Ok(built) => built,
@@ -112,7 +120,73 @@ pub fn main(args: RunArgs) -> i32 {
             eprintln!("codecage: phases (ms) {phases}");
         }
     }
+    if let Some(dir) = &out_dir {
+        save_outputs(
+            &mut outcome,
+            dir,
+            caller.as_ref(),
+            spec.exec.outputs.as_ref(),
+            json,
+        );
+    } else if !json {
+        for file in &outcome.files {
+            eprintln!(
+                "codecage: output file {} ({} bytes, {}) was not saved: give --out-dir DIR",
+                file.path, file.size, file.media_type
+            );
+        }
+    }
     report(&outcome, json)
+}
+
+/// Writes the output files under `dir` (as the caller, through sudo), lists them on stderr
+/// (with `--json`, in the object only, names without bytes).
+fn save_outputs(
+    outcome: &mut Outcome,
+    dir: &std::path::Path,
+    caller: Option<&Caller>,
+    rules: Option<&codecage::files::OutputRules>,
+    json: bool,
+) {
+    let files = outcome.files.clone();
+    let target = dir.to_path_buf();
+    let saved = match caller {
+        Some(c) => c.as_user(move || codecage::files::save_under(&target, &files)),
+        None => codecage::files::save_under(&target, &files),
+    };
+    match saved {
+        Ok(paths) if !json => {
+            for (file, path) in outcome.files.iter().zip(&paths) {
+                eprintln!(
+                    "codecage: wrote {} ({} bytes, {}, sha256 {})",
+                    path.display(),
+                    file.size,
+                    file.media_type,
+                    &file.sha256[..16]
+                );
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let note = format!("the output files could not be saved: {e}");
+            outcome.message = Some(match outcome.message.take() {
+                Some(m) => format!("{m}; {note}"),
+                None => note,
+            });
+        }
+    }
+    if !json {
+        for skipped in &outcome.files_skipped {
+            eprintln!(
+                "codecage: skipped output {}: {}",
+                skipped.path,
+                skipped.reason.describe(rules)
+            );
+        }
+    }
+    for file in &mut outcome.files {
+        file.data = None;
+    }
 }
 
 fn report(outcome: &Outcome, json: bool) -> i32 {
@@ -181,15 +255,23 @@ fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>), Box<Outcome>> {
         };
         request.env.push((key.to_string(), value.to_string()));
     }
+    for item in &args.files {
+        request
+            .files
+            .push(read_input(item, caller.as_ref()).map_err(invalid)?);
+    }
     if let Some(caller) = &caller {
         refuse_paths_for(caller, args.profile.as_deref(), request.rootfs.as_deref())
             .map_err(invalid)?;
     }
+    // Opened now, with the sudo caller's credentials; they join the spec once it is
+    // resolved (a volume is the caller's choice, not the profile's).
     let mut opened = Vec::new();
+    let mut volumes = Vec::new();
     for item in &args.volume {
         let mut volume = Volume::parse(item).map_err(invalid)?;
         opened.push(volume.pin(caller.as_ref(), None).map_err(invalid)?);
-        request.volumes.push(volume);
+        volumes.push(volume);
     }
     let profile_name = match (&args.profile, request.lang) {
         (Some(name), _) => name.clone(),
@@ -211,6 +293,9 @@ fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>), Box<Outcome>> {
                 }
             }
         })?;
+    let mut spec = spec;
+    spec.sandbox.volumes = volumes;
+    spec.validate().map_err(invalid)?;
     Ok((spec, opened))
 }
 
@@ -269,6 +354,29 @@ impl clap::Args for KnobFlags {
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
         Self::augment_args(cmd)
     }
+}
+
+/// `--file DEST=SRC`: the host file SRC (read as the caller, through sudo) for /work/DEST.
+/// DEST is checked here so the message names the flag; the profile's caps are checked when
+/// the request resolves.
+pub(crate) fn read_input(
+    item: &str,
+    caller: Option<&Caller>,
+) -> Result<codecage::files::InputFile, String> {
+    let Some((dest, src)) = item.split_once('=') else {
+        return Err(format!(
+            "--file {item}: give DEST=SRC, a path under /work and a host file (--file data.csv=./data.csv)"
+        ));
+    };
+    let dest = dest.strip_prefix("/work/").unwrap_or(dest);
+    codecage::files::check_input_path(dest).map_err(|e| format!("--file {item}: {e}"))?;
+    let src = std::path::Path::new(src);
+    let bytes = match caller {
+        Some(caller) => caller.read(src),
+        None => std::fs::read(src),
+    }
+    .map_err(|e| format!("--file {item}: cannot read {}: {e}", src.display()))?;
+    Ok(codecage::files::InputFile::new(dest, bytes))
 }
 
 /// Reads the code of FILE, with the invoking user's credentials when codecage runs for

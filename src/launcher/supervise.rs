@@ -38,7 +38,16 @@ enum Slot {
     Stderr,
     Channel,
     Pidfd,
+    Cancel,
     Interrupt,
+}
+
+/// What, besides the deadline and the output cap, may stop a run: signals to forward to
+/// the payload (a CLI's), and a canceller (a server shutting down).
+#[derive(Clone, Copy)]
+pub(super) struct Stops<'a> {
+    pub interrupt: Option<&'a SignalFd>,
+    pub cancel: Option<&'a super::Canceller>,
 }
 
 /// Which of the polled fds are still worth polling.
@@ -109,8 +118,9 @@ pub(super) fn supervise(
     exec: &Exec,
     start: Instant,
     sink: &mut dyn FnMut(Stream, &[u8]),
-    interrupt: Option<&SignalFd>,
+    stops: Stops,
 ) -> (Outcome, u64) {
+    let interrupt = stops.interrupt;
     let deadline = start + exec.timeout;
     for fd in [pipes.stdout.as_fd(), pipes.stderr.as_fd()] {
         let _ = set_nonblocking(fd);
@@ -150,7 +160,7 @@ pub(super) fn supervise(
         let polled = poll_once(
             &pipes,
             sandbox,
-            interrupt,
+            stops,
             &open,
             exited_at.is_none(),
             wake_at.saturating_duration_since(now),
@@ -190,6 +200,10 @@ pub(super) fn supervise(
         }
         if ready(Slot::Pidfd) && exited_at.is_none() {
             exited_at = Some(Instant::now());
+        }
+        if ready(Slot::Cancel) && killed_for.is_none() && exited_at.is_none() {
+            killed_for = Some(ErrorKind::Interrupted);
+            sandbox.kill();
         }
         if ready(Slot::Interrupt) {
             if let Some(signals) = interrupt {
@@ -237,6 +251,7 @@ fn verdict(
     poll_error: Option<String>,
 ) {
     let mut report = None;
+    let mut output_total = 0;
     while let Some(message) = sandbox.next_message() {
         match message {
             FromSandbox::Hardened {
@@ -248,17 +263,19 @@ fn verdict(
                 outcome.skipped_layers = skipped;
             }
             // A setup failure stays the answer even if an exit report follows it.
-            FromSandbox::SetupFailed { error, .. } => {
-                if !matches!(report, Some(FromSandbox::SetupFailed { .. })) {
-                    report = Some(FromSandbox::SetupFailed { id: None, error });
+            FromSandbox::SetupFailed { error, .. }
+                if !matches!(report, Some(FromSandbox::SetupFailed { .. })) =>
+            {
+                report = Some(FromSandbox::SetupFailed { id: None, error });
+            }
+            message @ FromSandbox::Exited { .. } if report.is_none() => report = Some(message),
+            FromSandbox::OutputFile { path, data } => {
+                if let Some(rules) = &exec.outputs {
+                    take_output_file(outcome, rules, &mut output_total, path, data);
                 }
             }
-            message @ FromSandbox::Exited { .. } => {
-                if report.is_none() {
-                    report = Some(message);
-                }
-            }
-            FromSandbox::Mark { .. } | FromSandbox::AllKilled => {}
+            FromSandbox::OutputsDone { skipped } => outcome.files_skipped.extend(skipped),
+            _ => {}
         }
     }
     match (killed_for, report) {
@@ -270,6 +287,13 @@ fn verdict(
                  or allow more time.",
                 format_duration(exec.timeout)
             ));
+        }
+        (Some(ErrorKind::Interrupted), _) => {
+            outcome.error = Some(ErrorKind::Interrupted);
+            outcome.message = Some(
+                "the run was stopped because codecage is shutting down; the output up to then is kept"
+                    .into(),
+            );
         }
         (Some(ErrorKind::OutputLimit), _) => {
             outcome.error = Some(ErrorKind::OutputLimit);
@@ -311,12 +335,49 @@ fn verdict(
     }
 }
 
+/// An output file from the init, kept if it is within the rules (the launcher checks again
+/// what the init checked: it does not trust it more than it must). `total` is the size of
+/// the files taken so far.
+pub(crate) fn take_output_file(
+    outcome: &mut Outcome,
+    rules: &crate::files::OutputRules,
+    total: &mut u64,
+    path: String,
+    data: Vec<u8>,
+) {
+    use crate::files::{SkipReason, SkippedFile};
+    let size = data.len() as u64;
+    let reason = if crate::files::check_input_path(&path).is_err() {
+        Some(SkipReason::BadName)
+    } else if size > rules.max_file {
+        Some(SkipReason::Size)
+    } else if outcome.files.len() as u64 >= rules.max_files {
+        Some(SkipReason::CountCap)
+    } else if *total + size > rules.max_total {
+        Some(SkipReason::TotalCap)
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        outcome.files_skipped.push(SkippedFile { path, reason });
+        return;
+    }
+    *total += size;
+    outcome.files.push(crate::files::OutputFile {
+        media_type: crate::files::media_type(&path).to_string(),
+        sha256: crate::files::sha256(&data),
+        size,
+        path,
+        data: Some(data),
+    });
+}
+
 /// Polls the fds that are still open for up to `timeout` (EINTR counts as nothing ready)
 /// and says which slots are ready.
 fn poll_once(
     pipes: &OutputPipes,
     sandbox: &Sandbox,
-    interrupt: Option<&SignalFd>,
+    stops: Stops,
     open: &Open,
     running: bool,
     timeout: Duration,
@@ -337,7 +398,13 @@ fn poll_once(
         PollFd::new(sandbox.channel_fd(), interest(open.channel)),
         PollFd::new(sandbox.pidfd(), interest(running)),
     ];
-    if let Some(signals) = interrupt {
+    // A run without a canceller polls the pidfd a second time with no interest.
+    let cancel = stops.cancel.map_or(sandbox.pidfd(), |c| c.fd());
+    fds.push(PollFd::new(
+        cancel,
+        interest(running && stops.cancel.is_some()),
+    ));
+    if let Some(signals) = stops.interrupt {
         fds.push(PollFd::new(signals.as_fd(), interest(running)));
     }
     let ready: Vec<bool> = match poll(&mut fds, timeout) {

@@ -333,34 +333,33 @@ fn mount_devpts(dev: &Path) -> Done {
         .map_err(|e| SetupError::io(Step::MountDevpts, &e, "creating /dev/ptmx"))
 }
 
-/// The REPL drivers of this codecage's version, on a read-only tmpfs. An image has the
-/// mount point (`cargo xtask rootfs` makes it); the host rootfs's root tmpfs gets one.
+/// The REPL drivers of this codecage's version, on a read-only tmpfs mounted on /run
+/// (which the host rootfs's root tmpfs gets, and images have).
 fn mount_drivers(make_mount_point: bool) -> Done {
+    let run = at("run");
     let dir = at(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
     let fail = |e: std::io::Error, what: String| SetupError::io(Step::MountDrivers, &e, what);
     if make_mount_point {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&dir)
-            .map_err(|e| fail(e, format!("creating {}", dir.display())))?;
-    } else if !dir.is_dir() {
+        mkdir(&run, 0o755).map_err(|e| fail(e, format!("creating {}", run.display())))?;
+    } else if !run.is_dir() {
         return Err(SetupError::refused(
             Step::MountDrivers,
-            format!(
-                "the image has no {} to mount the REPL drivers on: rebuild it with `cargo xtask rootfs`",
-                crate::spec::DRIVERS_DIR
-            ),
+            "the image has no /run to mount the REPL drivers on",
         ));
     }
-    tmpfs(&dir, "mode=0755,size=1m,nr_inodes=32", MsFlags::MS_NOEXEC)
-        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "mounting the drivers' tmpfs"))?;
+    tmpfs(&run, "mode=0755,size=1m,nr_inodes=32", MsFlags::MS_NOEXEC)
+        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "mounting the tmpfs on /run"))?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .map_err(|e| fail(e, format!("creating {}", dir.display())))?;
     for (name, content) in crate::drivers::FILES {
         let path = dir.join(name);
         fs::write(&path, content).map_err(|e| fail(e, format!("writing {}", path.display())))?;
     }
-    remount_readonly(&dir)
-        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "making the drivers read-only"))
+    remount_readonly(&run)
+        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "making /run read-only"))
 }
 
 fn seal_dev() -> Done {

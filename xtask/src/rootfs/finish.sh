@@ -48,7 +48,3 @@ rm -rf /var/tmp/* /usr/local/share/man /usr/local/share/doc
 find /var/log -type f -delete
 echo "clean-up done"
 
-# The mount point of codecage's REPL drivers: the launcher mounts the drivers of its own
-# version there, read-only, in sandboxes that run sessions.
-mkdir -p /opt/codecage/drivers
-echo "mount point /opt/codecage/drivers"
