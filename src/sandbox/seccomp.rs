@@ -7,10 +7,15 @@
 //!    of failing.
 //! 2. `deny`: what a hostile payload would use, answered with EPERM: mount and the new mount
 //!    API, namespaces, ptrace, keyring, bpf, perf, userfaultfd, io_uring, file handles,
-//!    modules, clocks; clone with namespace flags; socket families other than unix and IP,
-//!    raw and packet sockets; TIOCSTI; personality changes. Installed last, so its EPERM
-//!    wins over the allow filter's ENOSYS (the kernel keeps the most recent filter's value
-//!    among equal actions).
+//!    modules, clocks; clone with namespace flags; socket families other than unix, IP and
+//!    netlink, netlink protocols other than NETLINK_ROUTE, raw and packet sockets; TIOCSTI;
+//!    personality changes. Installed last, so its EPERM wins over the allow filter's ENOSYS
+//!    (the kernel keeps the most recent filter's value among equal actions).
+//!
+//! Before both, each payload installs a third, small filter built here, the netlink watch
+//! (`install_netlink_watch`): `socket(AF_NETLINK, ...)` and `setsockopt(SOL_SOCKET,
+//! SO_RCVBUF)` become user notifications that the init answers (netlink.rs). The deny
+//! filter's EPERM outranks a notification, so only NETLINK_ROUTE ever reaches the init.
 //!
 //! Foreign architectures (i386's int 0x80 on x86_64) are killed by seccompiler's arch check;
 //! x32 syscall numbers match no allowed entry and answer ENOSYS. build.rs compiles the

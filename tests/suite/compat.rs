@@ -53,7 +53,7 @@ fn a_payload_opens_ptys_of_its_own_and_sees_no_host_pty() {
 fn an_http_server_and_client_talk_on_the_sandbox_loopback() {
     as_root(|| {
         let run = python(
-            &[],
+            &["--timeout", &secs(30)],
             "import http.server, threading, urllib.request, socket\n\
              class V6(http.server.ThreadingHTTPServer): address_family = socket.AF_INET6\n\
              for cls, host in [(http.server.ThreadingHTTPServer, '127.0.0.1'), (V6, '::1')]:\n\
@@ -80,6 +80,8 @@ fn interfaces_are_listed_from_python_glibc_and_node() {
         );
         assert_eq!(run.stdout(), "[(1, 'lo')]\ngetifaddrs 0\n", "{}", run.json);
         let run = run_json(&[
+            "--timeout",
+            &secs(30),
             "--lang",
             "node",
             "-c",
@@ -141,7 +143,7 @@ fn a_python_project_runs_its_unittest_suite_from_a_read_only_volume() {
         let before = listing(project.path());
         let volume = format!("{}:/work/src", project.path().display());
         let run = bash(
-            &["-v", &volume],
+            &["--timeout", &secs(30), "-v", &volume],
             "cd /work/src && python3 -m unittest discover -v 2>&1 | tail -3; echo rc=${PIPESTATUS[0]}",
         );
         assert_eq!(run.error(), None, "{}", run.json);
@@ -185,7 +187,7 @@ fn a_node_project_runs_npm_test_from_a_copied_volume() {
         // npm is not in every lane's image (Debian's nodejs comes without it); there the
         // script it would run runs alone.
         let run = bash(
-            &["-v", &volume],
+            &["--timeout", &secs(60), "-v", &volume],
             "cd /work/src && if command -v npm >/dev/null; then npm test 2>&1; else node --test 2>&1; fi; \
              echo rc=$?; ls test",
         );
