@@ -330,10 +330,7 @@ fn run_bare(root: &Path, work: &Path, module: &str) -> Result<ModuleRun> {
         .arg(format!("HOME={}", dir.display()))
         .args(["bash", "-c", &script]);
     let start = Instant::now();
-    let status = cmd
-        .stdin(Stdio::null())
-        .status()
-        .context("running the bare tests")?;
+    let (status, _) = run_child(cmd, false).context("running the bare tests")?;
     let mut run = ModuleRun {
         exit: status.code(),
         seconds: start.elapsed().as_secs_f64(),
@@ -391,15 +388,12 @@ fn run_sandboxed(root: &Path, codecage: &Path, module: &str) -> Result<ModuleRun
     );
     cmd.args(["--", "bash", "-c", &script]);
     let start = Instant::now();
-    let output = cmd
-        .stdin(Stdio::null())
-        .output()
-        .context("running codecage")?;
+    let (_, stdout) = run_child(cmd, true).context("running codecage")?;
     let seconds = start.elapsed().as_secs_f64();
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).with_context(|| {
+    let json: serde_json::Value = serde_json::from_slice(&stdout).with_context(|| {
         format!(
             "codecage's answer is not JSON: {}",
-            String::from_utf8_lossy(&output.stderr)
+            String::from_utf8_lossy(&stdout)
         )
     })?;
     let mut run = ModuleRun {
@@ -426,6 +420,43 @@ fn run_sandboxed(root: &Path, codecage: &Path, module: &str) -> Result<ModuleRun
             .get_or_insert_with(|| format!("no results: {}", last_line(stderr)));
     }
     Ok(run)
+}
+
+/// Runs `cmd` in a process group of its own that dies with xtask, waiting for it while
+/// watching for SIGINT/SIGTERM (then the group is killed and the task stops). Returns its
+/// status and, when `capture`, its stdout.
+fn run_child(mut cmd: Command, capture: bool) -> Result<(std::process::ExitStatus, Vec<u8>)> {
+    use std::io::Read as _;
+    crate::host::own_group_and_die_with_parent(&mut cmd);
+    cmd.stdin(Stdio::null());
+    if capture {
+        cmd.stdout(Stdio::piped());
+    }
+    let mut child = cmd.spawn()?;
+    let reader = child.stdout.take().map(|mut out| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = out.read_to_end(&mut bytes);
+            bytes
+        })
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if crate::host::interrupted().is_some() {
+            crate::host::signal_group(&child, libc::SIGTERM);
+            std::thread::sleep(Duration::from_secs(2));
+            crate::host::signal_group(&child, libc::SIGKILL);
+            let _ = child.wait();
+            crate::host::check_interrupted()?;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stdout = reader
+        .map(|r| r.join().unwrap_or_default())
+        .unwrap_or_default();
+    Ok((status, stdout))
 }
 
 fn last_line(text: &str) -> String {
