@@ -50,6 +50,7 @@ pub fn test(args: &Args) -> Result<i32> {
     if built != 0 {
         bail!("the default image could not be built (cargo xtask rootfs exited {built})");
     }
+    let mcp_python = mcp_client()?;
     let nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .output()
@@ -62,6 +63,7 @@ pub fn test(args: &Args) -> Result<i32> {
         cmd.args(["test", "--workspace", "--no-fail-fast"]);
     }
     cmd.args(&args.nextest_args);
+    cmd.env("CODECAGE_MCP_PYTHON", &mcp_python);
     eprintln!("xtask: {cmd:?}");
     let native = cmd.status().context("running cargo")?.code().unwrap_or(1);
     if args.native_only {
@@ -70,11 +72,52 @@ pub fn test(args: &Args) -> Result<i32> {
     // The image lives on this host, not in the VM: its tests run natively only; so do the
     // server's (its clients, curl among them, are the host's).
     eprintln!("xtask: the integration tests in the cgroup v2 VM (cargo xtask vm-test)");
-    let skips = ["--skip", "image::", "--skip", "server::"];
+    let skips = ["--skip", "image::", "--skip", "server::", "--skip", "mcp::"];
     let vm_args = crate::vm::lane::TestArgs::new(skips.map(String::from).into());
     let vm = crate::vm::lane::vm_test(&vm_args)?;
     eprintln!("xtask: native tests exited {native}, VM tests exited {vm}");
     Ok(if native != 0 { native } else { vm })
+}
+
+/// The MCP tests' client: the official MCP Python SDK, pinned, in a venv of Debian's
+/// python3 under /var/cache/codecage (made once; python3-venv installed when missing).
+/// Returns its python.
+fn mcp_client() -> Result<std::path::PathBuf> {
+    const PACKAGE: &str = "mcp==2.3.0";
+    let venv = std::path::Path::new("/var/cache/codecage/mcp-client");
+    let python = venv.join("bin/python");
+    let stamp = venv.join("codecage-installed");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == PACKAGE) {
+        return Ok(python);
+    }
+    eprintln!("xtask: the MCP client ({PACKAGE}) in {}", venv.display());
+    let make = || {
+        let _ = std::fs::remove_dir_all(venv);
+        Command::new("/usr/bin/python3")
+            .args(["-m", "venv"])
+            .arg(venv)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !make() {
+        // Debian's python3 makes venvs only with python3-venv (ensurepip).
+        crate::host::debian::apt_install(&Runner::terminal(), &["python3-venv"], Recommends::Skip)?;
+        if !make() {
+            bail!(
+                "python3 -m venv {} failed even with python3-venv installed",
+                venv.display()
+            );
+        }
+    }
+    let pip = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check", PACKAGE])
+        .status()
+        .context("running pip")?;
+    if !pip.success() {
+        bail!("pip install {PACKAGE} failed: the MCP tests need it (PyPI must be reachable)");
+    }
+    std::fs::write(&stamp, PACKAGE)?;
+    Ok(python)
 }
 
 #[cfg(test)]
