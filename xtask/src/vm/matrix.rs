@@ -110,6 +110,8 @@ pub struct LaneReport {
     pub opt_in: Option<Value>,
     /// What the probes show that the lane does not expect.
     pub problems: Vec<String>,
+    /// Why the lane ran a second time, if it did.
+    pub retried: Option<String>,
 }
 
 impl LaneReport {
@@ -131,6 +133,7 @@ impl LaneReport {
             built_in: dir.json("built-in"),
             opt_in: dir.json("opt-in"),
             problems: Vec::new(),
+            retried: None,
         };
         report.problems = report.check();
         report
@@ -147,6 +150,7 @@ impl LaneReport {
             built_in: None,
             opt_in: None,
             problems: vec![why],
+            retried: None,
         }
     }
 
@@ -290,9 +294,14 @@ impl LaneReport {
             None => "not started".to_string(),
         };
         format!(
-            "{:<13} {verdict:<6} {:>7}  {tests} ({status}); {}",
+            "{:<13} {verdict:<6} {:>7}  {tests} ({status}{}); {}",
             self.lane.name,
             secs(self.elapsed),
+            if self.retried.is_some() {
+                ", on a second boot: the first VM died"
+            } else {
+                ""
+            },
             self.lane.selection()
         )
     }
@@ -555,6 +564,9 @@ fn notes(reports: &[LaneReport]) -> String {
         }
         for p in &r.problems {
             s.push_str(&format!("  - problem: {p}\n"));
+        }
+        if let Some(why) = &r.retried {
+            s.push_str(&format!("  - retried: {why}\n"));
         }
     }
     s
