@@ -18,6 +18,7 @@
 pub mod caller;
 mod cgroup;
 pub mod doctor;
+mod ids;
 pub mod knobs;
 pub mod launcher;
 pub mod outcome;
@@ -31,7 +32,7 @@ pub mod spec;
 mod sys;
 pub mod units;
 
-pub use launcher::{run, run_with, Stream};
+pub use launcher::{run, run_with, Sandbox, Stream};
 pub use outcome::{ErrorKind, Outcome};
 pub use sandbox::dispatch_init;
-pub use spec::{Rootfs, Spec};
+pub use spec::{Exec, Rootfs, SandboxSpec, Spec};

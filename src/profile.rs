@@ -429,7 +429,7 @@ pub fn resolve(
         }
     };
     let mut spec = Spec::new(argv);
-    spec.files = files;
+    spec.exec.files = files;
     for knob in Knob::all() {
         let value = match request.knobs.get(&knob) {
             None => profile.value(knob),
@@ -456,9 +456,9 @@ pub fn resolve(
         };
         spec.set(knob, value);
     }
-    spec.landlock = profile.hardening.landlock;
-    spec.seccomp = profile.hardening.seccomp;
-    spec.cgroup = profile.hardening.cgroup;
+    spec.sandbox.landlock = profile.hardening.landlock;
+    spec.sandbox.seccomp = profile.hardening.seccomp;
+    spec.sandbox.cgroup = profile.hardening.cgroup;
     for (key, value) in profile.env.iter().map(|(k, v)| (k.as_str(), v.as_str())) {
         spec.set_env(key, value);
     }
@@ -466,7 +466,8 @@ pub fn resolve(
         check_env_name(key).map_err(|e| PolicyError::Forbidden(format!("--env {e}")))?;
         spec.set_env(key, value);
     }
-    spec.rootfs = resolve_rootfs(request.rootfs.as_deref().unwrap_or(&profile.rootfs), data)?;
+    spec.sandbox.rootfs =
+        resolve_rootfs(request.rootfs.as_deref().unwrap_or(&profile.rootfs), data)?;
     spec.validate().map_err(PolicyError::Invalid)?;
     Ok(spec)
 }
@@ -590,9 +591,9 @@ mod tests {
         r.knobs.insert(Knob::Timeout, 60_000);
         r.knobs.insert(Knob::Memory, 64 << 20);
         let spec = resolve(&p, "python", &r, &data()).unwrap();
-        assert_eq!(spec.timeout, std::time::Duration::from_secs(60));
-        assert_eq!(spec.limits.unwrap().memory, 64 << 20);
-        assert!(spec.env.contains(&("MPLBACKEND".into(), "Agg".into())));
+        assert_eq!(spec.exec.timeout, std::time::Duration::from_secs(60));
+        assert_eq!(spec.sandbox.limits.unwrap().memory, 64 << 20);
+        assert!(spec.exec.env.contains(&("MPLBACKEND".into(), "Agg".into())));
         r.knobs.insert(Knob::Memory, 4 << 30);
         let e = resolve(&p, "python", &r, &data()).unwrap_err();
         assert!(matches!(e, PolicyError::AboveMax { .. }));

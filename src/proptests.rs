@@ -112,7 +112,7 @@ proptest! {
         let mut wire = Vec::new();
         let sent: Vec<FromSandbox> = codes
             .iter()
-            .map(|&c| FromSandbox::Exited { code: Some(c), signal: None })
+            .map(|&c| FromSandbox::Exited { id: 1, code: Some(c), signal: None })
             .chain([FromSandbox::Mark { phase: Phase::SandboxBuilt, at_ns: 7 }])
             .collect();
         for message in &sent {

@@ -2,9 +2,12 @@
 //! sits on, the frames, the setup steps, and the messages.
 //!
 //! The channel is a CLOEXEC stream socketpair whose sandbox end is fd [`CHANNEL_FD`] of the
-//! init. Frames, in order:
+//! init (which moves it out of the way of the payloads' fds at once). Frames, in order:
 //! - launcher -> sandbox: the byte [`GO`] once the id maps are written (read by the raw child
-//!   before it execs the init), then one [`TAG_MESSAGE`] frame holding the `Spec`.
+//!   before it execs the init), then a [`TAG_MESSAGE`] frame holding the `SandboxSpec`,
+//!   then [`ToSandbox`] frames: spawn a payload (its stdin, stdout, stderr and, for a REPL
+//!   driver, its own channel travel with the frame as SCM_RIGHTS), signal it, kill every
+//!   process but the init, shut down.
 //! - sandbox -> launcher: either a 6-byte [`TAG_RAW_ERROR`] frame from the raw child (it
 //!   cannot allocate, so it sends a [`Step`] number and the errno), or [`TAG_MESSAGE`]
 //!   frames holding a [`FromSandbox`] as JSON behind a little-endian u32 length.
@@ -109,6 +112,7 @@ steps! {
     CompileSeccomp = "compile_seccomp": "decoding the seccomp filters",
     ForkPayload = "fork_payload": "forking the payload",
     // The payload's last mile, in the child the init forked.
+    AttachPayloadFds = "attach_payload_fds": "putting the launcher's stdin, stdout, stderr (and a driver's channel) on 0-3",
     UnblockSignals = "unblock_signals": "unblocking the signals the init blocked",
     NewSession = "new_session": "giving the payload a session of its own (setsid)",
     SetRlimits = "set_rlimits": "setting the resource limits",
@@ -258,25 +262,53 @@ impl fmt::Display for SetupError {
 
 impl std::error::Error for SetupError {}
 
+/// What the launcher asks of the sandbox's init.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToSandbox {
+    /// Start a payload. `fds` fds came with this frame: stdin, stdout, stderr and, when 4,
+    /// a REPL driver's channel (fd 3 of the payload). `last`: when it ends, the init kills
+    /// the rest and exits (a one-shot run).
+    Spawn {
+        id: u64,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        files: Vec<crate::spec::WorkFile>,
+        fds: u8,
+        last: bool,
+    },
+    /// Send `signal` to the process group of payload `id`.
+    Signal { id: u64, signal: i32 },
+    /// Kill every process of the sandbox but the init; answered by `AllKilled` once every
+    /// one is reaped.
+    KillAll,
+    /// Kill everything and exit.
+    Shutdown,
+}
+
 /// What the sandbox tells the launcher.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FromSandbox {
-    /// A setup step failed; the payload never ran.
-    SetupFailed(SetupError),
+    /// A setup step failed: of the sandbox (`id` None; nothing can run in it), or of one
+    /// payload (it never ran).
+    SetupFailed { id: Option<u64>, error: SetupError },
     /// A point of the sandbox's setup was reached, at this CLOCK_MONOTONIC time: the
     /// launcher turns these into `Outcome.phases`.
     Mark { phase: Phase, at_ns: u64 },
-    /// The payload's hardening is in place and it is about to exec: which landlock ABI the
-    /// kernel has, and what a best-effort layer could not enforce.
+    /// Payload `id`'s hardening is in place and it is about to exec: which landlock ABI the
+    /// kernel has, and what was not enforced.
     Hardened {
+        id: u64,
         landlock_abi: Option<u32>,
         skipped: Vec<crate::outcome::Skipped>,
     },
-    /// The payload ended: with an exit status, or by a signal.
+    /// Payload `id` ended: with an exit status, or by a signal.
     Exited {
+        id: u64,
         code: Option<i32>,
         signal: Option<i32>,
     },
+    /// Every process but the init is gone (after `KillAll`).
+    AllKilled,
 }
 
 /// The points the sandbox reports the time of.
@@ -338,6 +370,138 @@ pub fn read_message<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> io::R
     serde_json::from_slice(&body).map_err(|e| invalid(e.to_string()))
 }
 
+/// Sends a frame with `fds` attached (SCM_RIGHTS), all of it, without raising SIGPIPE. The
+/// fds travel with the first bytes; the receiver queues them, so they are there by the
+/// time the frame is complete.
+pub fn send_with_fds(
+    stream: &std::os::unix::net::UnixStream,
+    mut bytes: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let mut first = true;
+    while !bytes.is_empty() {
+        let iov = [io::IoSlice::new(bytes)];
+        let cmsgs = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage] = if first && !fds.is_empty() {
+            &cmsgs
+        } else {
+            &[]
+        };
+        match sendmsg::<()>(
+            stream.as_raw_fd(),
+            &iov,
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(n) => {
+                bytes = &bytes[n..];
+                first = false;
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// One [`ToSandbox`] message as a frame.
+pub fn frame<T: Serialize>(msg: &T, max: usize) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    write_message(&mut out, msg, max)?;
+    Ok(out)
+}
+
+/// The init's side of the channel: bytes and the fds that came with them, reassembled into
+/// [`ToSandbox`] messages. The launcher is trusted, but a frame that does not decode still
+/// ends the sandbox rather than guessing.
+#[derive(Default)]
+pub struct Inbox {
+    buf: Vec<u8>,
+    fds: std::collections::VecDeque<std::os::fd::OwnedFd>,
+}
+
+impl Inbox {
+    /// Reads what the channel holds now (blocking until something arrives). Returns false
+    /// at EOF: the launcher is gone.
+    pub fn fill(&mut self, stream: &std::os::unix::net::UnixStream) -> io::Result<bool> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 8]);
+        let (n, received) = loop {
+            let mut iov = [io::IoSliceMut::new(&mut chunk)];
+            match recvmsg::<()>(
+                stream.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(msg) => {
+                    let mut fds = Vec::new();
+                    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+                        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                            fds.extend(raw);
+                        }
+                    }
+                    break (msg.bytes, fds);
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        for fd in received {
+            // SAFETY: the kernel just installed this fd in our table for us (SCM_RIGHTS).
+            self.fds.push_back(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n > 0)
+    }
+
+    /// The next complete message and the fds it announced, if it has arrived.
+    pub fn next(&mut self) -> Option<io::Result<(ToSandbox, Vec<std::os::fd::OwnedFd>)>> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
+        if self.buf.len() < 5 {
+            return None;
+        }
+        if self.buf[0] != TAG_MESSAGE {
+            return Some(Err(invalid(format!(
+                "unexpected frame tag {:#x}",
+                self.buf[0]
+            ))));
+        }
+        let len = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > MAX_SPEC_FRAME {
+            return Some(Err(invalid(format!(
+                "a frame of {len} bytes is over {MAX_SPEC_FRAME}"
+            ))));
+        }
+        if self.buf.len() < 5 + len {
+            return None;
+        }
+        let message: Result<ToSandbox, _> = serde_json::from_slice(&self.buf[5..5 + len]);
+        self.buf.drain(..5 + len);
+        let message = match message {
+            Ok(m) => m,
+            Err(e) => return Some(Err(invalid(e.to_string()))),
+        };
+        let wanted = match &message {
+            ToSandbox::Spawn { fds, .. } => usize::from(*fds),
+            _ => 0,
+        };
+        if self.fds.len() < wanted {
+            return Some(Err(invalid(format!(
+                "a spawn announced {wanted} fds and {} came",
+                self.fds.len()
+            ))));
+        }
+        let fds = self.fds.drain(..wanted).collect();
+        Some(Ok((message, fds)))
+    }
+}
+
 /// Reassembles the sandbox's frames from the bytes the launcher reads as they arrive.
 #[derive(Default)]
 pub struct FrameReader {
@@ -380,12 +544,15 @@ impl FrameReader {
                         "raw error frame names step {number}, which does not exist"
                     )));
                 };
-                Some(Ok(FromSandbox::SetupFailed(SetupError {
-                    step,
-                    errno: Some(errno),
-                    context: step.detail().into(),
-                    cause: None,
-                })))
+                Some(Ok(FromSandbox::SetupFailed {
+                    id: None,
+                    error: SetupError {
+                        step,
+                        errno: Some(errno),
+                        context: step.detail().into(),
+                        cause: None,
+                    },
+                }))
             }
             TAG_MESSAGE if self.buf.len() >= 5 => {
                 let len = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
@@ -421,6 +588,7 @@ mod tests {
         write_message(
             &mut wire,
             &FromSandbox::Exited {
+                id: 0,
                 code: Some(3),
                 signal: None,
             },
@@ -439,11 +607,12 @@ mod tests {
         assert_eq!(
             messages[0],
             FromSandbox::Exited {
+                id: 0,
                 code: Some(3),
                 signal: None
             }
         );
-        let FromSandbox::SetupFailed(err) = &messages[1] else {
+        let FromSandbox::SetupFailed { error: err, .. } = &messages[1] else {
             panic!("{messages:?}")
         };
         assert_eq!(err.step, Step::ExecInit);
@@ -461,6 +630,7 @@ mod tests {
         assert!(reader.next_message().unwrap().is_err());
         let mut wire = Vec::new();
         let exited = FromSandbox::Exited {
+            id: 0,
             code: Some(0),
             signal: None,
         };
@@ -479,7 +649,7 @@ mod tests {
         let mut reader = FrameReader::default();
         reader.feed(&[TAG_RAW_ERROR, 200, 1, 0, 0, 0]);
         assert!(reader.next_message().unwrap().unwrap_err().contains("200"));
-        let bad = br#"{"SetupFailed":{"step":"rm_rf","errno":1,"context":"","cause":null}}"#;
+        let bad = br#"{"SetupFailed":{"id":null,"error":{"step":"rm_rf","errno":1,"context":"","cause":null}}}"#;
         let mut reader = FrameReader::default();
         let mut frame = vec![TAG_MESSAGE];
         frame.extend_from_slice(&(bad.len() as u32).to_le_bytes());
@@ -507,11 +677,10 @@ mod tests {
     #[test]
     fn messages_round_trip() {
         let mut wire = Vec::new();
-        let msg = FromSandbox::SetupFailed(SetupError::errno(
-            Step::MountProc,
-            nix::errno::Errno::EPERM,
-            "d",
-        ));
+        let msg = FromSandbox::SetupFailed {
+            id: None,
+            error: SetupError::errno(Step::MountProc, nix::errno::Errno::EPERM, "d"),
+        };
         write_message(&mut wire, &msg, MAX_FRAME).unwrap();
         let back: FromSandbox = read_message(&mut wire.as_slice(), MAX_FRAME).unwrap();
         assert_eq!(back, msg);

@@ -1,7 +1,9 @@
-//! `Spec`: one sandbox run, fully resolved. The launcher reads nothing else (no config
-//! files, no environment), which keeps the privileged part small and testable. Front ends
-//! (CLI, HTTP, MCP) build a `Spec`, usually by resolving a request under a profile
-//! (`profile::resolve`).
+//! What the launcher runs, fully resolved: a [`SandboxSpec`] describes the box (root,
+//! sizes, limits, layers, ids), an [`Exec`] one execution in it (program, environment,
+//! files, stdin, timeout, output cap), and a [`Spec`] is both, for a one-shot run. The
+//! launcher reads nothing else (no config files, no environment), which keeps the
+//! privileged part small and testable. Front ends build them by resolving a request under
+//! a profile (`profile::resolve`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -95,21 +97,17 @@ pub struct WorkFile {
     pub contents: String,
 }
 
-/// How sandbox ids map to host ids. Each run gets two host ids of its own, derived from the
-/// id of the launcher thread that runs it (its "slot": the tid, turned by an offset of the
-/// pid namespace): `base + 2*slot` for uid/gid 0 and `base + 2*slot + 1` for the sandbox
-/// user. A thread runs one sandbox at a time (`run` returns only once every process of it
-/// is gone), and its tid is unique among the live threads of its pid namespace, so
-/// concurrent runs never share a host uid, without any lock or shared state. (Launchers in
-/// different pid namespaces may, rarely, meet on one.)
-/// The id is known before clone3, so the sandbox root's uid also owns the user namespace:
-/// the kernel charges the sandbox's inotify instances and other per-user counts to that
-/// uid, not to host root.
+/// How sandbox ids map to host ids. Each live sandbox holds a slot (see `ids.rs`: a lock on
+/// one byte of a file under /run/codecage, so that every codecage process on the host
+/// agrees), and gets two host ids of its own: `base + 2*slot` for uid/gid 0 and
+/// `base + 2*slot + 1` for the sandbox user. The ids are known before clone3, so the
+/// sandbox root's uid also owns the user namespace: the kernel charges the sandbox's
+/// inotify instances and other per-user counts to that uid, not to host root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMapping {
     /// First host id of the range codecage may use. The default, 0x7100_0000, lies above
     /// the ranges systemd assigns to users, dynamic users and containers
-    /// (systemd's UIDS-GIDS.md) and leaves room for `2 * pid_max` ids.
+    /// (systemd's UIDS-GIDS.md) and leaves room for `2 * SLOTS` ids.
     pub host_base: u32,
 }
 
@@ -124,8 +122,10 @@ impl Default for IdMapping {
 impl IdMapping {
     /// The lowest `host_base` allowed: below it lie real users and system ids.
     pub const MIN_BASE: u32 = 0x0010_0000;
+    /// How many sandboxes may live at once on a host.
+    pub const SLOTS: u32 = 1 << 22;
 
-    /// Host uid (and gid) that sandbox root maps to for `slot` (below 2^22).
+    /// Host uid (and gid) that sandbox root maps to for `slot` (below [`Self::SLOTS`]).
     pub fn host_root(&self, slot: u32) -> u32 {
         self.host_base + 2 * slot
     }
@@ -136,46 +136,36 @@ impl IdMapping {
         format!("0 {root} 1\n{SANDBOX_UID} {} 1\n", root + 1)
     }
 
-    /// The range must hold `2 * pid_max` ids (pid_max is at most 2^22) and stay clear of
-    /// real users and of the overflow id 2^32-1.
+    /// The range must hold `2 * SLOTS` ids and stay clear of real users and of the
+    /// overflow id 2^32-1.
     pub fn validate(&self) -> Result<(), String> {
-        let top = u64::from(self.host_base) + 2 * (1u64 << 22) + 2;
+        let top = u64::from(self.host_base) + 2 * u64::from(Self::SLOTS) + 2;
         if self.host_base < Self::MIN_BASE || top >= u64::from(u32::MAX) {
             return Err(format!(
                 "host id base {:#x} is out of range: use {:#x} to {:#x}, clear of real users",
                 self.host_base,
                 Self::MIN_BASE,
-                u32::MAX as u64 - 2 * (1 << 22) - 3
+                u32::MAX as u64 - 2 * u64::from(Self::SLOTS) - 3
             ));
         }
         Ok(())
     }
 }
 
-/// Everything one run needs, resolved.
+/// What describes the box: its root, its tmpfs sizes, its limits and layers, its ids. A
+/// [`crate::launcher::Sandbox`] is started from it once and runs many [`Exec`]s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Spec {
-    /// The program and its arguments; `argv[0]` is searched in the sandbox's `PATH` unless it
-    /// contains a `/`.
-    pub argv: Vec<String>,
-    /// The payload's whole environment (nothing is inherited).
-    pub env: Vec<(String, String)>,
-    /// Files written into /work before the payload starts.
-    pub files: Vec<WorkFile>,
+pub struct SandboxSpec {
     /// What `/` is.
     pub rootfs: Rootfs,
-    /// Wall-clock limit from start to the end of the last process.
-    pub timeout: Duration,
-    /// Cap on stdout plus stderr, in bytes. Past it the sandbox is stopped.
-    pub output_limit: u64,
     /// Size of the tmpfs on `/tmp` (and of `/dev/shm`), in bytes.
     pub tmp_size: u64,
     /// Size of the tmpfs on `/work`, the payload's working directory, in bytes.
     pub work_size: u64,
-    /// Memory, CPU and process limits, enforced through a cgroup of the run's own.
+    /// Memory, CPU and process limits, enforced through a cgroup of the sandbox's own.
     pub limits: Option<Limits>,
     /// Whether the cgroup must exist: `Off` runs without one (for measuring what the layer
-    /// costs), `BestEffort` without one where the host cannot make it.
+    /// costs), `BestEffort` without what the host cannot make.
     pub cgroup: LayerMode,
     /// Landlock filesystem, TCP and scope rules.
     pub landlock: LandlockMode,
@@ -187,27 +177,52 @@ pub struct Spec {
     pub hostname: String,
     /// Host id allocation.
     pub ids: IdMapping,
+    /// The REPL drivers (drivers/ in the repository, built into the binary) are mounted
+    /// read-only at [`DRIVERS_DIR`]: sessions need them, one-shot runs do not.
+    pub drivers: bool,
     /// The binary to run as the sandbox's pid 1: a program whose `main` calls
-    /// [`crate::sandbox::dispatch_init`] first. `/proc/self/exe`, the default, is the
-    /// running program itself, which is right for the `codecage` binary.
+    /// [`crate::dispatch_init`] first. `/proc/self/exe`, the default, is the running
+    /// program itself, which is right for the `codecage` binary.
     pub init_exe: PathBuf,
+}
+
+/// Where the REPL drivers are, inside a sandbox that has them.
+pub const DRIVERS_DIR: &str = "/opt/codecage/drivers";
+
+/// What describes one execution in a sandbox: the program, its environment, the files it
+/// finds in /work, its stdin, and how long and how loud it may be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exec {
+    /// The program and its arguments; `argv[0]` is searched in the sandbox's `PATH` unless it
+    /// contains a `/`.
+    pub argv: Vec<String>,
+    /// The payload's whole environment (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Files written into /work before the payload starts.
+    pub files: Vec<WorkFile>,
+    /// What the payload reads on stdin; none is /dev/null.
+    pub stdin: Option<Vec<u8>>,
+    /// Wall-clock limit from start to the end of the last process.
+    pub timeout: Duration,
+    /// Cap on stdout plus stderr, in bytes. Past it the execution is stopped.
+    pub output_limit: u64,
+}
+
+/// One run: a sandbox and the one execution it holds ([`crate::run`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Spec {
+    pub sandbox: SandboxSpec,
+    pub exec: Exec,
 }
 
 /// The PATH the payload starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-impl Spec {
-    /// A spec for `argv` with every knob at its default (`crate::knobs::KNOBS`: 30 s, 1 MiB
-    /// of output, 64 MiB tmpfs for /tmp and /work, 256 MiB of memory, half a CPU, 64
-    /// processes), the host rootfs, every layer required, and the base environment.
-    pub fn new(argv: Vec<String>) -> Spec {
-        let mut spec = Spec {
-            argv,
-            env: base_env(),
-            files: Vec::new(),
+impl Default for SandboxSpec {
+    /// Every knob at its default, the host rootfs, every layer required.
+    fn default() -> SandboxSpec {
+        let mut spec = SandboxSpec {
             rootfs: Rootfs::Host,
-            timeout: Duration::ZERO,
-            output_limit: 0,
             tmp_size: 0,
             work_size: 0,
             limits: Some(Limits::default()),
@@ -217,6 +232,7 @@ impl Spec {
             nofile: 0,
             hostname: "sandbox".into(),
             ids: IdMapping::default(),
+            drivers: false,
             init_exe: PathBuf::from("/proc/self/exe"),
         };
         for knob in Knob::all() {
@@ -224,93 +240,43 @@ impl Spec {
         }
         spec
     }
+}
 
-    /// Sets a knob, in its base unit (see [`Knob`]). The one place a knob's value reaches
-    /// the field the launcher reads.
+impl SandboxSpec {
+    /// Sets a knob that belongs to the box, in its base unit (see [`Knob`]); others are
+    /// ignored here.
     pub fn set(&mut self, knob: Knob, value: u64) {
-        fn limits(spec: &mut Spec) -> &mut Limits {
+        fn limits(spec: &mut SandboxSpec) -> &mut Limits {
             spec.limits.get_or_insert_with(Limits::default)
         }
         match knob {
-            Knob::Timeout => self.timeout = Duration::from_millis(value),
             Knob::Memory => limits(self).memory = value,
             Knob::Cpus => limits(self).cpu_quota_us = quota_for_millicpus(value),
             Knob::Pids => limits(self).pids = value,
-            Knob::OutputLimit => self.output_limit = value,
             Knob::Nofile => self.nofile = value,
             Knob::TmpSize => self.tmp_size = value,
             Knob::WorkSize => self.work_size = value,
-            // Not a property of one sandbox: file outputs and sessions read these from
-            // the profile.
-            Knob::OutputFileSize | Knob::IdleTimeout | Knob::MaxDuration => {}
+            _ => {}
         }
     }
 
-    /// A knob's value in this spec, where the spec holds it (limits only with a cgroup).
+    /// A box knob's value (limits only with a cgroup).
     pub fn get(&self, knob: Knob) -> Option<u64> {
         let limits = self.limits.as_ref();
         match knob {
-            Knob::Timeout => Some(self.timeout.as_millis() as u64),
             Knob::Memory => limits.map(|l| l.memory),
             Knob::Cpus => limits.map(|l| l.cpu_quota_us * 1000 / CPU_PERIOD_US),
             Knob::Pids => limits.map(|l| l.pids),
-            Knob::OutputLimit => Some(self.output_limit),
             Knob::Nofile => Some(self.nofile),
             Knob::TmpSize => Some(self.tmp_size),
             Knob::WorkSize => Some(self.work_size),
-            Knob::OutputFileSize | Knob::IdleTimeout | Knob::MaxDuration => None,
+            _ => None,
         }
-    }
-
-    /// Sets `key=value` in the environment, replacing an earlier value.
-    pub fn set_env(&mut self, key: &str, value: &str) {
-        self.env.retain(|(k, _)| k != key);
-        self.env.push((key.into(), value.into()));
     }
 
     /// Checks what the kernel would otherwise reject halfway through setup, with a message
     /// that names the field and what is allowed.
     pub fn validate(&self) -> Result<(), String> {
-        if self.argv.is_empty() || self.argv[0].is_empty() {
-            return Err("argv is empty: give the program to run".into());
-        }
-        if let Some(arg) = self.argv.iter().find(|a| a.contains('\0')) {
-            return Err(format!(
-                "argument {arg:?} contains a NUL byte, which no program can receive"
-            ));
-        }
-        for (key, value) in &self.env {
-            if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err(format!(
-                    "environment variable name {key:?} is invalid: use a non-empty name without '=' or NUL"
-                ));
-            }
-            if value.contains('\0') {
-                return Err(format!("environment variable {key} contains a NUL byte"));
-            }
-        }
-        let code_bytes: u64 = self.files.iter().map(|f| f.contents.len() as u64).sum();
-        if code_bytes > self.work_size {
-            return Err(format!(
-                "the code is {} bytes, more than /work holds ({}): send less code, or use a profile with a \
-                 larger work_size",
-                code_bytes,
-                crate::units::format_size(self.work_size)
-            ));
-        }
-        for file in &self.files {
-            let name = &file.name;
-            if name.is_empty()
-                || name.contains('/')
-                || name.contains('\0')
-                || name == "."
-                || name == ".."
-            {
-                return Err(format!(
-                    "work file name {name:?} is invalid: use a plain file name"
-                ));
-            }
-        }
         if let Rootfs::Dir(dir) = &self.rootfs {
             if !dir.is_absolute() {
                 return Err(format!("rootfs {} is not an absolute path", dir.display()));
@@ -343,6 +309,133 @@ impl Spec {
     }
 }
 
+impl Exec {
+    /// `argv` with the base environment, no files, and the default timeout and output cap.
+    pub fn new(argv: Vec<String>) -> Exec {
+        let mut exec = Exec {
+            argv,
+            env: base_env(),
+            files: Vec::new(),
+            stdin: None,
+            timeout: Duration::ZERO,
+            output_limit: 0,
+        };
+        for knob in Knob::all() {
+            exec.set(knob, knob.def().default);
+        }
+        exec
+    }
+
+    /// Sets a knob that belongs to one execution; others are ignored here.
+    pub fn set(&mut self, knob: Knob, value: u64) {
+        match knob {
+            Knob::Timeout => self.timeout = Duration::from_millis(value),
+            Knob::OutputLimit => self.output_limit = value,
+            _ => {}
+        }
+    }
+
+    /// An execution knob's value.
+    pub fn get(&self, knob: Knob) -> Option<u64> {
+        match knob {
+            Knob::Timeout => Some(self.timeout.as_millis() as u64),
+            Knob::OutputLimit => Some(self.output_limit),
+            _ => None,
+        }
+    }
+
+    /// Sets `key=value` in the environment, replacing an earlier value.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.into()));
+    }
+
+    /// Checks the execution against the box it will run in (its files must fit /work).
+    pub fn validate(&self, sandbox: &SandboxSpec) -> Result<(), String> {
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err("argv is empty: give the program to run".into());
+        }
+        if let Some(arg) = self.argv.iter().find(|a| a.contains('\0')) {
+            return Err(format!(
+                "argument {arg:?} contains a NUL byte, which no program can receive"
+            ));
+        }
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(format!(
+                    "environment variable name {key:?} is invalid: use a non-empty name without '=' or NUL"
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!("environment variable {key} contains a NUL byte"));
+            }
+        }
+        let code_bytes: u64 = self.files.iter().map(|f| f.contents.len() as u64).sum();
+        if code_bytes > sandbox.work_size {
+            return Err(format!(
+                "the code is {} bytes, more than /work holds ({}): send less code, or use a profile with a \
+                 larger work_size",
+                code_bytes,
+                crate::units::format_size(sandbox.work_size)
+            ));
+        }
+        for file in &self.files {
+            let name = &file.name;
+            if name.is_empty()
+                || name.contains('/')
+                || name.contains('\0')
+                || name == "."
+                || name == ".."
+            {
+                return Err(format!(
+                    "work file name {name:?} is invalid: use a plain file name"
+                ));
+            }
+        }
+        for knob in Knob::all() {
+            if let Some(value) = self.get(knob) {
+                knob.check(value).map_err(|e| format!("{knob}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Spec {
+    /// A run of `argv` with every knob at its default (`crate::knobs::KNOBS`: 30 s, 1 MiB
+    /// of output, 64 MiB tmpfs for /tmp and /work, 256 MiB of memory, half a CPU, 64
+    /// processes), the host rootfs, every layer required, and the base environment.
+    pub fn new(argv: Vec<String>) -> Spec {
+        Spec {
+            sandbox: SandboxSpec::default(),
+            exec: Exec::new(argv),
+        }
+    }
+
+    /// Sets a knob, in its base unit (see [`Knob`]), on the box or the execution: the one
+    /// place a knob's value reaches the field the launcher reads.
+    pub fn set(&mut self, knob: Knob, value: u64) {
+        self.sandbox.set(knob, value);
+        self.exec.set(knob, value);
+    }
+
+    /// A knob's value, wherever it lives.
+    pub fn get(&self, knob: Knob) -> Option<u64> {
+        self.sandbox.get(knob).or_else(|| self.exec.get(knob))
+    }
+
+    /// Sets `key=value` in the execution's environment.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.exec.set_env(key, value);
+    }
+
+    /// Both halves, with messages that name the field and what is allowed.
+    pub fn validate(&self) -> Result<(), String> {
+        self.exec.validate(&self.sandbox)?;
+        self.sandbox.validate()
+    }
+}
+
 /// The environment every payload starts with: PATH, HOME, LANG.
 pub fn base_env() -> Vec<(String, String)> {
     vec![
@@ -372,15 +465,15 @@ mod tests {
     fn validation_names_the_bad_field() {
         let mut spec = Spec::new(vec![]);
         assert!(spec.validate().unwrap_err().contains("argv"));
-        spec.argv = vec!["true".into()];
+        spec.exec.argv = vec!["true".into()];
         assert!(spec.validate().is_ok());
         spec.set_env("A=B", "x");
         assert!(spec.validate().unwrap_err().contains("\"A=B\""));
         let mut spec = Spec::new(vec!["true".into()]);
-        spec.rootfs = Rootfs::Dir("/nonexistent/codecage".into());
+        spec.sandbox.rootfs = Rootfs::Dir("/nonexistent/codecage".into());
         assert!(spec.validate().unwrap_err().contains("cargo xtask rootfs"));
         let mut spec = Spec::new(vec!["true".into()]);
-        spec.hostname = "a b".into();
+        spec.sandbox.hostname = "a b".into();
         assert!(spec.validate().unwrap_err().contains("hostname"));
     }
 
@@ -388,7 +481,19 @@ mod tests {
     fn set_env_replaces() {
         let mut spec = Spec::new(vec!["true".into()]);
         spec.set_env("HOME", "/tmp");
-        assert_eq!(spec.env.iter().filter(|(k, _)| k == "HOME").count(), 1);
-        assert!(spec.env.contains(&("HOME".into(), "/tmp".into())));
+        let env = &spec.exec.env;
+        assert_eq!(env.iter().filter(|(k, _)| k == "HOME").count(), 1);
+        assert!(env.contains(&("HOME".into(), "/tmp".into())));
+    }
+
+    #[test]
+    fn knobs_land_in_the_box_or_the_execution() {
+        let mut spec = Spec::new(vec!["true".into()]);
+        spec.set(Knob::Memory, 64 << 20);
+        spec.set(Knob::Timeout, 5000);
+        assert_eq!(spec.sandbox.limits.unwrap().memory, 64 << 20);
+        assert_eq!(spec.exec.timeout, Duration::from_secs(5));
+        assert_eq!(spec.get(Knob::Timeout), Some(5000));
+        assert_eq!(spec.get(Knob::Memory), Some(64 << 20));
     }
 }

@@ -119,11 +119,6 @@ pub fn pid_namespace() -> u64 {
     })
 }
 
-/// The calling thread's id.
-pub fn gettid() -> u32 {
-    nix::unistd::gettid().as_raw() as u32
-}
-
 /// Runs `clone` with this thread's effective uid set to `euid` and its capabilities kept
 /// (SECBIT_NO_SETUID_FIXUP), then restores both. A user namespace is owned by the euid of
 /// the thread that creates it, and the kernel charges per-user counts of everything in it

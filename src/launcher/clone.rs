@@ -1,56 +1,53 @@
 //! Creating the sandbox process: clone3 into new namespaces, the allocation-free child that
 //! waits for "go" and execs the init, and the parent's half of the handshake (id maps, go,
-//! the Spec).
+//! the SandboxSpec).
+//!
+//! clone3 runs on one long-lived thread of the process (the spawner): the init's
+//! parent-death signal fires when the thread that cloned it exits, not the process, and a
+//! sandbox that lives for a session must not die with the caller's thread (a tokio
+//! blocking thread retires after ten idle seconds). The spawner thread lives as long as the
+//! process, so every sandbox still dies with its launcher.
 
 use std::ffi::{c_char, CStr, CString};
-use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
 
 use nix::fcntl::{open, OFlag};
 use nix::sched::CloneFlags;
 use nix::sys::stat::Mode;
-use nix::unistd::{pipe2, Pid};
+use nix::unistd::Pid;
 
 use crate::cgroup::RunCgroup;
+use crate::ids::Slot;
 use crate::protocol::{self, raw_error_frame, Step, CHANNEL_FD, GO, INIT_ARG_C};
-use crate::spec::Spec;
+use crate::spec::SandboxSpec;
 use crate::sys::{self, Forked};
 
 /// A sandbox whose init is running (or has already failed), as the launcher holds it.
-pub struct Sandbox {
+pub struct Started {
     pub pid: Pid,
     pub pidfd: OwnedFd,
-    pub stdout: File,
-    pub stderr: File,
     pub channel: UnixStream,
+    /// The host id slot, held for the sandbox's life.
+    pub slot: Slot,
     /// When "go" was sent (CLOCK_MONOTONIC ns), for `Outcome.phases`.
     pub go_ns: u64,
 }
 
 /// The fds the raw child puts on 0..=3, and the init binary it execs.
 struct ChildFds {
-    stdin: OwnedFd,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+    devnull: OwnedFd,
     channel: OwnedFd,
     exe: OwnedFd,
 }
 
-/// The launcher's ends of the same pipes and socket.
-struct ParentFds {
-    stdout: File,
-    stderr: File,
-    channel: UnixStream,
-}
-
 /// What the raw child needs, as raw fds and C strings made before clone3, so that the
-/// child does not allocate.
+/// child does not allocate. It lives on the spawner thread while the clone runs.
 struct ChildPlan {
-    stdin: RawFd,
-    stdout: RawFd,
-    stderr: RawFd,
+    devnull: RawFd,
     channel: RawFd,
     exe: RawFd,
     argv: [*const c_char; 3],
@@ -58,6 +55,16 @@ struct ChildPlan {
     /// The run's v1 `tasks` files, to write "0" into (at most one per controller).
     cgroup_tasks: [*const c_char; MAX_V1_HIERARCHIES],
     cgroup_tasks_len: usize,
+}
+
+/// What the spawner thread is asked to clone: plain data, owned, so it can cross threads.
+struct CloneJob {
+    devnull: RawFd,
+    channel: RawFd,
+    exe: RawFd,
+    tasks: Vec<CString>,
+    target: Option<RawFd>,
+    owner: u32,
 }
 
 /// The v1 hierarchies a run joins at most: memory, cpu, cpuacct, pids (fewer where the
@@ -80,44 +87,51 @@ fn namespaces() -> u64 {
 }
 
 /// Clones the sandbox's init into new namespaces (and into its cgroup), writes its id maps,
-/// and sends it "go" and the Spec. Returns once the init is on its way; setup errors from
+/// and sends it "go" and the spec. Returns once the init is on its way; setup errors from
 /// inside arrive later on the channel.
-pub fn spawn(spec: &Spec, cgroup: Option<&RunCgroup>) -> Result<Sandbox, String> {
-    let (child, parent) = open_fds(spec)?;
-    let tasks = v1_tasks_paths(cgroup);
-    let plan = ChildPlan::new(&child, &tasks);
+pub fn start(spec: &SandboxSpec, cgroup: Option<&RunCgroup>) -> Result<Started, String> {
+    let slot = Slot::take()?;
+    let (child, channel) = open_fds(spec)?;
     // The sandbox's root uid owns its user namespace (see IdMapping).
-    let slot = id_slot();
-    let owner = spec.ids.host_root(slot);
-    let (pid, pidfd, born_inside) = clone_child(&plan, cgroup, owner)?;
+    let owner = spec.ids.host_root(slot.number());
+    let job = CloneJob {
+        devnull: child.devnull.as_raw_fd(),
+        channel: child.channel.as_raw_fd(),
+        exe: child.exe.as_raw_fd(),
+        tasks: v1_tasks_paths(cgroup),
+        target: cgroup
+            .and_then(|c| c.clone_target())
+            .map(|fd| fd.as_raw_fd()),
+        owner,
+    };
+    let (pid, pidfd, born_inside) = on_spawner_thread(job)?;
     // The parent's copies of the child's ends go now, or it would never see EOF.
     drop(child);
-    let mut sandbox = Sandbox {
+    let mut started = Started {
         pid,
         pidfd,
-        stdout: parent.stdout,
-        stderr: parent.stderr,
-        channel: parent.channel,
+        channel,
+        slot,
         go_ns: 0,
     };
     // In its cgroups before it may run: its limits hold from its first instruction, and its
     // cgroup namespace (created after "go") is rooted at its own cgroup.
     if let Some(cgroup) = cgroup {
         if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside, owner) {
-            abort(&sandbox);
+            abort(&started);
             return Err(e.to_string());
         }
     }
-    if let Err(message) = handshake(spec, &mut sandbox, slot) {
-        abort(&sandbox);
+    if let Err(message) = handshake(spec, &mut started) {
+        abort(&started);
         return Err(message);
     }
-    Ok(sandbox)
+    Ok(started)
 }
 
-/// The init binary, /dev/null for stdin, the output pipes and the channel, all CLOEXEC,
-/// and none of the child's in 0..=3, where it dup2s them.
-fn open_fds(spec: &Spec) -> Result<(ChildFds, ParentFds), String> {
+/// The init binary, /dev/null for its stdio, and the channel, all CLOEXEC, none of the
+/// child's in 0..=3 (where it dup2s them).
+fn open_fds(spec: &SandboxSpec) -> Result<(ChildFds, UnixStream), String> {
     let exe = open(
         &spec.init_exe,
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
@@ -129,34 +143,16 @@ fn open_fds(spec: &Spec) -> Result<(ChildFds, ParentFds), String> {
             spec.init_exe.display()
         )
     })?;
-    let stdin = open(
-        "/dev/null",
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| format!("cannot open /dev/null for the payload's stdin: {e}"))?;
-    let (stdout_r, stdout_w) =
-        pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stdout pipe: {e}"))?;
-    let (stderr_r, stderr_w) =
-        pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stderr pipe: {e}"))?;
+    let devnull = open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| format!("cannot open /dev/null for the init's stdio: {e}"))?;
     let (channel, channel_child) =
         UnixStream::pair().map_err(|e| format!("cannot create the sandbox channel: {e}"))?;
-    // A source already sitting in 0..=3 (the calling program closed its stdin, say) would
-    // be overwritten by an earlier dup2 before it is copied; the init binary's fd must
-    // survive those dup2s until execveat.
     let child = ChildFds {
-        stdin: above_stdio(stdin)?,
-        stdout: above_stdio(stdout_w)?,
-        stderr: above_stdio(stderr_w)?,
+        devnull: above_stdio(devnull)?,
         channel: above_stdio(OwnedFd::from(channel_child))?,
         exe: above_stdio(exe)?,
     };
-    let parent = ParentFds {
-        stdout: File::from(stdout_r),
-        stderr: File::from(stderr_r),
-        channel,
-    };
-    Ok((child, parent))
+    Ok((child, channel))
 }
 
 /// The run's v1 `tasks` files as C strings, for the raw child.
@@ -170,47 +166,65 @@ fn v1_tasks_paths(cgroup: Option<&RunCgroup>) -> Vec<CString> {
         .collect()
 }
 
+/// Runs the clone on the spawner thread and waits for it.
+fn on_spawner_thread(job: CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
+    type Reply = mpsc::SyncSender<Result<(Pid, OwnedFd, bool), String>>;
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<(CloneJob, Reply)>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, incoming) = mpsc::channel::<(CloneJob, Reply)>();
+        std::thread::Builder::new()
+            .name("codecage-spawner".into())
+            .spawn(move || {
+                for (job, reply) in incoming {
+                    let _ = reply.send(clone_child(&job));
+                }
+            })
+            .expect("starting the spawner thread");
+        Mutex::new(jobs)
+    });
+    let (reply, answer) = mpsc::sync_channel(1);
+    spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((job, reply))
+        .map_err(|_| "the spawner thread is gone".to_string())?;
+    answer
+        .recv()
+        .map_err(|_| "the spawner thread is gone".to_string())?
+}
+
 impl ChildPlan {
-    /// Borrows `fds` and `tasks`, which must outlive the clone.
-    fn new(fds: &ChildFds, tasks: &[CString]) -> ChildPlan {
+    fn new(job: &CloneJob) -> ChildPlan {
         let mut cgroup_tasks = [std::ptr::null(); MAX_V1_HIERARCHIES];
-        for (slot, path) in cgroup_tasks.iter_mut().zip(tasks) {
+        for (slot, path) in cgroup_tasks.iter_mut().zip(&job.tasks) {
             *slot = path.as_ptr();
         }
         ChildPlan {
-            stdin: fds.stdin.as_raw_fd(),
-            stdout: fds.stdout.as_raw_fd(),
-            stderr: fds.stderr.as_raw_fd(),
-            channel: fds.channel.as_raw_fd(),
-            exe: fds.exe.as_raw_fd(),
+            devnull: job.devnull,
+            channel: job.channel,
+            exe: job.exe,
             argv: [ARGV0.as_ptr(), INIT_ARG_C.as_ptr(), std::ptr::null()],
             envp: [std::ptr::null()],
             cgroup_tasks,
-            cgroup_tasks_len: tasks.len().min(MAX_V1_HIERARCHIES),
+            cgroup_tasks_len: job.tasks.len().min(MAX_V1_HIERARCHIES),
         }
     }
 }
 
 /// clone3 into the namespaces (and, on v2 and hybrid hosts, into the run's unified cgroup),
-/// with this thread's euid set to `owner` so the sandbox's root owns the user namespace.
+/// with this thread's euid set to the owner so the sandbox's root owns the user namespace.
 /// In the child, runs [`child_pre_exec`]. Returns the pid, a pidfd, and whether the child
 /// was born in its cgroup.
-fn clone_child(
-    plan: &ChildPlan,
-    cgroup: Option<&RunCgroup>,
-    owner: u32,
-) -> Result<(Pid, OwnedFd, bool), String> {
+fn clone_child(job: &CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
+    let plan = ChildPlan::new(job);
     let flags = namespaces() | sys::CLONE_CLEAR_SIGHAND;
     let clone = |target: Option<RawFd>| {
         // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
         // calls on data prepared before the clone and ends in execveat or _exit.
-        unsafe { sys::with_thread_euid(owner, || sys::clone3(flags, target)) }.and_then(|r| r)
+        unsafe { sys::with_thread_euid(job.owner, || sys::clone3(flags, target)) }.and_then(|r| r)
     };
-    let target = cgroup
-        .and_then(|c| c.clone_target())
-        .map(|fd| fd.as_raw_fd());
-    let mut born_inside = target.is_some();
-    let mut forked = clone(target);
+    let mut born_inside = job.target.is_some();
+    let mut forked = clone(job.target);
     if born_inside
         && forked
             .as_ref()
@@ -221,16 +235,16 @@ fn clone_child(
         forked = clone(None);
     }
     match forked.map_err(|e| clone_error(&e))? {
-        Forked::Child => child_pre_exec(plan),
+        Forked::Child => child_pre_exec(&plan),
         Forked::Parent { pid, pidfd } => Ok((pid, pidfd, born_inside)),
     }
 }
 
-/// Writes the id maps, then "go" and the Spec. A failure to send means the child already
+/// Writes the id maps, then "go" and the spec. A failure to send means the child already
 /// died; its raw error frame is waiting on the channel, so that is not an error here.
-fn handshake(spec: &Spec, sandbox: &mut Sandbox, slot: u32) -> Result<(), String> {
-    let pid = sandbox.pid.as_raw() as u32;
-    let lines = spec.ids.map_lines(slot);
+fn handshake(spec: &SandboxSpec, started: &mut Started) -> Result<(), String> {
+    let pid = started.pid.as_raw() as u32;
+    let lines = spec.ids.map_lines(started.slot.number());
     // As root in the parent namespace we may write a map with several lines and need not
     // deny setgroups (user_namespaces(7)); the payload drops its supplementary groups itself.
     for file in ["uid_map", "gid_map"] {
@@ -241,46 +255,18 @@ fn handshake(spec: &Spec, sandbox: &mut Sandbox, slot: u32) -> Result<(), String
             )
         })?;
     }
-    // A stuck child must not hang the launcher past the run's own deadline.
-    let _ = sandbox.channel.set_write_timeout(Some(spec.timeout));
     let mut frame = vec![GO];
     protocol::write_message(&mut frame, spec, protocol::MAX_SPEC_FRAME)
         .map_err(|e| format!("cannot encode the spec: {e}"))?;
-    sandbox.go_ns = crate::sys::monotonic_ns();
-    let _ = send_all(&sandbox.channel, &frame);
-    Ok(())
-}
-
-/// This run's slot in the host id range: the launcher thread's tid, unique among the live
-/// threads of its pid namespace, turned by an offset of that namespace (from the inode of
-/// /proc/self/ns/pid), so that launchers in different pid namespaces (containers), whose
-/// tids repeat, are unlikely to meet on the same host uid.
-fn id_slot() -> u32 {
-    static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    const SLOTS: u32 = 1 << 22; // pid_max is at most 2^22
-    let offset = *OFFSET.get_or_init(|| {
-        (sys::pid_namespace().wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u32 % SLOTS
-    });
-    (sys::gettid() + offset) % SLOTS
-}
-
-/// Sends without raising SIGPIPE in a calling program that did not ignore it.
-fn send_all(stream: &UnixStream, mut buf: &[u8]) -> nix::Result<()> {
-    use nix::sys::socket::{send, MsgFlags};
-    while !buf.is_empty() {
-        match send(stream.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
-            Ok(n) => buf = &buf[n..],
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    started.go_ns = crate::sys::monotonic_ns();
+    let _ = protocol::send_with_fds(&started.channel, &frame, &[]);
     Ok(())
 }
 
 /// Kills and reaps a child whose handshake failed, so nothing is left behind.
-fn abort(sandbox: &Sandbox) {
-    let _ = sys::pidfd_send_signal(sandbox.pidfd.as_fd(), libc::SIGKILL);
-    let _ = sys::wait4(sandbox.pid);
+fn abort(started: &Started) {
+    let _ = sys::pidfd_send_signal(started.pidfd.as_fd(), libc::SIGKILL);
+    let _ = sys::wait4(started.pid);
 }
 
 fn clone_error(e: &std::io::Error) -> String {
@@ -312,7 +298,7 @@ fn above_stdio(fd: OwnedFd) -> Result<OwnedFd, String> {
 /// locks, no panics). Each failure sends a raw error frame naming the step and exits 125.
 fn child_pre_exec(plan: &ChildPlan) -> ! {
     // Errors go to the channel where it is: its original fd until the dup2s, fd 3 after
-    // (the original is marked close-on-exec with the rest, and exists on no kernel after).
+    // (the original is marked close-on-exec with the rest).
     let report = |fd: RawFd, step: Step, errno: i32| -> ! {
         let _ = sys::child_write_all(fd, &raw_error_frame(step, errno));
         sys::exit_now(125)
@@ -341,11 +327,12 @@ fn child_pre_exec(plan: &ChildPlan) -> ! {
     if let Err(errno) = sys::child_set_pdeathsig() {
         fail(Step::SetParentDeathSignal, errno)
     }
-    // stdin (/dev/null), stdout and stderr pipes, the channel on fd 3.
+    // /dev/null for the init's own stdio (each payload gets its own fds later), the
+    // channel on fd 3.
     for (from, to) in [
-        (plan.stdin, 0),
-        (plan.stdout, 1),
-        (plan.stderr, 2),
+        (plan.devnull, 0),
+        (plan.devnull, 1),
+        (plan.devnull, 2),
         (plan.channel, CHANNEL_FD),
     ] {
         if let Err(errno) = sys::child_dup2(from, to) {

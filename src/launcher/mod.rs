@@ -1,32 +1,40 @@
-//! The mechanism: `run(&Spec) -> Outcome`, the one entry point every front end uses.
+//! The mechanism: a [`Sandbox`] is started from a [`SandboxSpec`] and runs payloads in it;
+//! [`run`] is start + one execution + close, the one entry point of one-shot runs.
 //!
 //! ```text
 //! launcher (host, root)                       sandbox (new user, mount, pid, net, ipc, uts ns)
-//!  |- validate Spec, open fds (all CLOEXEC)
-//!  |- clone3 ---------------------------------> raw child: waits for "go"
+//!  |- validate, cgroup, id slot, fds (CLOEXEC)
+//!  |- clone3 (spawner thread) ----------------> raw child: waits for "go"
 //!  |- write uid_map / gid_map
-//!  |- "go" + Spec ----------------------------> setresuid(0), PDEATHSIG, fds 0-3, exec init
+//!  |- "go" + SandboxSpec ---------------------> setresuid(0), PDEATHSIG, fds 0-3, exec init
 //!  |                                             init (pid 1): cgroup ns, mounts, pivot_root,
-//!  |                                             hostname, lo; forks the payload; reaps
-//!  |<-- reports (setup error | exit status) ---- exits when the payload did
-//!  '- supervise: output cap, timeout, signals; reap; Outcome
+//!  |                                             hostname, lo; then serves requests:
+//!  |- Spawn{argv, env, files} + stdio fds ----> fork, harden, exec the payload
+//!  |<-- Hardened, Exited{id}, AllKilled ------- reaps every child, reports payloads
+//!  '- supervise: output cap, timeout, signals; Outcome
 //! ```
 //!
 //! Safe to call from many threads at once: the child runs only raw syscalls until it execs
-//! a fresh codecage, every fd is CLOEXEC, and concurrent runs share no files or ids.
+//! a fresh codecage, every fd is CLOEXEC, and concurrent sandboxes share no files or ids.
 
 mod clone;
 mod supervise;
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
+use nix::fcntl::OFlag;
 use nix::sys::signalfd::SignalFd;
+use nix::unistd::{pipe2, Pid};
 
 use crate::cgroup::{self, RunCgroup, Usage};
+use crate::ids::Slot;
 use crate::outcome::{ErrorKind, Outcome, Phases, Skipped};
-use crate::protocol::Phase;
-use crate::spec::Limits;
-use crate::spec::{LayerMode, Spec};
+use crate::protocol::{self, FrameReader, FromSandbox, Phase, ToSandbox};
+use crate::spec::{Exec, LayerMode, Limits, SandboxSpec, Spec};
 use crate::sys;
 use crate::units::format_size;
 
@@ -51,92 +59,422 @@ pub fn run_with(
     interrupt: Option<&SignalFd>,
 ) -> Outcome {
     let start = Instant::now();
-    let start_ns = sys::monotonic_ns();
     if let Err(message) = spec.validate() {
         return Outcome::failed(ErrorKind::InvalidRequest, message);
     }
-    let failed = |message: String| {
+    let mut sandbox = match Sandbox::start(&spec.sandbox) {
+        Ok(sandbox) => sandbox,
+        Err(e) => {
+            let mut outcome = Outcome::failed(e.kind, e.message);
+            outcome.duration = start.elapsed();
+            return outcome;
+        }
+    };
+    let streams = match ExecStreams::open(&spec.exec) {
+        Ok(streams) => streams,
+        Err(message) => return sandbox.failed_before_running(message, start),
+    };
+    if let Err(e) = sandbox.spawn(&spec.exec, &streams.child_fds(), None, true) {
+        return sandbox.failed_before_running(format!("cannot start the payload: {e}"), start);
+    }
+    let streams = streams.into_parent();
+    let (mut outcome, reaped_ns) =
+        supervise::supervise(&mut sandbox, streams, &spec.exec, start, sink, interrupt);
+    sandbox.finish_run(&mut outcome, reaped_ns);
+    outcome
+}
+
+/// Why a sandbox could not be started: the spec was invalid, or the host could not build it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct StartError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// A running sandbox: its init, the channel to it, its cgroup and its host id slot. It
+/// runs payloads until it is closed or dropped; either kills every process of it and
+/// removes its cgroup.
+pub struct Sandbox {
+    pid: Pid,
+    pidfd: OwnedFd,
+    channel: UnixStream,
+    frames: FrameReader,
+    /// Messages read from the channel and not consumed yet.
+    inbox: VecDeque<FromSandbox>,
+    cgroup: Option<RunCgroup>,
+    _slot: Slot,
+    spec: SandboxSpec,
+    /// Layers the host could not give this sandbox (a best-effort cgroup).
+    skipped: Vec<Skipped>,
+    marks: Vec<(Phase, u64)>,
+    start_ns: u64,
+    clone_ns: u64,
+    go_ns: u64,
+    next_id: u64,
+    /// The channel is closed or sent something that does not decode.
+    channel_open: bool,
+    protocol_error: Option<String>,
+    /// The init has been reaped.
+    reaped: Option<std::io::Result<(i32, libc::rusage)>>,
+}
+
+impl Sandbox {
+    /// Builds a sandbox: its cgroup with limits, the init in new namespaces, the id maps,
+    /// and the spec sent. Returns as soon as the init is on its way (its setup errors come
+    /// with the first payload's outcome).
+    pub fn start(spec: &SandboxSpec) -> Result<Sandbox, StartError> {
+        let start_ns = sys::monotonic_ns();
+        let setup_failed = |message: String| StartError {
+            kind: ErrorKind::Setup,
+            message: format!("{message}; the code did not run"),
+        };
+        spec.validate().map_err(|message| StartError {
+            kind: ErrorKind::InvalidRequest,
+            message,
+        })?;
+        let mut skipped = Vec::new();
+        let cgroup = match (&spec.limits, spec.cgroup) {
+            (Some(limits), mode @ (LayerMode::Required | LayerMode::BestEffort)) => {
+                let best_effort = mode == LayerMode::BestEffort;
+                match RunCgroup::create(cgroup::layout(), limits, best_effort) {
+                    Ok(cgroup) => {
+                        skipped.extend(cgroup.skipped().iter().cloned());
+                        Some(cgroup)
+                    }
+                    Err(e) if best_effort => {
+                        skipped.push(Skipped::new("cgroup", "the whole layer", e.to_string()));
+                        None
+                    }
+                    Err(e) => return Err(setup_failed(e.to_string())),
+                }
+            }
+            _ => None,
+        };
+        if spec.cgroup == LayerMode::Off {
+            skipped.push(Skipped::new(
+                "cgroup",
+                "the whole layer",
+                "turned off by the profile",
+            ));
+        }
+        let clone_ns = sys::monotonic_ns();
+        let started = clone::start(spec, cgroup.as_ref()).map_err(setup_failed)?;
+        Ok(Sandbox {
+            pid: started.pid,
+            pidfd: started.pidfd,
+            channel: started.channel,
+            frames: FrameReader::default(),
+            inbox: VecDeque::new(),
+            cgroup,
+            _slot: started.slot,
+            spec: spec.clone(),
+            skipped,
+            marks: Vec::new(),
+            start_ns,
+            clone_ns,
+            go_ns: started.go_ns,
+            next_id: 0,
+            channel_open: true,
+            protocol_error: None,
+            reaped: None,
+        })
+    }
+
+    /// The spec the sandbox was built from.
+    pub fn spec(&self) -> &SandboxSpec {
+        &self.spec
+    }
+
+    /// Starts a payload with `stdio` on its fds 0, 1, 2 and `driver` on 3. Returns its id.
+    /// `last`: the init exits when this payload ends (a one-shot run).
+    pub fn spawn(
+        &mut self,
+        exec: &Exec,
+        stdio: &[BorrowedFd<'_>; 3],
+        driver: Option<BorrowedFd<'_>>,
+        last: bool,
+    ) -> std::io::Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
+        fds.extend(driver.map(|fd| fd.as_raw_fd()));
+        let message = ToSandbox::Spawn {
+            id,
+            argv: exec.argv.clone(),
+            env: exec.env.clone(),
+            files: exec.files.clone(),
+            fds: fds.len() as u8,
+            last,
+        };
+        self.send(&message, &fds)?;
+        Ok(id)
+    }
+
+    /// Sends `signal` to payload `id`'s process group.
+    pub fn signal(&mut self, id: u64, signal: i32) -> std::io::Result<()> {
+        self.send(&ToSandbox::Signal { id, signal }, &[])
+    }
+
+    /// Asks the init to kill every other process of the sandbox; `AllKilled` answers.
+    pub fn kill_all(&mut self) -> std::io::Result<()> {
+        self.send(&ToSandbox::KillAll, &[])
+    }
+
+    fn send(&mut self, message: &ToSandbox, fds: &[i32]) -> std::io::Result<()> {
+        let frame = protocol::frame(message, protocol::MAX_SPEC_FRAME)?;
+        protocol::send_with_fds(&self.channel, &frame, fds)
+    }
+
+    /// The channel, to poll.
+    pub fn channel_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
+    }
+
+    /// The init's pidfd, to poll: readable once the init has exited.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// Reads what the channel holds now into the inbox. Returns false once it is closed or
+    /// broken. Phase marks are kept for the timings, not queued.
+    pub fn read_channel(&mut self) -> bool {
+        use nix::errno::Errno;
+        use nix::sys::socket::{recv, MsgFlags};
+        let mut buf = [0u8; 16 * 1024];
+        while self.channel_open {
+            match recv(self.channel.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+                Ok(0) => self.channel_open = false,
+                Ok(n) => self.frames.feed(&buf[..n]),
+                Err(Errno::EAGAIN) => break,
+                Err(Errno::EINTR) => continue,
+                Err(_) => self.channel_open = false,
+            }
+        }
+        while let Some(message) = self.frames.next_message() {
+            match message {
+                Ok(FromSandbox::Mark { phase, at_ns }) => self.marks.push((phase, at_ns)),
+                Ok(message) => self.inbox.push_back(message),
+                Err(e) => {
+                    self.protocol_error = Some(e);
+                    self.channel_open = false;
+                }
+            }
+        }
+        self.channel_open
+    }
+
+    /// The next message read from the channel, if any.
+    pub fn next_message(&mut self) -> Option<FromSandbox> {
+        self.inbox.pop_front()
+    }
+
+    /// What the channel said that made no sense, if anything.
+    pub fn protocol_error(&self) -> Option<&str> {
+        self.protocol_error.as_deref()
+    }
+
+    /// SIGKILL to the init: the kernel kills the whole pid namespace with it.
+    pub fn kill(&self) {
+        // ESRCH: it already exited, which is fine.
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+    }
+
+    /// Whether the init has exited (without reaping it).
+    pub fn init_exited(&self) -> bool {
+        let mut fds = [nix::poll::PollFd::new(
+            self.pidfd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+
+    /// Reaps the init (once), returning its wait status and rusage.
+    fn reap(&mut self) -> &std::io::Result<(i32, libc::rusage)> {
+        let pid = self.pid;
+        self.reaped.get_or_insert_with(|| sys::wait4(pid))
+    }
+
+    /// What the sandbox's cgroup measured so far.
+    pub fn usage(&self) -> Option<Usage> {
+        self.cgroup.as_ref().map(RunCgroup::usage)
+    }
+
+    /// The memory limit, for messages.
+    pub fn limits(&self) -> Option<&Limits> {
+        self.spec.limits.as_ref()
+    }
+
+    /// Layers the host could not give this sandbox.
+    pub fn skipped(&self) -> &[Skipped] {
+        &self.skipped
+    }
+
+    /// Asks the init to shut down, waits up to `patience` for it, then kills it; reaps it
+    /// and removes the cgroup. Nothing of the sandbox is left afterwards.
+    pub fn close(mut self, patience: Duration) -> Result<(), String> {
+        let _ = self.send(&ToSandbox::Shutdown, &[]);
+        let end = Instant::now() + patience;
+        while !self.init_exited() && Instant::now() < end {
+            let mut fds = [nix::poll::PollFd::new(
+                self.pidfd.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
+        }
+        self.kill();
+        self.reap();
+        match self.cgroup.take() {
+            Some(cgroup) => cgroup.remove().map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    /// A one-shot run that failed before its payload started: the sandbox is torn down and
+    /// the Outcome says why.
+    fn failed_before_running(mut self, message: String, start: Instant) -> Outcome {
+        self.kill();
+        self.reap();
         let mut outcome =
             Outcome::failed(ErrorKind::Setup, format!("{message}; the code did not run"));
         outcome.duration = start.elapsed();
         outcome
-    };
-    let mut skipped = Vec::new();
-    let cgroup = match (&spec.limits, spec.cgroup) {
-        (Some(limits), mode @ (LayerMode::Required | LayerMode::BestEffort)) => {
-            let best_effort = mode == LayerMode::BestEffort;
-            match RunCgroup::create(cgroup::layout(), limits, best_effort) {
-                Ok(cgroup) => {
-                    skipped.extend(cgroup.skipped().iter().cloned());
-                    Some(cgroup)
-                }
-                Err(e) if best_effort => {
-                    skipped.push(Skipped::new("cgroup", "the whole layer", e.to_string()));
-                    None
-                }
-                Err(e) => return failed(e.to_string()),
+    }
+
+    /// The end of a one-shot run: the init is reaped, the cgroup's figures go into the
+    /// Outcome, the cgroup is removed, and the phases are computed.
+    fn finish_run(&mut self, outcome: &mut Outcome, reaped_ns: u64) {
+        outcome
+            .skipped_layers
+            .splice(0..0, self.skipped.iter().cloned());
+        let payload_started = self.marks.iter().any(|(p, _)| *p == Phase::PayloadReady);
+        if let (Some(cgroup), Some(limits)) = (self.cgroup.take(), self.spec.limits) {
+            account(outcome, cgroup.usage(), &limits, payload_started);
+            if let Err(e) = cgroup.remove() {
+                let note = format!("codecage could not remove the run's cgroup: {e}");
+                outcome.message = Some(match outcome.message.take() {
+                    Some(message) => format!("{message}; {note}"),
+                    None => note,
+                });
             }
         }
-        _ => None,
-    };
-    let clone_ns = sys::monotonic_ns();
-    let sandbox = match clone::spawn(spec, cgroup.as_ref()) {
-        Ok(sandbox) => sandbox,
-        Err(message) => return failed(message),
-    };
-    let go_ns = sandbox.go_ns;
-    let (mut outcome, timeline) = supervise::supervise(sandbox, spec, start, sink, interrupt);
-    outcome.skipped_layers.extend(skipped);
-    let payload_started = timeline
-        .marks
-        .iter()
-        .any(|(p, _)| *p == Phase::PayloadReady);
-    if spec.cgroup == LayerMode::Off {
-        outcome.skipped_layers.push(Skipped::new(
-            "cgroup",
-            "the whole layer",
-            "turned off by the profile",
-        ));
+        outcome.phases = Some(self.phases(reaped_ns));
     }
-    if let (Some(cgroup), Some(limits)) = (cgroup, &spec.limits) {
-        account(&mut outcome, cgroup.usage(), limits, payload_started);
-        if let Err(e) = cgroup.remove() {
-            let note = format!("codecage could not remove the run's cgroup: {e}");
-            outcome.message = Some(match outcome.message.take() {
-                Some(message) => format!("{message}; {note}"),
-                None => note,
-            });
+
+    /// The run's phases from the launcher's timestamps and the sandbox's marks; a phase
+    /// whose mark never came (a setup failure) is None.
+    fn phases(&self, reaped_ns: u64) -> Phases {
+        let at = |phase: Phase| {
+            self.marks
+                .iter()
+                .find(|(p, _)| *p == phase)
+                .map(|(_, t)| *t)
+        };
+        let span = |from: Option<u64>, to: Option<u64>| match (from, to) {
+            (Some(a), Some(b)) if b >= a => Some((b - a) as f64 / 1e6),
+            _ => None,
+        };
+        let (init, built) = (at(Phase::InitStarted), at(Phase::SandboxBuilt));
+        let (ready, exited) = (at(Phase::PayloadReady), at(Phase::PayloadExited));
+        Phases {
+            prepare_ms: span(Some(self.start_ns), Some(self.clone_ns)),
+            clone_ms: span(Some(self.clone_ns), Some(self.go_ns)),
+            init_exec_ms: span(Some(self.go_ns), init),
+            sandbox_ms: span(init, built),
+            payload_setup_ms: span(built, ready),
+            run_ms: span(ready, exited),
+            teardown_ms: span(exited, Some(reaped_ns)),
+            cleanup_ms: span(Some(reaped_ns), Some(sys::monotonic_ns())),
         }
     }
-    outcome.phases = Some(phases(&timeline, [start_ns, clone_ns, go_ns]));
-    outcome
 }
 
-/// The run's phases from the launcher's timestamps (start, clone, go) and the sandbox's
-/// marks; a phase whose mark never came (a setup failure) is None.
-fn phases(timeline: &supervise::Timeline, [start_ns, clone_ns, go_ns]: [u64; 3]) -> Phases {
-    let at = |phase: Phase| {
-        timeline
-            .marks
-            .iter()
-            .find(|(p, _)| *p == phase)
-            .map(|(_, t)| *t)
-    };
-    let span = |from: Option<u64>, to: Option<u64>| match (from, to) {
-        (Some(a), Some(b)) if b >= a => Some((b - a) as f64 / 1e6),
-        _ => None,
-    };
-    let (init, built) = (at(Phase::InitStarted), at(Phase::SandboxBuilt));
-    let (ready, exited) = (at(Phase::PayloadReady), at(Phase::PayloadExited));
-    Phases {
-        prepare_ms: span(Some(start_ns), Some(clone_ns)),
-        clone_ms: span(Some(clone_ns), Some(go_ns)),
-        init_exec_ms: span(Some(go_ns), init),
-        sandbox_ms: span(init, built),
-        payload_setup_ms: span(built, ready),
-        run_ms: span(ready, exited),
-        teardown_ms: span(exited, Some(timeline.reaped_ns)),
-        cleanup_ms: span(Some(timeline.reaped_ns), Some(sys::monotonic_ns())),
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.reaped.is_none() {
+            self.kill();
+            self.reap();
+        }
+        // The cgroup, if still held, removes itself (RunCgroup's drop).
+    }
+}
+
+/// One execution's stdio: the payload's ends (sent to the init) and the launcher's.
+pub(crate) struct ExecStreams {
+    stdin: OwnedFd,
+    stdout_w: OwnedFd,
+    stderr_w: OwnedFd,
+    stdout: File,
+    stderr: File,
+    /// Writes the execution's stdin into its pipe, if it has any.
+    feeder: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The launcher's ends of an execution's output, once the payload holds its own.
+pub(crate) struct OutputPipes {
+    pub stdout: File,
+    pub stderr: File,
+}
+
+impl ExecStreams {
+    /// Pipes for stdout and stderr; stdin is /dev/null, or a pipe that a thread fills with
+    /// the execution's stdin and closes (a payload that does not read it ends the thread
+    /// with EPIPE when it exits).
+    pub(crate) fn open(exec: &Exec) -> Result<ExecStreams, String> {
+        let (stdout, stdout_w) =
+            pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stdout pipe: {e}"))?;
+        let (stderr, stderr_w) =
+            pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stderr pipe: {e}"))?;
+        let (stdin, feeder) = match &exec.stdin {
+            None => {
+                let null = nix::fcntl::open(
+                    "/dev/null",
+                    OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map_err(|e| format!("cannot open /dev/null for stdin: {e}"))?;
+                (null, None)
+            }
+            Some(bytes) => {
+                let (read, write) = pipe2(OFlag::O_CLOEXEC)
+                    .map_err(|e| format!("cannot create the stdin pipe: {e}"))?;
+                let bytes = bytes.clone();
+                let feeder = std::thread::spawn(move || {
+                    let _ = std::io::Write::write_all(&mut File::from(write), &bytes);
+                });
+                (read, Some(feeder))
+            }
+        };
+        Ok(ExecStreams {
+            stdin,
+            stdout_w,
+            stderr_w,
+            stdout: File::from(stdout),
+            stderr: File::from(stderr),
+            feeder,
+        })
+    }
+
+    pub(crate) fn child_fds(&self) -> [BorrowedFd<'_>; 3] {
+        [
+            self.stdin.as_fd(),
+            self.stdout_w.as_fd(),
+            self.stderr_w.as_fd(),
+        ]
+    }
+
+    /// Drops the payload's ends (or the launcher would never see EOF) and keeps the
+    /// launcher's.
+    pub(crate) fn into_parent(self) -> OutputPipes {
+        let ExecStreams {
+            stdout,
+            stderr,
+            feeder,
+            ..
+        } = self;
+        // The feeder finishes on its own (all written, or EPIPE); it is not waited for.
+        drop(feeder);
+        OutputPipes { stdout, stderr }
     }
 }
 
@@ -173,22 +511,26 @@ fn account(outcome: &mut Outcome, usage: Usage, limits: &Limits, payload_started
         return;
     }
     outcome.error = Some(ErrorKind::Oom);
-    outcome.message = Some(if !payload_started {
-        format!(
+    outcome.message = Some(oom_message(&memory, payload_started, outcome.init_lost));
+}
+
+/// What an OOM verdict says, in words every front end can use.
+pub(crate) fn oom_message(memory: &str, payload_started: bool, init_lost: bool) -> String {
+    if !payload_started {
+        return format!(
             "the sandbox ran out of memory while it was being built (the code file in /work and the \
              interpreter's start count against the memory limit of {memory}); the code did not run. Allow \
              more memory, or send less code."
-        )
+        );
+    }
+    let who = if init_lost {
+        "the sandbox's init, and with it every process"
     } else {
-        let who = if outcome.init_lost {
-            "the sandbox's init, and with it every process".to_string()
-        } else {
-            "the program".to_string()
-        };
-        format!(
-            "the code reached the memory limit of {memory} and the kernel's OOM killer killed {who}; the \
-             output up to then is kept. Use less memory (process data in chunks, free large objects), or \
-             allow more memory."
-        )
-    });
+        "the program"
+    };
+    format!(
+        "the code reached the memory limit of {memory} and the kernel's OOM killer killed {who}; the \
+         output up to then is kept. Use less memory (process data in chunks, free large objects), or \
+         allow more memory."
+    )
 }

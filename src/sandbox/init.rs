@@ -1,20 +1,30 @@
-//! pid 1 of the sandbox. An interpreter run as pid 1 would ignore SIGTERM and pile up
-//! zombies (a pid 1 gets no default signal actions, pid_namespaces(7)), so this init forks the payload, forwards signals to it,
-//! reaps every child, and when the payload ends kills whatever is left.
+//! pid 1 of the sandbox, and the server of the launcher's requests. An interpreter run as
+//! pid 1 would ignore SIGTERM and pile up zombies (a pid 1 gets no default signal actions,
+//! pid_namespaces(7)), so this init forks each payload the launcher asks for, forwards
+//! signals to it, reaps every child, and reports each payload's end.
+//!
+//! The loop waits on two things: the channel (spawn, signal, kill all, shut down) and a
+//! signalfd (SIGCHLD, and the signals it forwards). A one-shot run's payload is spawned
+//! `last`: when it ends, the init kills the rest and exits, as before sessions existed.
 
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::{payload, seccomp};
-use crate::protocol::{FromSandbox, Phase, SetupError, Step};
-use crate::spec::{LayerMode, Spec};
+use super::payload::{self, Launch};
+use super::seccomp::{self, Filters};
+use crate::protocol::{self, FromSandbox, Inbox, Phase, SetupError, Step, ToSandbox};
+use crate::spec::{LayerMode, SandboxSpec};
 use crate::sys::{self, ForkedInit};
 
-/// Signals the init passes on to the payload's process group.
+/// Signals the init passes on to the newest payload's process group.
 const FORWARDED: &[Signal] = &[
     Signal::SIGINT,
     Signal::SIGTERM,
@@ -25,83 +35,218 @@ const FORWARDED: &[Signal] = &[
     Signal::SIGWINCH,
 ];
 
-/// Runs the payload to its end and reports how it ended.
-pub fn run_payload(spec: &Spec, channel: &UnixStream) -> FromSandbox {
-    // Every signal is blocked and taken with sigwait: a blocked SIGCHLD stays pending, so
-    // no child's exit is missed between two waits, and the payload inherits nothing odd
-    // (it unblocks everything before exec).
-    let signals = SigSet::all();
-    if let Err(e) = signals.thread_block() {
-        return FromSandbox::SetupFailed(SetupError::errno(
-            Step::BlockInitSignals,
-            e,
-            "sigprocmask",
-        ));
-    }
-    // Compiled here, once, before the fork: the payload only installs it.
-    let filters = match spec.seccomp {
-        LayerMode::Off => None,
-        _ => match seccomp::compile() {
-            Ok(filters) => Some(filters),
-            Err(e) => {
-                return FromSandbox::SetupFailed(SetupError::refused(Step::CompileSeccomp, e))
-            }
-        },
+struct Init<'a> {
+    spec: &'a SandboxSpec,
+    channel: &'a UnixStream,
+    filters: Option<Filters>,
+    /// Live payloads: pid -> (id, last).
+    payloads: BTreeMap<Pid, (u64, bool)>,
+    newest: Option<Pid>,
+}
+
+/// Serves the launcher until it says to stop, goes away, or the last payload ends.
+pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
+    let mut init = Init {
+        spec,
+        channel,
+        filters: None,
+        payloads: BTreeMap::new(),
+        newest: None,
     };
-    let payload = match sys::fork_in_init() {
-        Ok(ForkedInit::Child) => payload::exec(spec, filters.as_ref(), channel),
-        Ok(ForkedInit::Parent(pid)) => pid,
-        Err(e) => return FromSandbox::SetupFailed(SetupError::errno(Step::ForkPayload, e, "fork")),
+    let signals = match init.prepare() {
+        Ok(signals) => signals,
+        Err(error) => init.fail_and_exit(None, error),
     };
-    let status = loop {
-        match signals.wait() {
-            Ok(Signal::SIGCHLD) => {
-                if let Some(status) = reap_all(payload) {
-                    break status;
+    let mut inbox = Inbox::default();
+    loop {
+        let mut fds = [
+            PollFd::new(channel.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => init.exit(125),
+        }
+        let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+        let (channel_ready, signal_ready) = (ready(0), ready(1));
+        if signal_ready {
+            while let Ok(Some(info)) = signals.read_signal() {
+                match Signal::try_from(info.ssi_signo as i32) {
+                    Ok(Signal::SIGCHLD) => init.reap(),
+                    Ok(signal) if FORWARDED.contains(&signal) => init.forward(signal),
+                    _ => {}
                 }
             }
-            Ok(signal) if FORWARDED.contains(&signal) => forward(payload, signal),
-            _ => {}
         }
-    };
-    // From pid 1, kill(-1) reaches every other process of the namespace: nothing the
-    // payload started outlives it, double-forked, setsid'd or not.
-    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-    crate::protocol::mark(channel, Phase::PayloadExited);
-    match status {
-        WaitStatus::Signaled(_, signal, _) => FromSandbox::Exited {
-            code: None,
-            signal: Some(signal as i32),
-        },
-        WaitStatus::Exited(_, code) => FromSandbox::Exited {
-            code: Some(code),
-            signal: None,
-        },
-        _ => FromSandbox::Exited {
-            code: None,
-            signal: None,
-        },
-    }
-}
-
-/// Reaps every child that has ended; returns the payload's status once it is among them.
-fn reap_all(payload: Pid) -> Option<WaitStatus> {
-    let mut payload_status = None;
-    loop {
-        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return payload_status,
-            Ok(status @ (WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)))
-                if pid == payload =>
-            {
-                payload_status = Some(status);
+        if channel_ready {
+            match inbox.fill(channel) {
+                Ok(true) => {}
+                // The launcher is gone: nobody is left to supervise.
+                Ok(false) | Err(_) => init.exit(0),
             }
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(_) => return payload_status,
+            while let Some(message) = inbox.next() {
+                match message {
+                    Ok((message, fds)) => init.handle(message, fds),
+                    Err(_) => init.exit(125),
+                }
+            }
         }
     }
 }
 
-fn forward(payload: Pid, signal: Signal) {
+impl Init<'_> {
+    /// Signals to a signalfd, and the seccomp filters compiled once for every payload.
+    fn prepare(&mut self) -> Result<SignalFd, SetupError> {
+        // Every signal is blocked and read from a signalfd: a blocked SIGCHLD stays pending,
+        // so no child's exit is missed, and the payload inherits nothing odd (it unblocks
+        // everything before exec).
+        let all = SigSet::all();
+        all.thread_block()
+            .map_err(|e| SetupError::errno(Step::BlockInitSignals, e, "sigprocmask"))?;
+        let signals = SignalFd::with_flags(&all, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(|e| SetupError::errno(Step::BlockInitSignals, e, "signalfd"))?;
+        self.filters = match self.spec.seccomp {
+            LayerMode::Off => None,
+            _ => {
+                Some(seccomp::compile().map_err(|e| SetupError::refused(Step::CompileSeccomp, e))?)
+            }
+        };
+        Ok(signals)
+    }
+
+    fn handle(&mut self, message: ToSandbox, fds: Vec<OwnedFd>) {
+        match message {
+            ToSandbox::Spawn {
+                id,
+                argv,
+                env,
+                files,
+                last,
+                ..
+            } => {
+                if let Err(error) = super::write_work_files(&files) {
+                    return self.report_failure(id, error, last);
+                }
+                let launch = Launch {
+                    id,
+                    argv: &argv,
+                    env: &env,
+                    fds,
+                };
+                match sys::fork_in_init() {
+                    Ok(ForkedInit::Child) => {
+                        payload::exec(self.spec, &launch, self.filters.as_ref(), self.channel)
+                    }
+                    Ok(ForkedInit::Parent(pid)) => {
+                        // The parent's copies of the payload's fds go now, or the launcher
+                        // would never see EOF on its pipes.
+                        drop(launch);
+                        self.payloads.insert(pid, (id, last));
+                        self.newest = Some(pid);
+                    }
+                    Err(e) => {
+                        let error = SetupError::errno(Step::ForkPayload, e, "fork");
+                        self.report_failure(id, error, last)
+                    }
+                }
+            }
+            ToSandbox::Signal { id, signal } => {
+                let target = self.payloads.iter().find(|(_, (i, _))| *i == id);
+                if let (Some((pid, _)), Ok(signal)) = (target, Signal::try_from(signal)) {
+                    signal_group(*pid, signal);
+                }
+            }
+            ToSandbox::KillAll => {
+                self.kill_all();
+                self.send(&FromSandbox::AllKilled);
+            }
+            ToSandbox::Shutdown => self.exit(0),
+        }
+    }
+
+    /// A payload that never started: reported, and for a one-shot run the end.
+    fn report_failure(&mut self, id: u64, error: SetupError, last: bool) {
+        if last {
+            self.fail_and_exit(Some(id), error);
+        }
+        self.send(&FromSandbox::SetupFailed {
+            id: Some(id),
+            error,
+        });
+    }
+
+    /// Reaps every child that has ended, and reports the payloads among them. When the
+    /// last payload of a one-shot run ends, everything else is killed and the init exits.
+    fn reap(&mut self) {
+        loop {
+            let (pid, code, signal) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, Some(code), None),
+                Ok(WaitStatus::Signaled(pid, signal, _)) => (pid, None, Some(signal as i32)),
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(_) => return,
+            };
+            if let Some((id, last)) = self.payloads.remove(&pid) {
+                if last {
+                    // From pid 1, kill(-1) reaches every other process of the namespace:
+                    // nothing the payload started outlives it, double-forked or not.
+                    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+                    protocol::mark(self.channel, Phase::PayloadExited);
+                }
+                self.send(&FromSandbox::Exited { id, code, signal });
+                if last {
+                    self.exit(0);
+                }
+            }
+        }
+    }
+
+    /// Kills every process but this one and waits until each is reaped; the payloads
+    /// among them are reported as killed.
+    fn kill_all(&mut self) {
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        loop {
+            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Exited(pid, code)) => self.killed(pid, Some(code), None),
+                Ok(WaitStatus::Signaled(pid, signal, _)) => {
+                    self.killed(pid, None, Some(signal as i32))
+                }
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn killed(&mut self, pid: Pid, code: Option<i32>, signal: Option<i32>) {
+        if let Some((id, _)) = self.payloads.remove(&pid) {
+            self.send(&FromSandbox::Exited { id, code, signal });
+        }
+    }
+
+    fn forward(&self, signal: Signal) {
+        if let Some(pid) = self.newest.filter(|p| self.payloads.contains_key(p)) {
+            signal_group(pid, signal);
+        }
+    }
+
+    fn send(&self, message: &FromSandbox) {
+        // A launcher that is gone is handled by the loop (EOF on the channel).
+        let _ = protocol::write_message(&mut &*self.channel, message, protocol::MAX_FRAME);
+    }
+
+    fn fail_and_exit(&mut self, id: Option<u64>, error: SetupError) -> ! {
+        self.send(&FromSandbox::SetupFailed { id, error });
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        std::process::exit(125)
+    }
+
+    fn exit(&mut self, code: i32) -> ! {
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        std::process::exit(code)
+    }
+}
+
+fn signal_group(payload: Pid, signal: Signal) {
     // The payload leads its own process group; a pipeline it runs gets the signal too, as
     // from a terminal.
     if kill(Pid::from_raw(-payload.as_raw()), signal).is_err() {

@@ -122,8 +122,18 @@ pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
             "building the landlock ruleset",
         )
     })?;
-    let skipped = missing
+    Ok(Enforced {
+        abi: Some(abi),
+        skipped: lacking(abi),
+    })
+}
+
+/// What a kernel of landlock ABI `abi` does not enforce of what codecage asks for, each
+/// with the layer that covers it.
+pub fn lacking(abi: u32) -> Vec<Skipped> {
+    FEATURES
         .iter()
+        .filter(|f| f.abi > abi)
         .map(|f| {
             Skipped::new(
                 "landlock",
@@ -132,11 +142,7 @@ pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
             )
             .covered_by(f.covered_by)
         })
-        .collect();
-    Ok(Enforced {
-        abi: Some(abi),
-        skipped,
-    })
+        .collect()
 }
 
 fn no_landlock() -> String {

@@ -17,7 +17,7 @@ use std::os::unix::net::UnixStream;
 use nix::sched::{unshare, CloneFlags};
 
 use crate::protocol::{self, FromSandbox, Phase, SetupError, Step, CHANNEL_FD, INIT_ARG};
-use crate::spec::Spec;
+use crate::spec::{SandboxSpec, WorkFile};
 
 /// Compiles this architecture's seccomp policy, for `doctor`. Returns the architecture.
 pub fn seccomp_policy_check() -> Result<&'static str, String> {
@@ -37,28 +37,29 @@ pub fn dispatch_init() {
 }
 
 fn init_main() -> ! {
-    let channel = match crate::sys::take_inherited_socket(CHANNEL_FD) {
+    // The channel moves out of 0..=3, where each payload gets its own fds.
+    let channel = crate::sys::take_inherited_socket(CHANNEL_FD)
+        .and_then(|fd| crate::sys::dup_above(std::os::fd::AsFd::as_fd(&fd), 10));
+    let channel = match channel {
         Ok(fd) => UnixStream::from(fd),
         Err(e) => {
             eprintln!("codecage: {INIT_ARG} is internal to the launcher ({e})");
             std::process::exit(125)
         }
     };
-    let report = match build(&channel) {
-        Ok(spec) => init::run_payload(&spec, &channel),
-        Err(err) => FromSandbox::SetupFailed(err),
-    };
-    let code = match &report {
-        FromSandbox::SetupFailed(_) => 125,
-        _ => 0,
-    };
-    // If the launcher is gone there is nobody to tell, and nothing else to do.
-    let _ = protocol::write_message(&mut &channel, &report, protocol::MAX_FRAME);
-    std::process::exit(code)
+    match build(&channel) {
+        Ok(spec) => init::serve(&spec, &channel),
+        Err(error) => {
+            // If the launcher is gone there is nobody to tell, and nothing else to do.
+            let failed = FromSandbox::SetupFailed { id: None, error };
+            let _ = protocol::write_message(&mut &channel, &failed, protocol::MAX_FRAME);
+            std::process::exit(125)
+        }
+    }
 }
 
-/// Builds the sandbox around this process, in order. Returns the Spec to run.
-fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
+/// Builds the sandbox around this process, in order. Returns its spec.
+fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     protocol::mark(channel, Phase::InitStarted);
     // Whatever the calling program had: an ignored SIGCHLD survives execve and would let
     // the kernel reap the payload before the init sees it exit; a umask of 077 would make
@@ -81,7 +82,6 @@ fn build(channel: &UnixStream) -> Result<Spec, SetupError> {
     // the sandbox's own /proc/sys is read-only once built.
     set_network_sysctls()?;
     mount::build_root(&spec)?;
-    write_work_files(&spec)?;
     set_hostname(&spec.hostname)?;
     bring_up_loopback()?;
     // pid 1 holds the host binary open; other uids may not inspect it (CVE-2019-5736).
@@ -115,7 +115,7 @@ fn die_with_launcher(channel: &UnixStream) -> Result<(), SetupError> {
     Ok(())
 }
 
-fn receive_spec(channel: &UnixStream) -> Result<Spec, SetupError> {
+fn receive_spec(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     protocol::read_message(&mut &*channel, protocol::MAX_SPEC_FRAME)
         .map_err(|e| SetupError::io(Step::ReceiveSpec, &e, "reading the Spec from the launcher"))
 }
@@ -125,13 +125,21 @@ fn enter_cgroup_namespace() -> Result<(), SetupError> {
         .map_err(|e| SetupError::errno(Step::EnterCgroupNamespace, e, "unshare(CLONE_NEWCGROUP)"))
 }
 
-/// The runner's code file, owned by the sandbox user so the payload may change it.
-fn write_work_files(spec: &Spec) -> Result<(), SetupError> {
+/// A runner's code file, owned by the sandbox user so the payload may change it. An
+/// existing file of the same name (a session's earlier call) is replaced, never followed:
+/// the payload may have planted a symlink there.
+pub(crate) fn write_work_files(files: &[WorkFile]) -> Result<(), SetupError> {
     use std::os::unix::fs::OpenOptionsExt;
     let id = Some(crate::spec::SANDBOX_UID);
-    for file in &spec.files {
+    for file in files {
         let path = std::path::Path::new("/work").join(&file.name);
         let detail = || format!("writing {}", path.display());
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(SetupError::io(Step::WriteWorkFiles, &e, detail()))
+            }
+            _ => {}
+        }
         let mut out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -18,7 +18,7 @@ use nix::unistd::{chdir, pivot_root};
 use super::procfs;
 use super::rootfs::{synthesized_etc, HOST_ETC, HOST_TOP};
 use crate::protocol::{SetupError, Step};
-use crate::spec::{Rootfs, Spec};
+use crate::spec::{Rootfs, SandboxSpec};
 
 /// Where the new root is assembled before pivot_root.
 const NEW_ROOT: &str = "/tmp";
@@ -35,7 +35,7 @@ fn at(rel: &str) -> PathBuf {
 }
 
 /// Builds the new root and enters it.
-pub fn build_root(spec: &Spec) -> Done {
+pub fn build_root(spec: &SandboxSpec) -> Done {
     // Our mounts must never propagate to the host's table: with a shared / (systemd's
     // default) they would, even from a new mount namespace.
     stop_mount_propagation()?;

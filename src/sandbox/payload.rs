@@ -27,32 +27,52 @@ use nix::unistd::{chdir, execve, setgroups, setresgid, setresuid, setsid, Gid, U
 use super::landlock;
 use super::seccomp::Filters;
 use crate::protocol::{self, FromSandbox, SetupError, Step};
-use crate::spec::{Spec, SANDBOX_PATH, SANDBOX_UID};
+use crate::spec::{SandboxSpec, SANDBOX_PATH, SANDBOX_UID};
 
 /// The stack limit of the payload's processes (glibc sizes thread stacks from it).
 const STACK_LIMIT: u64 = 8 << 20;
 
+/// One payload to start: what the launcher asked for, and the fds that came with it
+/// (stdin, stdout, stderr, and a REPL driver's channel).
+pub struct Launch<'a> {
+    pub id: u64,
+    pub argv: &'a [String],
+    pub env: &'a [(String, String)],
+    pub fds: Vec<std::os::fd::OwnedFd>,
+}
+
 /// Prepares and execs the payload. Never returns: a setup failure is reported on the
 /// channel (exit 125); a program that cannot run exits 127 (not found) or 126, as a shell.
-pub fn exec(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> ! {
-    match prepare(spec, filters, channel) {
+pub fn exec(
+    spec: &SandboxSpec,
+    launch: &Launch,
+    filters: Option<&Filters>,
+    channel: &UnixStream,
+) -> ! {
+    match prepare(spec, launch, filters, channel) {
         Ok(()) => {
-            let (code, message) = exec_in_path(spec);
+            let (code, message) = exec_in_path(launch);
             eprintln!("codecage: {message}");
             std::process::exit(code)
         }
-        Err(err) => {
-            let _ = protocol::write_message(
-                &mut &*channel,
-                &FromSandbox::SetupFailed(err),
-                protocol::MAX_FRAME,
-            );
+        Err(error) => {
+            let failed = FromSandbox::SetupFailed {
+                id: Some(launch.id),
+                error,
+            };
+            let _ = protocol::write_message(&mut &*channel, &failed, protocol::MAX_FRAME);
             std::process::exit(125);
         }
     }
 }
 
-fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Result<(), SetupError> {
+fn prepare(
+    spec: &SandboxSpec,
+    launch: &Launch,
+    filters: Option<&Filters>,
+    channel: &UnixStream,
+) -> Result<(), SetupError> {
+    attach_fds(&launch.fds)?;
     unblock_signals()?;
     setsid().map_err(|e| SetupError::errno(Step::NewSession, e, "setsid"))?;
     set_rlimits(spec)?;
@@ -65,7 +85,7 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| SetupError::errno(Step::SetNoNewPrivs, e, "PR_SET_NO_NEW_PRIVS"))?;
     let landlock = landlock::restrict(spec.landlock)?;
-    mark_fds_cloexec()?;
+    mark_fds_cloexec(launch.fds.len() as i32)?;
     let mut skipped = landlock.skipped;
     if filters.is_none() {
         skipped.push(crate::outcome::Skipped::new(
@@ -77,6 +97,7 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
     // The last message before the filter: it needs no syscall the filter might deny.
     protocol::mark(channel, protocol::Phase::PayloadReady);
     let report = FromSandbox::Hardened {
+        id: launch.id,
         landlock_abi: landlock.abi,
         skipped,
     };
@@ -99,6 +120,28 @@ fn prepare(spec: &Spec, filters: Option<&Filters>, channel: &UnixStream) -> Resu
     Ok(())
 }
 
+/// The launcher's fds for this payload on 0, 1, 2 (and 3, a driver's channel).
+fn attach_fds(fds: &[std::os::fd::OwnedFd]) -> Result<(), SetupError> {
+    use std::os::fd::AsRawFd;
+    // A source already in the range would be overwritten before it is copied: first lift
+    // every source above it.
+    let lifted: Vec<std::os::fd::OwnedFd> = fds
+        .iter()
+        .map(|fd| crate::sys::dup_above(std::os::fd::AsFd::as_fd(fd), 10))
+        .collect::<Result<_, _>>()
+        .map_err(|e| SetupError::io(Step::AttachPayloadFds, &e, "moving the payload's fds"))?;
+    for (target, fd) in lifted.iter().enumerate() {
+        crate::sys::child_dup2(fd.as_raw_fd(), target as i32).map_err(|e| {
+            SetupError::errno(
+                Step::AttachPayloadFds,
+                Errno::from_raw(e),
+                format!("dup2 onto fd {target}"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// The init reset every disposition (Rust's ignored SIGPIPE, a caller's ignored SIGCHLD)
 /// before it forked us, and set none since; what remains is the mask it blocked.
 fn unblock_signals() -> Result<(), SetupError> {
@@ -112,7 +155,7 @@ fn unblock_signals() -> Result<(), SetupError> {
 /// Defence in depth behind the cgroup and tmpfs limits. Only ever lowered: a limit the
 /// launcher already runs under is kept. The file size limit sits 64 KiB above the largest
 /// tmpfs, so a full tmpfs answers ENOSPC, as programs expect, before SIGXFSZ could fire.
-fn set_rlimits(spec: &Spec) -> Result<(), SetupError> {
+fn set_rlimits(spec: &SandboxSpec) -> Result<(), SetupError> {
     let largest_file = spec.tmp_size.max(spec.work_size) + (64 << 10);
     // The pids limit again, per uid: the payload's uid is the run's own, so this holds
     // even where a best-effort profile ran without a cgroup. One above the cgroup's limit
@@ -203,29 +246,30 @@ fn check_no_capabilities() -> Result<(), SetupError> {
     Ok(())
 }
 
-/// The payload has only 0, 1, 2 open by construction; this keeps it so should that change.
-fn mark_fds_cloexec() -> Result<(), SetupError> {
-    crate::sys::cloexec_from(3).map_err(|e| {
+/// The payload keeps only its stdio (and a driver's channel on 3); everything else it
+/// inherited from the init closes at exec.
+fn mark_fds_cloexec(keep: i32) -> Result<(), SetupError> {
+    crate::sys::cloexec_from(keep).map_err(|e| {
         SetupError::errno(
             Step::MarkFdsCloexec,
             Errno::from_raw(e),
-            "close_range(3, ~0, CLOEXEC)",
+            format!("close_range({keep}, ~0, CLOEXEC)"),
         )
     })
 }
 
 /// execve through the payload's own PATH, like execvp(3) but with the sandbox's PATH rather
 /// than the init's (empty) environment. Returns the exit status and message on failure.
-fn exec_in_path(spec: &Spec) -> (i32, String) {
-    let program = &spec.argv[0];
+fn exec_in_path(launch: &Launch) -> (i32, String) {
+    let program = &launch.argv[0];
     let to_c = |s: &str| CString::new(s).unwrap_or_default();
-    let argv: Vec<CString> = spec.argv.iter().map(|a| to_c(a)).collect();
-    let envp: Vec<CString> = spec
+    let argv: Vec<CString> = launch.argv.iter().map(|a| to_c(a)).collect();
+    let envp: Vec<CString> = launch
         .env
         .iter()
         .map(|(k, v)| to_c(&format!("{k}={v}")))
         .collect();
-    let path = spec
+    let path = launch
         .env
         .iter()
         .find(|(k, _)| k == "PATH")

@@ -21,7 +21,7 @@ use nix::mount::{mount, MsFlags};
 
 use super::mount::{bind_readonly, mkdir, tmpfs};
 use crate::protocol::{SetupError, Step};
-use crate::spec::{Spec, CPU_PERIOD_US};
+use crate::spec::{SandboxSpec, CPU_PERIOD_US};
 
 type Done = Result<(), SetupError>;
 
@@ -93,7 +93,7 @@ pub fn mask_host_entries(proc: &Path, empty: &Path) -> Done {
 
 /// Writes the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id, and binds them
 /// over /proc's. The files are staged in `staging` (on /dev's tmpfs) and unlinked after.
-pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &Spec) -> Done {
+pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &SandboxSpec) -> Done {
     let facts = Facts::of(spec);
     let fail = |e: std::io::Error, what: &str| {
         SetupError::io(Step::WriteSandboxProcFiles, &e, format!("writing {what}"))
@@ -127,7 +127,7 @@ pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &Spec) -> Done {
 
 /// A read-only /sys with the CPU topology files glibc's CPU count reads, when the root has
 /// a /sys to mount on.
-pub fn mount_sys(sys: &Path, spec: &Spec) -> Done {
+pub fn mount_sys(sys: &Path, spec: &SandboxSpec) -> Done {
     if !sys.is_dir() {
         return Ok(());
     }
@@ -184,7 +184,7 @@ struct Facts {
 }
 
 impl Facts {
-    fn of(spec: &Spec) -> Facts {
+    fn of(spec: &SandboxSpec) -> Facts {
         let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cpus = match spec.limits {
             Some(l) => (l.cpu_quota_us.div_ceil(CPU_PERIOD_US) as usize).clamp(1, host_cpus),

@@ -9,9 +9,9 @@ use super::common::*;
 
 fn spec(argv: &[&str]) -> Spec {
     let mut spec = Spec::new(argv.iter().map(|s| s.to_string()).collect());
-    spec.rootfs = Rootfs::Host;
+    spec.sandbox.rootfs = Rootfs::Host;
     // This test binary is not codecage: the sandbox's init is the real binary.
-    spec.init_exe = env!("CARGO_BIN_EXE_codecage").into();
+    spec.sandbox.init_exe = env!("CARGO_BIN_EXE_codecage").into();
     spec
 }
 
