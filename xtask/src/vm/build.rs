@@ -229,7 +229,7 @@ pub fn build(kernel_suite: &str) -> Result<Image> {
         remove_tree(&rootfs)?;
         fs::remove_file(dir.join("fetch-kernel.sh"))?;
         let manifest = format!(
-            "codecage cgroup-v2 VM image\nrecipe: {hash}\nsuite: {SUITE}\n{KERNEL_SUITE_KEY}{}\n\
+            "codecage VM image\nrecipe: {hash}\nsuite: {SUITE}\n{KERNEL_SUITE_KEY}{}\n\
              kernel: {release}\npackages: {}\nbuilt in: {}\n",
             kernel_suite,
             guest_packages().join(" "),
