@@ -151,8 +151,8 @@ const LINUX_5_10: &[KnownFailure] = &[
 pub const LANES: &[Lane] = &[
     Lane {
         name: "v2-6.12",
-        stands_for: "Debian 12 with backports' kernel, Debian 13, Ubuntu 24.04 HWE, Fedora: \
-                     Linux 6.12, pure cgroup v2",
+        stands_for: "Debian 12 with bookworm-backports' kernel, Debian 13, and other \
+                     systemd hosts on Linux 6.12+ (pure cgroup v2)",
         kernel_suite: "bookworm-backports",
         cgroups: Cgroups::V2,
         suites: &[],
@@ -174,8 +174,8 @@ pub const LANES: &[Lane] = &[
     },
     Lane {
         name: "v1",
-        stands_for: "RHEL 8 and other hosts with cgroup v1 only (systemd's legacy layout), \
-                     on Debian 12's Linux 6.1",
+        stands_for: "hosts with cgroup v1 only (systemd's legacy layout, as RHEL 8 and \
+                     older have), here on Debian 12's Linux 6.1",
         kernel_suite: "bookworm",
         cgroups: Cgroups::V1,
         suites: SUBSET,

@@ -361,9 +361,9 @@ fn row(r: &LaneReport) -> String {
                 "runs code".to_string()
             } else {
                 format!(
-                    "refused ({}): {}",
+                    "refused (`{}`): {}",
                     run["error"].as_str().unwrap_or("?"),
-                    first_sentence(run["message"].as_str().unwrap_or(""))
+                    refusal(run["message"].as_str().unwrap_or(""))
                 )
             };
             let mut shown = run;
@@ -572,9 +572,17 @@ fn notes(reports: &[LaneReport]) -> String {
     s
 }
 
-fn first_sentence(s: &str) -> String {
-    let first = s.split(". ").next().unwrap_or(s);
-    first.trim_end_matches('.').to_string()
+/// The reason of a refusal: its first sentence, without the step it names.
+fn refusal(message: &str) -> String {
+    let first = message.split(". ").next().unwrap_or(message);
+    let reason = first.split_once(": ").map_or(first, |(step, reason)| {
+        if step.starts_with("sandbox setup failed") {
+            reason
+        } else {
+            first
+        }
+    });
+    reason.trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]
@@ -642,6 +650,12 @@ mod tests {
             r.problems[0].contains("did not run code"),
             "{:?}",
             r.problems
+        );
+        assert_eq!(
+            refusal(
+                "sandbox setup failed at step restrict_with_landlock: landlock is required. Boot"
+            ),
+            "landlock is required"
         );
     }
 
