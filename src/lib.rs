@@ -18,6 +18,7 @@
 pub mod caller;
 mod cgroup;
 pub mod doctor;
+mod drivers;
 mod ids;
 pub mod knobs;
 pub mod launcher;
@@ -28,11 +29,12 @@ mod proptests;
 mod protocol;
 pub mod runner;
 mod sandbox;
+pub mod session;
 pub mod spec;
 mod sys;
 pub mod units;
 
-pub use launcher::{run, run_with, Sandbox, Stream};
+pub use launcher::{run, run_cancellable, run_with, Canceller, Sandbox, Stream};
 pub use outcome::{ErrorKind, Outcome};
 pub use sandbox::dispatch_init;
 pub use spec::{Exec, Rootfs, SandboxSpec, Spec};

@@ -1,6 +1,8 @@
 //! The `codecage` command. The library does the work; `cli` parses and prints.
 
 mod cli;
+mod client;
+mod server;
 
 fn main() {
     // Before anything else: if this process is a sandbox's init, it never returns.

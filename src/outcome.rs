@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize, Serializer};
 
 /// Why a run did not simply finish. Agents branch on this; `message` says what to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The wall-clock limit passed; the whole sandbox was killed.
@@ -20,6 +20,12 @@ pub enum ErrorKind {
     InvalidRequest,
     /// The request asked for more than its profile allows.
     Policy,
+    /// A session's cell raised an exception (the session goes on).
+    Exception,
+    /// A session's call was interrupted by request.
+    Interrupted,
+    /// A session's interpreter, or its whole sandbox, ended during the call.
+    SessionLost,
 }
 
 impl ErrorKind {
@@ -30,6 +36,9 @@ impl ErrorKind {
             ErrorKind::Setup | ErrorKind::InvalidRequest | ErrorKind::Policy => 125,
             // The sandbox, or a process of it, was killed with SIGKILL.
             ErrorKind::OutputLimit | ErrorKind::Oom => 128 + libc::SIGKILL,
+            ErrorKind::Exception => 1,
+            ErrorKind::Interrupted => 128 + libc::SIGINT,
+            ErrorKind::SessionLost => 125,
         }
     }
 }

@@ -100,6 +100,7 @@ steps! {
     MaskHostProcEntries = "mask_host_proc_entries": "hiding the /proc entries that describe the host",
     WriteSandboxProcFiles = "write_sandbox_proc_files": "writing the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id",
     MountSys = "mount_sys": "mounting the minimal /sys",
+    MountDrivers = "mount_drivers": "mounting the REPL drivers read-only",
     SealDev = "seal_dev": "making /dev read-only",
     RemountRootReadonly = "remount_root_readonly": "making / read-only",
     EnterNewRoot = "enter_new_root": "pivot_root into the new root and detaching the old one",

@@ -8,6 +8,7 @@ use crate::spec::WorkFile;
 
 /// A language codecage runs code in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Lang {
     Python,

@@ -186,8 +186,9 @@ pub struct SandboxSpec {
     pub init_exe: PathBuf,
 }
 
-/// Where the REPL drivers are, inside a sandbox that has them.
-pub const DRIVERS_DIR: &str = "/opt/codecage/drivers";
+/// Where the REPL drivers are, inside a sandbox that has them: on a small read-only tmpfs
+/// on /run, which every root has (an empty directory in images, as the FHS wants it).
+pub const DRIVERS_DIR: &str = "/run/codecage/drivers";
 
 /// What describes one execution in a sandbox: the program, its environment, the files it
 /// finds in /work, its stdin, and how long and how loud it may be.

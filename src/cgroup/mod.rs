@@ -409,6 +409,18 @@ impl RunCgroup {
         }
     }
 
+    /// Starts the peak-memory figure afresh: v1's max_usage_in_bytes takes a write of 0,
+    /// v2's memory.peak any write (Linux 6.12; older kernels keep the cgroup's peak).
+    pub fn reset_peak_memory(&self) {
+        if self.v2 {
+            if let Some((dir, _)) = &self.unified {
+                let _ = fs::write(dir.join("memory.peak"), "reset");
+            }
+        } else if let Some(dir) = self.v1_dir(Controller::Memory) {
+            let _ = fs::write(dir.join("memory.max_usage_in_bytes"), "0");
+        }
+    }
+
     /// What the cgroup measured. Read before [`RunCgroup::remove`].
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();

@@ -1,6 +1,8 @@
 //! The `codecage` command line. It parses and translates; the library decides.
 
 mod run;
+mod serve;
+mod session;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +34,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the HTTP API (a unix socket by default) until SIGTERM.
+    Serve(serve::ServeArgs),
+    /// Sessions with a persistent interpreter, through the server.
+    Session(session::SessionArgs),
+    /// Print the server's OpenAPI document.
+    Openapi,
 }
 
 /// Runs the CLI; returns the process exit status.
@@ -44,6 +52,12 @@ pub fn main() -> i32 {
         Command::Run(args) => run::main(args),
         Command::Doctor { json } => doctor(json),
         Command::Profiles { json } => profiles(json),
+        Command::Serve(args) => serve::main(args),
+        Command::Session(args) => session::main(args),
+        Command::Openapi => {
+            print!("{}", crate::server::openapi_document());
+            0
+        }
     }
 }
 

@@ -20,6 +20,8 @@
 mod clone;
 mod supervise;
 
+pub(crate) use supervise::set_nonblocking;
+
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -58,6 +60,45 @@ pub fn run_with(
     sink: &mut dyn FnMut(Stream, &[u8]),
     interrupt: Option<&SignalFd>,
 ) -> Outcome {
+    run_full(spec, sink, interrupt, None)
+}
+
+/// Runs `spec` until it ends or `cancel` is cancelled (a server shutting down), whichever
+/// comes first.
+pub fn run_cancellable(
+    spec: &Spec,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+    cancel: &Canceller,
+) -> Outcome {
+    run_full(spec, sink, None, Some(cancel))
+}
+
+/// Stops every run it is given to, at once and for good (a server shutting down): a pipe
+/// whose read end becomes readable and stays so.
+#[derive(Clone)]
+pub struct Canceller(std::sync::Arc<(OwnedFd, OwnedFd)>);
+
+impl Canceller {
+    pub fn new() -> std::io::Result<Canceller> {
+        let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
+        Ok(Canceller(std::sync::Arc::new((read, write))))
+    }
+
+    pub fn cancel(&self) {
+        let _ = nix::unistd::write(&self.0 .1, b"!");
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.0 .0.as_fd()
+    }
+}
+
+fn run_full(
+    spec: &Spec,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+    interrupt: Option<&SignalFd>,
+    cancel: Option<&Canceller>,
+) -> Outcome {
     let start = Instant::now();
     if let Err(message) = spec.validate() {
         return Outcome::failed(ErrorKind::InvalidRequest, message);
@@ -78,8 +119,9 @@ pub fn run_with(
         return sandbox.failed_before_running(format!("cannot start the payload: {e}"), start);
     }
     let streams = streams.into_parent();
+    let stops = supervise::Stops { interrupt, cancel };
     let (mut outcome, reaped_ns) =
-        supervise::supervise(&mut sandbox, streams, &spec.exec, start, sink, interrupt);
+        supervise::supervise(&mut sandbox, streams, &spec.exec, start, sink, stops);
     sandbox.finish_run(&mut outcome, reaped_ns);
     outcome
 }
@@ -293,6 +335,14 @@ impl Sandbox {
     fn reap(&mut self) -> &std::io::Result<(i32, libc::rusage)> {
         let pid = self.pid;
         self.reaped.get_or_insert_with(|| sys::wait4(pid))
+    }
+
+    /// Starts the peak-memory figure afresh, where the kernel allows (v1; v2 since 6.12),
+    /// so that a session's call reports its own peak.
+    pub fn reset_peak_memory(&self) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.reset_peak_memory();
+        }
     }
 
     /// What the sandbox's cgroup measured so far.

@@ -38,7 +38,16 @@ enum Slot {
     Stderr,
     Channel,
     Pidfd,
+    Cancel,
     Interrupt,
+}
+
+/// What, besides the deadline and the output cap, may stop a run: signals to forward to
+/// the payload (a CLI's), and a canceller (a server shutting down).
+#[derive(Clone, Copy)]
+pub(super) struct Stops<'a> {
+    pub interrupt: Option<&'a SignalFd>,
+    pub cancel: Option<&'a super::Canceller>,
 }
 
 /// Which of the polled fds are still worth polling.
@@ -109,8 +118,9 @@ pub(super) fn supervise(
     exec: &Exec,
     start: Instant,
     sink: &mut dyn FnMut(Stream, &[u8]),
-    interrupt: Option<&SignalFd>,
+    stops: Stops,
 ) -> (Outcome, u64) {
+    let interrupt = stops.interrupt;
     let deadline = start + exec.timeout;
     for fd in [pipes.stdout.as_fd(), pipes.stderr.as_fd()] {
         let _ = set_nonblocking(fd);
@@ -150,7 +160,7 @@ pub(super) fn supervise(
         let polled = poll_once(
             &pipes,
             sandbox,
-            interrupt,
+            stops,
             &open,
             exited_at.is_none(),
             wake_at.saturating_duration_since(now),
@@ -190,6 +200,10 @@ pub(super) fn supervise(
         }
         if ready(Slot::Pidfd) && exited_at.is_none() {
             exited_at = Some(Instant::now());
+        }
+        if ready(Slot::Cancel) && killed_for.is_none() && exited_at.is_none() {
+            killed_for = Some(ErrorKind::Interrupted);
+            sandbox.kill();
         }
         if ready(Slot::Interrupt) {
             if let Some(signals) = interrupt {
@@ -271,6 +285,13 @@ fn verdict(
                 format_duration(exec.timeout)
             ));
         }
+        (Some(ErrorKind::Interrupted), _) => {
+            outcome.error = Some(ErrorKind::Interrupted);
+            outcome.message = Some(
+                "the run was stopped because codecage is shutting down; the output up to then is kept"
+                    .into(),
+            );
+        }
         (Some(ErrorKind::OutputLimit), _) => {
             outcome.error = Some(ErrorKind::OutputLimit);
             outcome.message = Some(format!(
@@ -316,7 +337,7 @@ fn verdict(
 fn poll_once(
     pipes: &OutputPipes,
     sandbox: &Sandbox,
-    interrupt: Option<&SignalFd>,
+    stops: Stops,
     open: &Open,
     running: bool,
     timeout: Duration,
@@ -337,7 +358,13 @@ fn poll_once(
         PollFd::new(sandbox.channel_fd(), interest(open.channel)),
         PollFd::new(sandbox.pidfd(), interest(running)),
     ];
-    if let Some(signals) = interrupt {
+    // A run without a canceller polls the pidfd a second time with no interest.
+    let cancel = stops.cancel.map_or(sandbox.pidfd(), |c| c.fd());
+    fds.push(PollFd::new(
+        cancel,
+        interest(running && stops.cancel.is_some()),
+    ));
+    if let Some(signals) = stops.interrupt {
         fds.push(PollFd::new(signals.as_fd(), interest(running)));
     }
     let ready: Vec<bool> = match poll(&mut fds, timeout) {

@@ -55,6 +55,9 @@ pub fn build_root(spec: &SandboxSpec) -> Done {
     mount_work(spec.work_size)?;
     mount_dev(spec.tmp_size)?;
     procfs::mount_sys(&at("sys"), spec)?;
+    if spec.drivers {
+        mount_drivers(matches!(spec.rootfs, Rootfs::Host))?;
+    }
     // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
     // a new procfs in a user namespace unless a fully visible one is already mounted there
     // ("mount too revealing"), which is why bubblewrap keeps its old root until then.
@@ -294,6 +297,35 @@ fn mount_dev(shm_size: u64) -> Done {
         MsFlags::empty(),
     )
     .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev/shm"))
+}
+
+/// The REPL drivers of this codecage's version, on a read-only tmpfs mounted on /run
+/// (which the host rootfs's root tmpfs gets, and images have).
+fn mount_drivers(make_mount_point: bool) -> Done {
+    let run = at("run");
+    let dir = at(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
+    let fail = |e: std::io::Error, what: String| SetupError::io(Step::MountDrivers, &e, what);
+    if make_mount_point {
+        mkdir(&run, 0o755).map_err(|e| fail(e, format!("creating {}", run.display())))?;
+    } else if !run.is_dir() {
+        return Err(SetupError::refused(
+            Step::MountDrivers,
+            "the image has no /run to mount the REPL drivers on",
+        ));
+    }
+    tmpfs(&run, "mode=0755,size=1m,nr_inodes=32", MsFlags::MS_NOEXEC)
+        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "mounting the tmpfs on /run"))?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .map_err(|e| fail(e, format!("creating {}", dir.display())))?;
+    for (name, content) in crate::drivers::FILES {
+        let path = dir.join(name);
+        fs::write(&path, content).map_err(|e| fail(e, format!("writing {}", path.display())))?;
+    }
+    remount_readonly(&run)
+        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "making /run read-only"))
 }
 
 fn seal_dev() -> Done {

@@ -80,6 +80,10 @@ fn note(f: impl FnOnce(&mut Scope)) {
 /// named after this process (`cargo test` runs tests as threads of one process).
 pub fn in_process_launcher() {
     static TURN: Mutex<()> = Mutex::new(());
+    let held = SCOPE.with_borrow(|scope| scope.as_ref().is_some_and(|s| s.in_process.is_some()));
+    if held {
+        return;
+    }
     let turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
     note(|scope| scope.in_process = Some(turn));
 }

@@ -121,3 +121,108 @@ fn the_image_has_no_setuid_or_setgid_file_and_a_manifest() {
         assert!(manifest.to_string().contains("numpy"), "{manifest}");
     });
 }
+
+/// A session on the default image: the driver renders figures and rich values inside the
+/// sandbox.
+fn image_session(lang: codecage::runner::Lang, dir: &Path) -> codecage::session::Session {
+    in_process_launcher();
+    let mut sandbox = codecage::SandboxSpec {
+        rootfs: codecage::Rootfs::Dir(dir.to_path_buf()),
+        init_exe: env!("CARGO_BIN_EXE_codecage").into(),
+        ..Default::default()
+    };
+    if let Some(limits) = sandbox.limits.as_mut() {
+        limits.memory = 1 << 30;
+    }
+    let spec = codecage::session::SessionSpec {
+        sandbox,
+        lang,
+        env: vec![
+            ("MPLBACKEND".into(), "Agg".into()),
+            ("OPENBLAS_NUM_THREADS".into(), "1".into()),
+        ],
+        timeout: std::time::Duration::from_secs(60),
+        output_limit: 1 << 20,
+    };
+    codecage::session::Session::start(spec).unwrap_or_else(|e| panic!("no session: {e}"))
+}
+
+fn session_call(session: &mut codecage::session::Session, code: &str) -> serde_json::Value {
+    let call = codecage::session::Call {
+        code: code.into(),
+        ..Default::default()
+    };
+    serde_json::to_value(session.execute(&call, &mut |_| {})).unwrap()
+}
+
+#[test]
+fn a_session_plot_comes_back_as_a_png_display() {
+    image_test(|dir| {
+        use base64::Engine as _;
+        let mut s = image_session(codecage::runner::Lang::Python, dir);
+        let out = session_call(
+            &mut s,
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.title('codecage')",
+        );
+        assert_eq!(out["error"], serde_json::Value::Null, "{out}");
+        let displays = out["displays"].as_array().unwrap();
+        assert_eq!(displays.len(), 1, "{out}");
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(displays[0]["image/png"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        let (width, height) = (
+            u32::from_be_bytes(png[16..20].try_into().unwrap()),
+            u32::from_be_bytes(png[20..24].try_into().unwrap()),
+        );
+        assert!(
+            width <= 1600 && height <= 1600 && width > 100,
+            "{width}x{height}"
+        );
+        // plt.show() hands the figure over at once; nothing is left open after.
+        let out = session_call(&mut s, "plt.plot([1]); plt.show(); len(plt.get_fignums())");
+        assert_eq!(out["displays"].as_array().unwrap().len(), 1, "{out}");
+        assert_eq!(out["result"]["text/plain"], "0", "{out}");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn a_session_dataframe_of_100000_rows_comes_back_bounded() {
+    image_test(|dir| {
+        let mut s = image_session(codecage::runner::Lang::Python, dir);
+        let out = session_call(
+            &mut s,
+            "import pandas as pd\ndf = pd.DataFrame({'a': range(100000), 'b': [0.5] * 100000})\ndf",
+        );
+        let plain = out["result"]["text/plain"].as_str().unwrap();
+        let html = out["result"]["text/html"].as_str().unwrap();
+        assert!(
+            plain.contains("100000 rows") && plain.contains("dtypes"),
+            "{plain}"
+        );
+        assert!(
+            plain.len() < 8000 && html.len() < 64 * 1024,
+            "{} {}",
+            plain.len(),
+            html.len()
+        );
+        assert!(
+            !plain.contains("50000"),
+            "the middle of the frame leaked: {plain}"
+        );
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn a_typescript_session_strips_types_and_keeps_state() {
+    image_test(|dir| {
+        let mut s = image_session(codecage::runner::Lang::Typescript, dir);
+        let out = session_call(&mut s, "interface P { x: number }\nconst p: P = { x: 41 };");
+        assert_eq!(out["error"], serde_json::Value::Null, "{out}");
+        let out = session_call(&mut s, "const f = (q: P): number => q.x + 1;\nf(p)");
+        assert_eq!(out["result"]["text/plain"], "42", "{out}");
+        s.close().unwrap();
+    });
+}

@@ -14,3 +14,4 @@ mod library;
 mod limits;
 mod portability;
 mod profiles;
+mod sessions;

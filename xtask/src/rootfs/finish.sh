@@ -47,3 +47,4 @@ rm -rf /root/.cache /root/.npm /root/.config /root/.local /root/.wget-hsts /root
 rm -rf /var/tmp/* /usr/local/share/man /usr/local/share/doc
 find /var/log -type f -delete
 echo "clean-up done"
+

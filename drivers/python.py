@@ -1,0 +1,251 @@
+"""The Python REPL driver of a codecage session.
+
+One persistent namespace. It reads requests from fd 3 (the session's channel, one JSON
+object per line), runs each cell, and answers on fd 3: "display" events, then "done" with
+the execution count, the trailing expression's MIME bundle, and the exception if any. The
+cell's own output goes to fd 1 and 2, which the launcher reads as streams. Everything this
+driver sends is treated as untrusted by the launcher: the cell could write to fd 3 too.
+"""
+
+import ast
+import asyncio
+import base64
+import io
+import json
+import linecache
+import os
+import signal
+import sys
+import threading
+import traceback
+
+MAX_TEXT = 64 * 1024        # characters of one text MIME type
+MAX_IMAGE_EDGE = 1600       # pixels: figures are rendered at most this large
+MAX_DPI = 100
+DRIVER_FILE = __file__
+
+channel_in = os.fdopen(3, "rb", buffering=0)
+channel_out = os.fdopen(os.dup(3), "wb", buffering=0)
+os.set_inheritable(3, False)
+os.set_inheritable(channel_out.fileno(), False)
+
+namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+loop = asyncio.new_event_loop()
+asyncio.set_event_loop(loop)
+execution_count = 0
+current_id = None
+in_cell = False
+
+
+def send(event):
+    channel_out.write((json.dumps(event, separators=(",", ":")) + "\n").encode())
+
+
+def clip(text):
+    if len(text) > MAX_TEXT:
+        return text[:MAX_TEXT] + f"\n... ({len(text) - MAX_TEXT} more characters)"
+    return text
+
+
+def mime_bundle(value):
+    """What the REPL shows for a value: text/plain always, rich types when it has them."""
+    bundle = {}
+    module = type(value).__module__ or ""
+    if module.startswith("pandas") and hasattr(value, "shape"):
+        import pandas
+
+        with pandas.option_context(
+            "display.max_rows", 20, "display.min_rows", 10, "display.max_columns", 20,
+            "display.max_colwidth", 50, "display.width", 120,
+        ):
+            bundle["text/plain"] = clip(repr(value))
+            if hasattr(value, "_repr_html_"):
+                html = value._repr_html_()
+                if html:
+                    bundle["text/html"] = clip(html)
+        dtypes = getattr(value, "dtypes", None)
+        if dtypes is not None and hasattr(dtypes, "items"):
+            described = ", ".join(f"{k}: {v}" for k, v in list(dtypes.items())[:50])
+            bundle["text/plain"] += f"\n\nshape {tuple(value.shape)}; dtypes {described}"
+        return bundle
+    if hasattr(value, "_repr_mimebundle_"):
+        try:
+            data = value._repr_mimebundle_()
+            if isinstance(data, tuple):
+                data = data[0]
+            for mime, content in (data or {}).items():
+                add(bundle, mime, content)
+        except Exception:
+            pass
+    for method, mime in (
+        ("_repr_png_", "image/png"),
+        ("_repr_jpeg_", "image/jpeg"),
+        ("_repr_svg_", "image/svg+xml"),
+        ("_repr_html_", "text/html"),
+        ("_repr_markdown_", "text/markdown"),
+        ("_repr_latex_", "text/latex"),
+        ("_repr_json_", "application/json"),
+    ):
+        if mime not in bundle and hasattr(value, method):
+            try:
+                add(bundle, mime, getattr(value, method)())
+            except Exception:
+                pass
+    bundle["text/plain"] = clip(repr(value))
+    return bundle
+
+
+def add(bundle, mime, content):
+    if content is None:
+        return
+    if isinstance(content, bytes):
+        bundle[mime] = base64.b64encode(content).decode()
+    elif isinstance(content, str):
+        bundle[mime] = content if mime.startswith("image/") else clip(content)
+    else:
+        bundle[mime] = clip(json.dumps(content, default=str))
+
+
+def display(*values):
+    """Shows each value as a display of the current call (as IPython's display)."""
+    for value in values:
+        send({"ev": "display", "id": current_id, "data": mime_bundle(value)})
+
+
+def flush_figures():
+    """Every open matplotlib figure as a PNG display, then closed (IPython's inline backend
+    does the same). Rendered here, inside the sandbox, at a bounded size."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        width, height = figure.get_size_inches()
+        dpi = min(MAX_DPI, MAX_IMAGE_EDGE / max(width, height, 0.01))
+        buffer = io.BytesIO()
+        try:
+            figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+        except Exception as error:
+            print(f"codecage: figure {number} could not be rendered: {error}", file=sys.stderr)
+            continue
+        send({
+            "ev": "display",
+            "id": current_id,
+            "data": {
+                "image/png": base64.b64encode(buffer.getvalue()).decode(),
+                "text/plain": f"<Figure {number}>",
+            },
+        })
+    pyplot.close("all")
+
+
+def on_sigint(signum, frame):
+    # Only the cell is interrupted; the driver's own code finishes what it is doing.
+    if in_cell:
+        raise KeyboardInterrupt
+
+
+def exception_info(error):
+    """name, value and the traceback of the user's frames only."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == DRIVER_FILE:
+        tb = tb.tb_next
+    lines = traceback.format_exception(type(error), error, tb)
+    return {"name": type(error).__name__, "value": str(error), "traceback": lines}
+
+
+def evaluate(code_object):
+    result = eval(code_object, namespace)
+    if code_object.co_flags & 0x80:  # CO_COROUTINE: top-level await
+        result = loop.run_until_complete(result)
+    return result
+
+
+def run_cell(code):
+    global execution_count, in_cell
+    execution_count += 1
+    filename = f"<cell {execution_count}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    result = None
+    exception = None
+    in_cell = True
+    try:
+        tree = ast.parse(code, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        evaluate(compile(tree, filename, "exec", flags=flags))
+        if last is not None:
+            value = evaluate(compile(last, filename, "eval", flags=flags))
+            if value is not None:
+                namespace["_"] = value
+                result = mime_bundle(value)
+    except BaseException as error:  # the cell's SystemExit and KeyboardInterrupt too
+        exception = exception_info(error)
+    finally:
+        in_cell = False
+    return result, exception
+
+
+def with_stdin(text, body):
+    """Runs `body` with `text` on fd 0 and sys.stdin (input(), subprocesses)."""
+    if text is None:
+        return body()
+    read_end, write_end = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(write_end, text.encode()), os.close(write_end)))
+    writer.start()
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    os.close(read_end)
+    saved_stdin = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    try:
+        return body()
+    finally:
+        sys.stdin = saved_stdin
+        os.dup2(saved, 0)
+        os.close(saved)
+        writer.join(timeout=1)
+
+
+def main():
+    global current_id
+    sys.path.insert(0, os.path.dirname(DRIVER_FILE))
+    os.environ.setdefault("MPLBACKEND", "module://codecage_mpl")
+    if os.environ.get("MPLBACKEND") == "Agg":
+        os.environ["MPLBACKEND"] = "module://codecage_mpl"
+    namespace["display"] = display
+    sys.modules["__codecage__"] = sys.modules[__name__]
+    send({"ev": "ready"})
+    for line in channel_in:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if request.get("op") != "execute":
+            continue
+        current_id = request.get("id")
+        signal.signal(signal.SIGINT, on_sigint)
+        result, exception = with_stdin(request.get("stdin"), lambda: run_cell(request.get("code", "")))
+        try:
+            flush_figures()
+        except BaseException as error:
+            print(f"codecage: figures could not be shown: {error}", file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        send({
+            "ev": "done",
+            "id": current_id,
+            "execution_count": execution_count,
+            "result": result,
+            "exception": exception,
+        })
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, on_sigint)
+    main()

@@ -1,0 +1,77 @@
+//! `codecage serve`: the local API.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::server::{config::DEFAULT_SOCKET, Listen, ServerConfig};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Where to listen: unix:PATH or HOST:PORT (a TCP listener needs a token). Repeatable.
+    /// Default: unix:/run/codecage/codecage.sock.
+    #[arg(long, value_name = "unix:PATH|HOST:PORT")]
+    listen: Vec<String>,
+    /// Bearer tokens, one per line: TOKEN, NAME:TOKEN or NAME:TOKEN:admin.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The server's configuration (TOML): listeners, tokens, caps.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+pub fn main(args: ServeArgs) -> i32 {
+    let fail = |message: String| {
+        eprintln!("codecage: {message}");
+        125
+    };
+    let mut config = match &args.config {
+        Some(path) => match ServerConfig::load(path) {
+            Ok(config) => config,
+            Err(e) => return fail(e),
+        },
+        None => ServerConfig::default(),
+    };
+    if let Some(path) = &args.token_file {
+        if let Err(e) = config.add_token_file(path) {
+            return fail(e);
+        }
+    }
+    let mut texts = args.listen.clone();
+    if texts.is_empty() {
+        texts = config.listen.clone();
+    }
+    if texts.is_empty() {
+        texts.push(format!("unix:{DEFAULT_SOCKET}"));
+    }
+    let listens: Result<Vec<Listen>, String> = texts.iter().map(|t| Listen::parse(t)).collect();
+    let listens = match listens {
+        Ok(l) => l,
+        Err(e) => return fail(format!("--listen {e}")),
+    };
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    match runtime.block_on(crate::server::serve(config, listens)) {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+/// One line per event on stderr (journald takes it from there); RUST_LOG filters.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

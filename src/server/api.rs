@@ -1,0 +1,634 @@
+//! The HTTP API: requests in, profile-resolved sandboxes and sessions out. Status codes
+//! follow one rule: a request that ran returns 200 with the verdict in the body (timeout,
+//! oom, exception are verdicts, not HTTP errors); refused before running: 400 invalid (the
+//! message names the field), 401 no or bad token, 403 policy, 404 unknown session, 409
+//! session busy, 413 body too large, 503 (with Retry-After) at capacity.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use codecage::knobs::{Knob, Raw, Values};
+use codecage::outcome::{encode_stream, ErrorKind, Outcome};
+use codecage::profile::{self, PolicyError, Profile, Request as PolicyRequest};
+use codecage::runner::Lang;
+use codecage::session::{Call, CallOutcome, Event, Session, SessionSpec};
+use codecage::Stream;
+
+use super::registry::{self, Entry, Missing};
+use super::{Caller, Shared};
+
+/// The routes, on whatever listener.
+pub fn router(state: Shared) -> Router {
+    let max_body = state.config.limits.max_body as usize;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .route("/v1/run", post(run))
+        .route("/v1/sessions", post(create_session).get(list_sessions))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/execute", post(execute))
+        .route("/v1/sessions/{id}/reset", post(reset))
+        .route("/v1/sessions/{id}/interrupt", post(interrupt))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// An answer that is not a run's: `{"error": kind, "message": ...}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    retry_after: Option<u64>,
+}
+
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    /// What went wrong, for a program: `invalid_request`, `unauthorized`, `policy`,
+    /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `capacity`, `setup`.
+    pub error: String,
+    /// What went wrong and what to do, for a person or an agent.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn into_response_now(self) -> Response {
+        self.into_response()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: self.kind.to_string(),
+            message: self.message,
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
+    }
+}
+
+impl From<PolicyError> for ApiError {
+    fn from(e: PolicyError) -> ApiError {
+        match e {
+            PolicyError::Invalid(m) => ApiError::invalid(m),
+            e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
+                ApiError::new(StatusCode::FORBIDDEN, "policy", e.to_string())
+            }
+        }
+    }
+}
+
+/// A JSON body: malformed JSON, unknown fields and wrong types are 400 with the field's
+/// path; a body over the cap is 413.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(request, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "the request body is over the server's limit (limits.max_body)",
+                )
+            } else {
+                ApiError::invalid(format!("cannot read the request body: {e}"))
+            }
+        })?;
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." || path.is_empty() {
+                ApiError::invalid(format!("the body is not the expected JSON object: {inner}"))
+            } else {
+                ApiError::invalid(format!("field `{path}`: {inner}"))
+            }
+        })?;
+        de.end().map_err(|e| {
+            ApiError::invalid(format!("the body has more after its JSON object: {e}"))
+        })?;
+        Ok(JsonBody(value))
+    }
+}
+
+/// `POST /v1/run`.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunRequest {
+    /// python, node, typescript or bash: how `code` runs (default: the profile's).
+    pub language: Option<Lang>,
+    /// Code to run, in `language`.
+    pub code: Option<String>,
+    /// A program and its arguments, instead of code.
+    pub argv: Option<Vec<String>>,
+    /// A profile by name (default: the language's, or bash).
+    pub profile: Option<String>,
+    /// What the program reads on stdin.
+    pub stdin: Option<String>,
+    /// Environment variables to add (not PATH or LD_*).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The limits, as in the profile: timeout, memory, cpus, pids, output_limit,
+    /// tmp_size, work_size (a number, or a string with a unit: "30s", "256M").
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub limits: BTreeMap<String, serde_json::Value>,
+}
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionRequest {
+    /// python, node, typescript or bash.
+    pub language: Lang,
+    /// A profile by name (default: the language's).
+    pub profile: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The limits, as in `POST /v1/run`; `timeout` and `output_limit` are each call's.
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub limits: BTreeMap<String, serde_json::Value>,
+}
+
+/// `POST /v1/sessions/{id}/execute`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExecuteRequest {
+    pub code: String,
+    /// This call's time limit (default: the session's), e.g. "10s".
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub timeout: Option<Raw>,
+    /// Text the cell reads on stdin.
+    pub stdin: Option<String>,
+}
+
+/// A session, as the API shows it.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionInfo {
+    pub id: String,
+    pub language: Lang,
+    pub profile: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// When the session ends unless used again (RFC 3339).
+    pub expires_at: String,
+    pub idle_timeout_s: u64,
+    pub max_duration_s: u64,
+    pub busy: bool,
+    pub executions: u64,
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn openapi() -> Response {
+    let doc = super::openapi_document();
+    ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint: see GET /openapi.json",
+    )
+}
+
+/// The knob fields of a request: each must be a knob a request may set.
+fn knobs_of(fields: &BTreeMap<String, serde_json::Value>, what: &str) -> Result<Values, ApiError> {
+    let mut values = Values::new();
+    for (key, value) in fields {
+        let knob = Knob::from_key(key)
+            .filter(|k| k.requestable())
+            .ok_or_else(|| {
+                let knobs: Vec<&str> = Knob::all()
+                    .filter(|k| k.requestable())
+                    .map(|k| k.key())
+                    .collect();
+                ApiError::invalid(format!(
+                    "unknown field `{key}`: {what} takes {} and the limits {}",
+                    match what {
+                        "a run" => "language, code, argv, profile, stdin, env",
+                        _ => "language, profile, env",
+                    },
+                    knobs.join(", ")
+                ))
+            })?;
+        let raw: Raw = serde_json::from_value(value.clone()).map_err(|_| {
+            ApiError::invalid(format!(
+                "field `{key}`: give a number or a string with a unit"
+            ))
+        })?;
+        let parsed = knob
+            .from_raw(&raw)
+            .map_err(|e| ApiError::invalid(format!("field `{key}`: {e}")))?;
+        values.insert(knob, parsed);
+    }
+    Ok(values)
+}
+
+/// A profile by name: built in, or in /etc/codecage/profiles. Never a path: through the
+/// server, the host's administrator chooses what profiles exist.
+fn load_profile(name: &str) -> Result<Profile, ApiError> {
+    if name.contains('/') || name.ends_with(".toml") || name.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "field `profile`: {name:?} is not a profile name; the profiles are {}",
+            profile::names().join(", ")
+        )));
+    }
+    Profile::load(name).map_err(|e| ApiError::invalid(format!("field `profile`: {e}")))
+}
+
+/// Waits up to the queue timeout for room; 503 with Retry-After past it.
+async fn room(
+    semaphore: &Arc<tokio::sync::Semaphore>,
+    state: &Shared,
+    what: &str,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    let wait = state.config.limits.queue_timeout;
+    match tokio::time::timeout(wait, semaphore.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => Ok(permit),
+        _ => {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capacity",
+                format!("the server is at its limit of {what}; try again shortly"),
+            );
+            e.retry_after = Some(wait.as_secs().max(1));
+            Err(e)
+        }
+    }
+}
+
+fn log_call(
+    caller: &Caller,
+    kind: &str,
+    lang: Option<Lang>,
+    session: Option<&str>,
+    outcome: &Outcome,
+) {
+    tracing::info!(
+        caller = %caller,
+        kind,
+        session = session.unwrap_or("-"),
+        language = lang.map_or("-", |l| l.name()),
+        duration_ms = (outcome.duration.as_secs_f64() * 1000.0).round() as u64,
+        error = outcome.error.map_or("-".to_string(), |e| format!("{e:?}")),
+        peak_memory = outcome.peak_memory_bytes.unwrap_or(0),
+        "call"
+    );
+}
+
+async fn run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<RunRequest>,
+) -> Result<Json<Outcome>, ApiError> {
+    let knobs = knobs_of(&body.limits, "a run")?;
+    let profile_name =
+        match (&body.profile, body.language) {
+            (Some(name), _) => name.clone(),
+            (None, Some(lang)) => lang.name().to_string(),
+            (None, None) if body.argv.is_some() => "bash".to_string(),
+            (None, None) => return Err(ApiError::invalid(
+                "field `language`: give python, node, typescript or bash (or a profile, or argv)",
+            )),
+        };
+    let profile = load_profile(&profile_name)?;
+    let request = PolicyRequest {
+        code: body.code,
+        lang: body.language,
+        argv: body.argv,
+        knobs,
+        rootfs: None,
+        env: body.env.into_iter().collect(),
+    };
+    let mut spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
+    spec.exec.stdin = body.stdin.map(String::into_bytes);
+    let _permit = room(&state.sandboxes, &state, "sandboxes").await?;
+    let canceller = state.canceller.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
+    let mut outcome = outcome;
+    outcome.phases = None;
+    log_call(&caller, "run", body.language, None, &outcome);
+    Ok(Json(outcome))
+}
+
+fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut bytes);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn info(entry: &Entry) -> SessionInfo {
+    SessionInfo {
+        id: entry.id.clone(),
+        language: entry.lang,
+        profile: entry.profile.clone(),
+        created_at: rfc3339(entry.created),
+        expires_at: rfc3339(entry.expires()),
+        idle_timeout_s: entry.idle_timeout.as_secs(),
+        max_duration_s: entry.max_duration.as_secs(),
+        busy: entry.is_busy(),
+        executions: entry.executions.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+async fn create_session(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<SessionRequest>,
+) -> Result<(StatusCode, Json<SessionInfo>), ApiError> {
+    let knobs = knobs_of(&body.limits, "a session")?;
+    let profile_name = body
+        .profile
+        .clone()
+        .unwrap_or_else(|| body.language.name().to_string());
+    let profile = load_profile(&profile_name)?;
+    // The session's box and each call's defaults, resolved as a run of the driver would be.
+    let request = PolicyRequest {
+        argv: Some(vec!["true".into()]),
+        knobs,
+        env: body.env.into_iter().collect(),
+        ..PolicyRequest::default()
+    };
+    let spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
+    let session_spec = SessionSpec {
+        sandbox: spec.sandbox,
+        lang: body.language,
+        env: spec.exec.env,
+        timeout: spec.exec.timeout,
+        output_limit: spec.exec.output_limit,
+    };
+    let session_permit = room(&state.session_slots, &state, "sessions").await?;
+    let sandbox_permit = room(&state.sandboxes, &state, "sandboxes").await?;
+    let session = tokio::task::spawn_blocking(move || Session::start(session_spec))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
+        .map_err(|e| {
+            let status = if e.kind == ErrorKind::InvalidRequest {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            };
+            ApiError::new(status, "setup", e.message)
+        })?;
+    let idle = Duration::from_millis(profile.value(Knob::IdleTimeout));
+    let max = Duration::from_millis(profile.value(Knob::MaxDuration));
+    let entry = Entry::new(
+        new_id(),
+        profile_name,
+        session,
+        idle,
+        max,
+        (session_permit, sandbox_permit),
+    );
+    let entry = state.sessions.insert(entry);
+    tracing::info!(caller = %caller, session = %entry.id, language = entry.lang.name(), "session created");
+    Ok((StatusCode::CREATED, Json(info(&entry))))
+}
+
+fn lookup(state: &Shared, id: &str) -> Result<Arc<Entry>, ApiError> {
+    state.sessions.get(id).map_err(|missing| match missing {
+        Missing::Expired => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "session_expired",
+            format!(
+                "session {id} expired (idle or maximum lifetime) and was closed: create a new one"
+            ),
+        ),
+        Missing::Unknown => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("there is no session {id}: create one with POST /v1/sessions"),
+        ),
+    })
+}
+
+fn busy(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "busy",
+        format!("session {id} is running a call: wait for it, or interrupt it"),
+    )
+}
+
+async fn list_sessions(State(state): State<Shared>) -> Json<Vec<SessionInfo>> {
+    Json(state.sessions.list().iter().map(|e| info(e)).collect())
+}
+
+async fn get_session(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, ApiError> {
+    let entry = lookup(&state, &id)?;
+    Ok(Json(info(&entry)))
+}
+
+async fn delete_session(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    lookup(&state, &id)?;
+    if let Some(entry) = state.sessions.remove(&id, false) {
+        tokio::task::spawn_blocking(move || registry::close(&entry))
+            .await
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string())
+            })?;
+        tracing::info!(caller = %caller, session = %id, "session closed");
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// One streamed event of `execute` with `Accept: application/x-ndjson`.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum StreamEvent {
+    Stdout {
+        data: String,
+        encoding: codecage::outcome::Encoding,
+    },
+    Stderr {
+        data: String,
+        encoding: codecage::outcome::Encoding,
+    },
+    Display {
+        data: codecage::session::MimeBundle,
+    },
+    Result(Box<CallOutcome>),
+}
+
+async fn execute(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<ExecuteRequest>,
+) -> Result<Response, ApiError> {
+    let entry = lookup(&state, &id)?;
+    let timeout = match &body.timeout {
+        None => None,
+        Some(raw) => {
+            let ms = Knob::Timeout
+                .from_raw(raw)
+                .map_err(|e| ApiError::invalid(format!("field `timeout`: {e}")))?;
+            Some(Duration::from_millis(ms))
+        }
+    };
+    let call = Call {
+        code: body.code,
+        stdin: body.stdin,
+        timeout,
+    };
+    let claim = entry.claim().ok_or_else(|| busy(&id))?;
+    let streaming = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/x-ndjson"));
+    let (events, receiver) = tokio::sync::mpsc::channel::<StreamEvent>(256);
+    let worker_entry = entry.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        let _claim = claim;
+        let mut guard = worker_entry
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let session = guard.as_mut()?;
+        let mut forward = |event: Event| {
+            if !streaming {
+                return;
+            }
+            let event = match event {
+                Event::Output(stream, bytes) => {
+                    let (encoding, data) = encode_stream(bytes);
+                    match stream {
+                        Stream::Stdout => StreamEvent::Stdout { data, encoding },
+                        Stream::Stderr => StreamEvent::Stderr { data, encoding },
+                    }
+                }
+                Event::Display(bundle) => StreamEvent::Display {
+                    data: bundle.clone(),
+                },
+            };
+            let _ = events.blocking_send(event);
+        };
+        let outcome = session.execute(&call, &mut forward);
+        worker_entry
+            .executions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if streaming {
+            let _ = events.blocking_send(StreamEvent::Result(Box::new(outcome.clone())));
+        }
+        Some(outcome)
+    });
+    let lang = entry.lang;
+    if streaming {
+        let caller = caller.clone();
+        let id_for_log = id.clone();
+        tokio::spawn(async move {
+            if let Ok(Some(outcome)) = worker.await {
+                log_call(
+                    &caller,
+                    "execute",
+                    Some(lang),
+                    Some(&id_for_log),
+                    &outcome.outcome,
+                );
+            }
+        });
+        let lines = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|event| {
+            let mut line = serde_json::to_vec(&event).unwrap_or_default();
+            line.push(b'\n');
+            Ok::<_, std::convert::Infallible>(Bytes::from(line))
+        });
+        let body = axum::body::Body::from_stream(lines);
+        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response());
+    }
+    drop(receiver);
+    let outcome = worker
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
+        .ok_or_else(|| lookup(&state, &id).err().unwrap_or_else(|| busy(&id)))?;
+    log_call(&caller, "execute", Some(lang), Some(&id), &outcome.outcome);
+    Ok(Json(outcome).into_response())
+}
+
+async fn reset(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let entry = lookup(&state, &id)?;
+    let claim = entry.claim().ok_or_else(|| busy(&id))?;
+    let result = tokio::task::spawn_blocking(move || {
+        let _claim = claim;
+        let mut guard = entry.session.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_mut() {
+            Some(session) => session.reset(),
+            None => Err("the session is closed".to_string()),
+        }
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
+    result.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "session_lost", e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn interrupt(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    lookup(&state, &id)?.interrupter.interrupt();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+use tokio_stream::StreamExt as _;

@@ -1,0 +1,218 @@
+//! The server's one configuration file (`codecage serve --config FILE`, TOML, unknown keys
+//! refused): listeners, tokens, caps. Later sections (pool, audit, network) join it here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use codecage::knobs::Raw;
+use codecage::units::{parse_duration, parse_size};
+
+/// Where the server listens by default.
+pub const DEFAULT_SOCKET: &str = "/run/codecage/codecage.sock";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// `unix:PATH` or `HOST:PORT`, each.
+    pub listen: Vec<String>,
+    /// The unix socket's group (mode 0660 then); without one the socket is 0600.
+    pub socket_group: Option<String>,
+    /// Bearer tokens, each with a name (for logs and the audit) and a role.
+    pub tokens: Vec<Token>,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Token {
+    pub name: String,
+    pub token: String,
+    #[serde(default)]
+    pub role: Role,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    #[default]
+    User,
+    Admin,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Sandboxes alive at once: one-shot runs and sessions together.
+    pub max_sandboxes: usize,
+    /// Sessions alive at once (each also counts as a sandbox).
+    pub max_sessions: usize,
+    /// How long a request waits for room before it gets 503.
+    #[serde(deserialize_with = "duration")]
+    pub queue_timeout: Duration,
+    /// The largest request body.
+    #[serde(deserialize_with = "size")]
+    pub max_body: u64,
+    /// How long a shutdown waits for running calls before it kills them.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_sandboxes: 64,
+            max_sessions: 256,
+            queue_timeout: Duration::from_secs(5),
+            max_body: 32 << 20,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+fn text_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(match Raw::deserialize(d)? {
+        Raw::Int(n) => n.to_string(),
+        Raw::Float(f) => f.to_string(),
+        Raw::Text(t) => t,
+    })
+}
+
+fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    parse_duration(&text_of(d)?).map_err(serde::de::Error::custom)
+}
+
+fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    parse_size(&text_of(d)?).map_err(serde::de::Error::custom)
+}
+
+impl ServerConfig {
+    /// Reads the file; errors name it and the key.
+    pub fn load(path: &std::path::Path) -> Result<ServerConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the server config {}: {e}", path.display()))?;
+        let config: ServerConfig = toml::from_str(&text).map_err(|e| {
+            format!(
+                "server config {}: {}",
+                path.display(),
+                e.to_string().trim_end()
+            )
+        })?;
+        config
+            .validate()
+            .map_err(|e| format!("server config {}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for t in &self.tokens {
+            if t.token.len() < 16 {
+                return Err(format!(
+                    "the token named {:?} is {} characters: use 16 or more (e.g. `openssl rand -hex 32`)",
+                    t.name,
+                    t.token.len()
+                ));
+            }
+        }
+        if self.limits.max_sandboxes == 0 || self.limits.max_sessions == 0 {
+            return Err("limits.max_sandboxes and limits.max_sessions must be 1 or more".into());
+        }
+        Ok(())
+    }
+
+    /// Reads tokens from a file: one per line, `NAME:TOKEN` or a bare token (named
+    /// "default"), `#` comments; `NAME:TOKEN:admin` gives the admin role.
+    pub fn add_token_file(&mut self, path: &std::path::Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let parts: Vec<&str> = line.split(':').collect();
+            let (name, token, role) = match parts[..] {
+                [token] => ("default", token, Role::User),
+                [name, token] => (name, token, Role::User),
+                [name, token, "admin"] => (name, token, Role::Admin),
+                [name, token, "user"] => (name, token, Role::User),
+                _ => {
+                    return Err(format!(
+                        "{} line {}: use TOKEN, NAME:TOKEN or NAME:TOKEN:admin",
+                        path.display(),
+                        n + 1
+                    ))
+                }
+            };
+            self.tokens.push(Token {
+                name: name.to_string(),
+                token: token.to_string(),
+                role,
+            });
+        }
+        self.validate()
+    }
+}
+
+/// A listener address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl Listen {
+    pub fn parse(text: &str) -> Result<Listen, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "{text:?}: give an absolute socket path (unix:/run/codecage/codecage.sock)"
+                ));
+            }
+            return Ok(Listen::Unix(PathBuf::from(path)));
+        }
+        if text.parse::<std::net::SocketAddr>().is_ok()
+            || text
+                .rsplit_once(':')
+                .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            return Ok(Listen::Tcp(text.to_string()));
+        }
+        Err(format!(
+            "{text:?} is not a listener: use unix:PATH or HOST:PORT"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_and_refuses_unknown_keys_and_short_tokens() {
+        let c: ServerConfig = toml::from_str(
+            "listen = [\"unix:/tmp/x.sock\"]\n[[tokens]]\nname = \"ci\"\ntoken = \"0123456789abcdef0\"\nrole = \"admin\"\n[limits]\nqueue_timeout = \"2s\"\nmax_body = \"1M\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.tokens[0].role, Role::Admin);
+        assert_eq!(c.limits.queue_timeout, Duration::from_secs(2));
+        assert!(toml::from_str::<ServerConfig>("colour = 1").is_err());
+        let mut short = ServerConfig::default();
+        short.tokens.push(Token {
+            name: "x".into(),
+            token: "short".into(),
+            role: Role::User,
+        });
+        assert!(short.validate().unwrap_err().contains("16 or more"));
+        assert_eq!(
+            Listen::parse("unix:/a.sock").unwrap(),
+            Listen::Unix("/a.sock".into())
+        );
+        assert_eq!(
+            Listen::parse("127.0.0.1:8080").unwrap(),
+            Listen::Tcp("127.0.0.1:8080".into())
+        );
+        assert!(Listen::parse("nowhere").is_err());
+    }
+}

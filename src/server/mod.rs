@@ -1,0 +1,262 @@
+//! `codecage serve`: the local API over a unix socket (0600, or 0660 with a configured
+//! group) and, with a bearer token, TCP. Front ends translate; the library decides: every
+//! request becomes a profile-resolved `Spec` or a `Session`, and each sandbox runs on a
+//! blocking thread, never on the async runtime.
+//!
+//! Load: one semaphore bounds the sandboxes alive at once (runs and sessions), another the
+//! sessions; a request that finds no room waits `queue_timeout`, then gets 503 with
+//! Retry-After. Shutdown (SIGTERM, SIGINT): stop accepting, cancel running runs,
+//! interrupt and close every session, remove the socket file.
+
+pub mod api;
+pub mod config;
+mod openapi;
+mod registry;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+
+use codecage::profile::DataDir;
+use codecage::Canceller;
+
+pub use config::{Listen, ServerConfig};
+pub use openapi::document as openapi_document;
+
+/// Who made a request, for logs (and the audit log to come).
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// A peer of the unix socket, by uid.
+    Unix { uid: u32 },
+    /// A bearer token, by its name.
+    Token { name: String, role: config::Role },
+}
+
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Caller::Unix { uid } => write!(f, "uid:{uid}"),
+            Caller::Token { name, role } => match role {
+                config::Role::Admin => write!(f, "token:{name}(admin)"),
+                config::Role::User => write!(f, "token:{name}"),
+            },
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub data_dir: DataDir,
+    /// Room for sandboxes (runs and sessions).
+    pub sandboxes: Arc<Semaphore>,
+    /// Room for sessions.
+    pub session_slots: Arc<Semaphore>,
+    pub sessions: registry::Registry,
+    /// Stops every run at shutdown.
+    pub canceller: Canceller,
+}
+
+pub type Shared = Arc<AppState>;
+
+/// Serves until SIGTERM or SIGINT, then shuts down cleanly.
+pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), String> {
+    let canceller = Canceller::new().map_err(|e| format!("cannot create the canceller: {e}"))?;
+    let state: Shared = Arc::new(AppState {
+        sandboxes: Arc::new(Semaphore::new(config.limits.max_sandboxes)),
+        session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),
+        sessions: registry::Registry::default(),
+        data_dir: DataDir::from_env(),
+        canceller,
+        config,
+    });
+    let shutdown = tokio_util_shutdown();
+    let mut tasks = Vec::new();
+    let mut sockets: Vec<PathBuf> = Vec::new();
+    for listen in listens {
+        match listen {
+            Listen::Unix(path) => {
+                let listener = bind_unix(&path, state.config.socket_group.as_deref())?;
+                sockets.push(path.clone());
+                tracing::info!(socket = %path.display(), "listening");
+                let app = api::router(state.clone()).layer(axum::middleware::from_fn(unix_caller));
+                let signal = shutdown.subscribe();
+                tasks.push(tokio::spawn(async move {
+                    axum::serve(
+                        listener,
+                        app.into_make_service_with_connect_info::<UdsPeer>(),
+                    )
+                    .with_graceful_shutdown(wait(signal))
+                    .await
+                }));
+            }
+            Listen::Tcp(addr) => {
+                if state.config.tokens.is_empty() {
+                    return Err(format!(
+                        "listening on TCP ({addr}) needs a token: give --token-file FILE or [[tokens]] in the config"
+                    ));
+                }
+                let listener = TcpListener::bind(&addr)
+                    .await
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+                tracing::info!(%addr, "listening");
+                let app = api::router(state.clone()).layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    bearer_caller,
+                ));
+                let signal = shutdown.subscribe();
+                tasks.push(tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(wait(signal))
+                        .await
+                }));
+            }
+        }
+    }
+    let reaper = tokio::spawn(registry::reap_forever(state.clone()));
+    wait_for_termination().await;
+    tracing::info!("shutting down: no new requests; stopping runs and closing sessions");
+    let _ = shutdown.send(());
+    state.canceller.cancel();
+    state.sessions.interrupt_all();
+    let grace = state.config.limits.shutdown_grace;
+    let _ = tokio::time::timeout(grace, async {
+        for task in tasks {
+            let _ = task.await;
+        }
+    })
+    .await;
+    reaper.abort();
+    let closed = state.sessions.close_all().await;
+    for path in sockets {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!(sessions = closed, "stopped");
+    Ok(())
+}
+
+fn tokio_util_shutdown() -> tokio::sync::broadcast::Sender<()> {
+    tokio::sync::broadcast::channel(1).0
+}
+
+async fn wait(mut signal: tokio::sync::broadcast::Receiver<()>) {
+    let _ = signal.recv().await;
+}
+
+async fn wait_for_termination() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// The unix socket, replacing a stale one, with its mode set before anyone can connect
+/// (created under a 0177 umask): 0600, or 0660 and the group's when one is configured.
+fn bind_unix(path: &std::path::Path, group: Option<&str>) -> Result<UnixListener, String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => {
+            return Err(format!(
+                "{} is in use: another codecage serve is listening there",
+                path.display()
+            ))
+        }
+        Err(_) => {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let listener = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = listener.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    if let Some(group) = group {
+        let gid = nix::unistd::Group::from_name(group)
+            .ok()
+            .flatten()
+            .ok_or_else(|| format!("socket_group {group:?} does not exist"))?
+            .gid;
+        std::os::unix::fs::chown(path, None, Some(gid.as_raw()))
+            .map_err(|e| format!("cannot give {} to group {group}: {e}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
+    }
+    Ok(listener)
+}
+
+/// A unix socket peer's credentials.
+#[derive(Clone, Debug)]
+pub struct UdsPeer {
+    uid: u32,
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, UnixListener>>
+    for UdsPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, UnixListener>) -> Self {
+        let uid = stream.io().peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
+        UdsPeer { uid }
+    }
+}
+
+/// The unix socket's mode already decided who may connect: the caller is the peer's uid.
+async fn unix_caller(
+    ConnectInfo(peer): ConnectInfo<UdsPeer>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    request
+        .extensions_mut()
+        .insert(Caller::Unix { uid: peer.uid });
+    next.run(request).await
+}
+
+/// TCP: `Authorization: Bearer TOKEN`, or 401.
+async fn bearer_caller(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let token = presented.and_then(|p| {
+        state
+            .config
+            .tokens
+            .iter()
+            .find(|t| constant_time_eq(t.token.as_bytes(), p.as_bytes()))
+            .cloned()
+    });
+    match token {
+        Some(t) => {
+            request.extensions_mut().insert(Caller::Token {
+                name: t.name,
+                role: t.role,
+            });
+            next.run(request).await
+        }
+        None if request.uri().path() == "/healthz" => next.run(request).await,
+        None => api::ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this listener needs `Authorization: Bearer TOKEN` with a token from the server's configuration",
+        )
+        .into_response_now(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,220 @@
+//! The server's live sessions: by opaque id, with their lifetimes (idle and maximum, from
+//! the profile's `[session]`), reclaimed by a reaper task. A session serves one call at a
+//! time; a second is refused (409), never queued behind the first.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use codecage::runner::Lang;
+use codecage::session::{Interrupter, Session};
+
+use super::Shared;
+
+/// How many ended sessions' ids are remembered, to answer "expired" rather than "unknown".
+const REMEMBERED_EXPIRED: usize = 4096;
+
+/// One live session.
+pub struct Entry {
+    pub id: String,
+    pub lang: Lang,
+    pub profile: String,
+    pub created: SystemTime,
+    created_at: Instant,
+    pub idle_timeout: Duration,
+    pub max_duration: Duration,
+    last_used: Mutex<Instant>,
+    /// The session; None once it is closed.
+    pub session: Mutex<Option<Session>>,
+    pub interrupter: Interrupter,
+    busy: AtomicBool,
+    pub executions: AtomicU64,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+impl Entry {
+    pub fn new(
+        id: String,
+        profile: String,
+        session: Session,
+        idle_timeout: Duration,
+        max_duration: Duration,
+        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    ) -> Entry {
+        Entry {
+            id,
+            lang: session.lang(),
+            profile,
+            created: SystemTime::now(),
+            created_at: Instant::now(),
+            idle_timeout,
+            max_duration,
+            last_used: Mutex::new(Instant::now()),
+            interrupter: session.interrupter(),
+            session: Mutex::new(Some(session)),
+            busy: AtomicBool::new(false),
+            executions: AtomicU64::new(0),
+            _permits: permits,
+        }
+    }
+
+    /// Marks the session busy for the life of the guard; None if it already is.
+    pub fn claim(self: &Arc<Self>) -> Option<Busy> {
+        self.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Busy(self.clone()))
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    pub fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    pub fn last_used(&self) -> Instant {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When the session ends unless used: the earlier of its idle and maximum limits.
+    pub fn expires(&self) -> SystemTime {
+        let now = Instant::now();
+        let idle_end = self.last_used() + self.idle_timeout;
+        let max_end = self.created_at + self.max_duration;
+        let end = idle_end.min(max_end);
+        SystemTime::now() + end.saturating_duration_since(now)
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        now >= self.last_used() + self.idle_timeout || now >= self.created_at + self.max_duration
+    }
+}
+
+/// The claim of a session's one call.
+pub struct Busy(Arc<Entry>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+#[derive(Default)]
+pub struct Registry {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    sessions: HashMap<String, Arc<Entry>>,
+    expired: VecDeque<String>,
+}
+
+/// Why an id does not name a live session.
+pub enum Missing {
+    Expired,
+    Unknown,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn insert(&self, entry: Entry) -> Arc<Entry> {
+        let entry = Arc::new(entry);
+        self.lock().sessions.insert(entry.id.clone(), entry.clone());
+        entry
+    }
+
+    pub fn get(&self, id: &str) -> Result<Arc<Entry>, Missing> {
+        let inner = self.lock();
+        match inner.sessions.get(id) {
+            Some(entry) => Ok(entry.clone()),
+            None if inner.expired.iter().any(|e| e == id) => Err(Missing::Expired),
+            None => Err(Missing::Unknown),
+        }
+    }
+
+    pub fn list(&self) -> Vec<Arc<Entry>> {
+        let mut all: Vec<Arc<Entry>> = self.lock().sessions.values().cloned().collect();
+        all.sort_by_key(|e| e.created);
+        all
+    }
+
+    /// Takes a session out; `expired` remembers its id as such.
+    pub fn remove(&self, id: &str, expired: bool) -> Option<Arc<Entry>> {
+        let mut inner = self.lock();
+        let entry = inner.sessions.remove(id);
+        if entry.is_some() && expired {
+            inner.expired.push_back(id.to_string());
+            if inner.expired.len() > REMEMBERED_EXPIRED {
+                inner.expired.pop_front();
+            }
+        }
+        entry
+    }
+
+    pub fn interrupt_all(&self) {
+        for entry in self.lock().sessions.values() {
+            entry.interrupter.interrupt();
+        }
+    }
+
+    /// Closes every session (waiting for a running call to give its session back, which
+    /// an interrupt makes quick). Returns how many were closed.
+    pub async fn close_all(&self) -> usize {
+        let entries: Vec<Arc<Entry>> = self.lock().sessions.drain().map(|(_, e)| e).collect();
+        let count = entries.len();
+        let closing = entries
+            .into_iter()
+            .map(|entry| tokio::task::spawn_blocking(move || close(&entry)));
+        for task in closing {
+            let _ = task.await;
+        }
+        count
+    }
+}
+
+/// Closes an entry's session: every process killed, its cgroup removed.
+pub fn close(entry: &Entry) {
+    entry.interrupter.interrupt();
+    let session = entry
+        .session
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(session) = session {
+        if let Err(e) = session.close() {
+            tracing::warn!(session = %entry.id, error = %e, "closing a session left something behind");
+        }
+    }
+}
+
+/// Reclaims sessions past their idle or maximum lifetime, every second.
+pub async fn reap_forever(state: Shared) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let due: Vec<String> = state
+            .sessions
+            .list()
+            .into_iter()
+            .filter(|e| !e.is_busy() && e.expired(now))
+            .map(|e| e.id.clone())
+            .collect();
+        for id in due {
+            if let Some(entry) = state.sessions.remove(&id, true) {
+                tracing::info!(session = %id, "session expired; closing it");
+                let _ = tokio::task::spawn_blocking(move || close(&entry)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,991 @@
+//! Sessions: one long-lived sandbox running a language's REPL driver, which executes many
+//! calls and keeps its state between them (drivers/ in the repository).
+//!
+//! The driver speaks on a socket of its own (fd 3 in the driver), never on the user's
+//! stdout, so a `print` cannot break the framing; the user's stdout and stderr are the
+//! driver's fds 1 and 2, read as streams (subprocesses and C extensions included). The
+//! launcher holds the other end of that socket directly: the init only passes it on at
+//! spawn time and never reads it. Everything the driver sends is untrusted (the cell can
+//! write to fd 3 too): lines are capped, events are validated and capped, stale ones (of
+//! an earlier call) are dropped. Verdicts come from the cgroup, the wait status and the
+//! launcher's own clock, never from the driver's word.
+//!
+//! A call that must stop (its timeout, an interrupt, the output cap) is interrupted first:
+//! SIGINT to the driver's process group (KeyboardInterrupt in Python, a broken evaluation
+//! in Node, the foreground job in bash). If the driver answers within [`GRACE`], the session
+//! is kept (`state.preserved`); if not, every process of the sandbox but its init is killed
+//! (the init holds the mounts, so /work survives) and the driver is started again
+//! (`state.restarted`).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::Usage;
+use crate::launcher::{ExecStreams, OutputPipes, Sandbox, StartError, Stream};
+use crate::outcome::{ErrorKind, Outcome};
+use crate::protocol::FromSandbox;
+use crate::runner::Lang;
+use crate::spec::{Exec, SandboxSpec};
+use crate::units::{format_duration, format_size};
+
+/// How long an interrupted driver has to answer before every process is killed.
+pub const GRACE: Duration = Duration::from_secs(2);
+/// How long a driver may take to start (an interpreter, its imports).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest line the launcher reads from a driver.
+const MAX_LINE: usize = 24 << 20;
+/// At most this many displays per call, and this many bytes of them in all.
+const MAX_DISPLAYS: usize = 64;
+const MAX_DISPLAY_BYTES: usize = 16 << 20;
+/// One text MIME type, one image, a MIME type's name.
+const MAX_TEXT: usize = 256 << 10;
+const MAX_IMAGE: usize = 8 << 20;
+const MAX_MIME_NAME: usize = 100;
+
+/// What a session is built from: the box (with drivers), the language, the environment,
+/// and each call's default timeout and output cap.
+#[derive(Debug, Clone)]
+pub struct SessionSpec {
+    pub sandbox: SandboxSpec,
+    pub lang: Lang,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub output_limit: u64,
+}
+
+/// One call.
+#[derive(Debug, Clone, Default)]
+pub struct Call {
+    pub code: String,
+    /// Text the cell reads on stdin (`input()`, `read`).
+    pub stdin: Option<String>,
+    /// This call's limit (the session's default if None).
+    pub timeout: Option<Duration>,
+}
+
+/// A MIME bundle: type -> content (text, or base64 for binary types).
+pub type MimeBundle = BTreeMap<String, String>;
+
+/// An exception a cell raised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exception {
+    pub name: String,
+    pub value: String,
+    pub traceback: Vec<String>,
+}
+
+/// Whether a call kept the session's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct State {
+    /// Variables, imports and the working directory are as the call left them.
+    pub preserved: bool,
+    /// The interpreter was started again: everything in memory is gone (/work is kept).
+    pub restarted: bool,
+}
+
+/// The result of one call: what a run gives, plus the REPL's own.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallOutcome {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    pub execution_count: Option<u64>,
+    /// The trailing expression's value, as the REPL would show it.
+    pub result: Option<MimeBundle>,
+    pub displays: Vec<MimeBundle>,
+    pub exception: Option<Exception>,
+    pub state: State,
+    /// bash: the working directory after the call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+}
+
+/// Something a call produced, as it happens (for streaming front ends).
+#[derive(Debug, Clone)]
+pub enum Event<'a> {
+    Output(Stream, &'a [u8]),
+    Display(&'a MimeBundle),
+}
+
+/// Interrupts the call a session is running, from another thread.
+#[derive(Clone)]
+pub struct Interrupter(Arc<OwnedFd>);
+
+impl Interrupter {
+    /// Stops the running call as a timeout would (a call started later is not affected).
+    pub fn interrupt(&self) {
+        let _ = nix::unistd::write(self.0.as_fd(), b"!");
+    }
+}
+
+/// A live session.
+pub struct Session {
+    sandbox: Sandbox,
+    spec: SessionSpec,
+    driver: Option<Driver>,
+    interrupts: OwnedFd,
+    interrupter: Interrupter,
+    /// The sandbox itself is gone (its init died): no call can run any more.
+    lost: Option<String>,
+    last_usage: Option<Usage>,
+}
+
+/// The driver process of a session, as the launcher holds it.
+struct Driver {
+    id: u64,
+    channel: UnixStream,
+    pipes: OutputPipes,
+    lines: LineReader,
+}
+
+/// The driver's events, as the launcher accepts them.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "ev", rename_all = "lowercase")]
+enum DriverEvent {
+    Ready,
+    Display {
+        id: Option<u64>,
+        data: BTreeMap<String, String>,
+    },
+    Done {
+        id: Option<u64>,
+        execution_count: Option<u64>,
+        result: Option<BTreeMap<String, String>>,
+        exception: Option<Exception>,
+        status: Option<i32>,
+        cwd: Option<String>,
+    },
+}
+
+impl Session {
+    /// Starts the sandbox and its driver, and waits until the driver is ready.
+    pub fn start(mut spec: SessionSpec) -> Result<Session, StartError> {
+        spec.sandbox.drivers = true;
+        let sandbox = Sandbox::start(&spec.sandbox)?;
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| StartError {
+                    kind: ErrorKind::Setup,
+                    message: format!("cannot create the interrupt pipe: {e}"),
+                })?;
+        let mut session = Session {
+            sandbox,
+            spec,
+            driver: None,
+            interrupts: read,
+            interrupter: Interrupter(Arc::new(write)),
+            lost: None,
+            last_usage: None,
+        };
+        session
+            .start_driver()
+            .map_err(|(kind, message)| StartError { kind, message })?;
+        session.last_usage = session.sandbox.usage();
+        Ok(session)
+    }
+
+    pub fn lang(&self) -> Lang {
+        self.spec.lang
+    }
+
+    /// A handle that interrupts the running call from another thread.
+    pub fn interrupter(&self) -> Interrupter {
+        self.interrupter.clone()
+    }
+
+    /// Whether the sandbox is gone for good (its init died).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_some()
+    }
+
+    /// What the sandbox's cgroup measured so far.
+    pub fn usage(&self) -> Option<Usage> {
+        self.sandbox.usage()
+    }
+
+    /// A fresh interpreter in the same sandbox: every process but the init is killed and
+    /// the driver started again; /work is kept.
+    pub fn reset(&mut self) -> Result<(), String> {
+        if let Some(why) = &self.lost {
+            return Err(why.clone());
+        }
+        self.kill_processes()?;
+        self.start_driver().map_err(|(_, message)| message)
+    }
+
+    /// Ends the session: every process is killed, the cgroup removed.
+    pub fn close(self) -> Result<(), String> {
+        self.sandbox.close(Duration::from_secs(1))
+    }
+
+    /// Runs one call to its end and reports it.
+    pub fn execute(&mut self, call: &Call, events: &mut dyn FnMut(Event)) -> CallOutcome {
+        let start = Instant::now();
+        let timeout = call.timeout.unwrap_or(self.spec.timeout);
+        let mut result = CallOutcome {
+            outcome: Outcome::default(),
+            execution_count: None,
+            result: None,
+            displays: Vec::new(),
+            exception: None,
+            state: State::default(),
+            cwd: None,
+        };
+        if let Some(why) = &self.lost {
+            result.outcome = Outcome::failed(ErrorKind::SessionLost, why.clone());
+            return result;
+        }
+        if self.driver.is_none() {
+            if let Err((kind, message)) = self.start_driver() {
+                result.outcome = Outcome::failed(kind, message);
+                return result;
+            }
+            result.state.restarted = true;
+        }
+        // Interrupts that came while no call ran are not for this one.
+        let mut drained = [0u8; 64];
+        while matches!(nix::unistd::read(&self.interrupts, &mut drained), Ok(n) if n > 0) {}
+        if let Some(cgroup_usage) = self.sandbox.usage() {
+            self.last_usage = Some(cgroup_usage);
+        }
+        self.sandbox.reset_peak_memory();
+        let request = self.request(call);
+        let sent = self
+            .driver
+            .as_mut()
+            .map(|d| std::io::Write::write_all(&mut d.channel, &request));
+        let mut call_state = CallRun::new(self.spec.output_limit, start + timeout, events);
+        if !matches!(sent, Some(Ok(()))) {
+            call_state.end = Some(End::DriverGone);
+        } else {
+            self.supervise(&mut call_state);
+        }
+        self.conclude(call_state, timeout, &mut result);
+        result.outcome.duration = start.elapsed();
+        result
+    }
+
+    /// The request line (and, for bash, the raw code and stdin after it).
+    fn request(&self, call: &Call) -> Vec<u8> {
+        let id = self.driver.as_ref().map_or(0, |d| d.id);
+        match self.spec.lang {
+            Lang::Bash => {
+                let stdin_len = call.stdin.as_ref().map_or(-1, |s| s.len() as i64);
+                let mut bytes =
+                    format!("execute {id} {} {stdin_len}\n", call.code.len()).into_bytes();
+                bytes.extend_from_slice(call.code.as_bytes());
+                bytes.extend_from_slice(call.stdin.as_deref().unwrap_or("").as_bytes());
+                bytes
+            }
+            _ => {
+                let request = serde_json::json!({
+                    "op": "execute", "id": id, "code": call.code, "stdin": call.stdin,
+                });
+                let mut bytes = request.to_string().into_bytes();
+                bytes.push(b'\n');
+                bytes
+            }
+        }
+    }
+
+    /// Polls the driver's streams and channel, the sandbox's channel and init, and the
+    /// interrupt pipe until the call ends.
+    fn supervise(&mut self, run: &mut CallRun) {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut interrupted_at: Option<Instant> = None;
+        while run.end.is_none() {
+            let now = Instant::now();
+            let stop = run.stop_reason.is_some() || now >= run.deadline;
+            if stop && interrupted_at.is_none() {
+                run.stop_reason.get_or_insert(ErrorKind::Timeout);
+                interrupted_at = Some(now);
+                if let Some(driver) = &self.driver {
+                    let _ = self.sandbox.signal(driver.id, libc::SIGINT);
+                }
+            }
+            if interrupted_at.is_some_and(|at| now >= at + GRACE) {
+                run.end = Some(End::Unresponsive);
+                break;
+            }
+            let wake = match interrupted_at {
+                Some(at) => at + GRACE,
+                None => run.deadline,
+            };
+            let Some(driver) = self.driver.as_mut() else {
+                run.end = Some(End::DriverGone);
+                break;
+            };
+            let timeout = wake
+                .saturating_duration_since(now)
+                .min(Duration::from_secs(60));
+            let timeout =
+                PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
+            let mut fds = [
+                PollFd::new(driver.pipes.stdout.as_fd(), PollFlags::POLLIN),
+                PollFd::new(driver.pipes.stderr.as_fd(), PollFlags::POLLIN),
+                PollFd::new(driver.channel.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
+                PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
+                PollFd::new(self.interrupts.as_fd(), PollFlags::POLLIN),
+            ];
+            if let Err(e) = poll(&mut fds, timeout) {
+                if e != nix::errno::Errno::EINTR {
+                    run.end = Some(End::SandboxGone(format!("poll failed: {e}")));
+                }
+                continue;
+            }
+            let ready: Vec<bool> = fds
+                .iter()
+                .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
+                .collect();
+            for (i, stream) in [(0, Stream::Stdout), (1, Stream::Stderr)] {
+                if ready[i] && !run.output_capped {
+                    let pipe = match stream {
+                        Stream::Stdout => &mut driver.pipes.stdout,
+                        Stream::Stderr => &mut driver.pipes.stderr,
+                    };
+                    run.drain(pipe, stream, &mut buf);
+                }
+            }
+            if ready[2] {
+                match driver.lines.fill(&mut driver.channel) {
+                    Ok(true) => {}
+                    Ok(false) => run.end = Some(End::DriverGone),
+                    Err(e) => run.end = Some(End::DriverBroke(e)),
+                }
+                while let Some(line) = driver.lines.next_line() {
+                    run.event(driver.id, &line);
+                }
+            }
+            if ready[3] {
+                self.sandbox.read_channel();
+                while let Some(message) = self.sandbox.next_message() {
+                    match message {
+                        FromSandbox::Exited { id, .. } if id == driver.id => {
+                            run.end.get_or_insert(End::DriverGone);
+                        }
+                        FromSandbox::SetupFailed {
+                            id: Some(id),
+                            error,
+                        } if id == driver.id => {
+                            run.end = Some(End::DriverBroke(error.to_string()));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if ready[4] {
+                run.end = Some(End::SandboxGone(
+                    "the session's sandbox ended (its init died)".into(),
+                ));
+            }
+            if ready[5] {
+                let mut drained = [0u8; 64];
+                while matches!(nix::unistd::read(&self.interrupts, &mut drained), Ok(n) if n > 0) {}
+                run.stop_reason.get_or_insert(ErrorKind::Interrupted);
+            }
+        }
+        // Output written before the driver answered is in the pipes already.
+        if let Some(driver) = self.driver.as_mut() {
+            if !run.output_capped {
+                run.drain(&mut driver.pipes.stdout, Stream::Stdout, &mut buf);
+                run.drain(&mut driver.pipes.stderr, Stream::Stderr, &mut buf);
+            }
+        }
+    }
+
+    /// Turns how the call ended into its result; restarts the driver where the call's end
+    /// took it down.
+    fn conclude(&mut self, run: CallRun, timeout: Duration, result: &mut CallOutcome) {
+        let usage = self.sandbox.usage();
+        let outcome = &mut result.outcome;
+        outcome.stdout = run.stdout;
+        outcome.stderr = run.stderr;
+        outcome.truncated = run.output_capped;
+        result.displays = run.displays;
+        if !run.notes.is_empty() {
+            outcome.message = Some(run.notes.join("; "));
+        }
+        let oom_kills = match (&usage, &self.last_usage) {
+            (Some(now), Some(before)) => now.oom_kills.saturating_sub(before.oom_kills),
+            (Some(now), None) => now.oom_kills,
+            _ => 0,
+        };
+        if let Some(now) = &usage {
+            outcome.oom_kills = oom_kills;
+            outcome.peak_memory_bytes = now.peak_memory;
+            outcome.pids_limit_hit = match &self.last_usage {
+                Some(before) => now.pids_limit_hits > before.pids_limit_hits,
+                None => now.pids_limit_hits > 0,
+            };
+            if let (Some(cpu), Some(before)) = (now.cpu, self.last_usage.and_then(|u| u.cpu)) {
+                outcome.cpu = cpu.saturating_sub(before);
+            }
+        }
+        let memory = self
+            .sandbox
+            .limits()
+            .map_or_else(String::new, |l| format_size(l.memory));
+        match run.end.unwrap_or(End::DriverGone) {
+            End::Done(done) => {
+                result.execution_count = done.execution_count;
+                result.result = done.result;
+                result.exception = done.exception;
+                result.cwd = done.cwd;
+                outcome.exit_code = done.status;
+                result.state.preserved = true;
+                match run.stop_reason {
+                    Some(reason) => stopped(outcome, reason, timeout, self.spec.output_limit, true),
+                    None if result.exception.is_some() => {
+                        let e = result.exception.as_ref().expect("checked");
+                        outcome.error = Some(ErrorKind::Exception);
+                        outcome.message = Some(format!("{}: {}", e.name, e.value));
+                    }
+                    None => {}
+                }
+            }
+            End::Unresponsive => {
+                let reason = run.stop_reason.unwrap_or(ErrorKind::Timeout);
+                self.restart_after(result, "did not stop within the grace period");
+                stopped(
+                    &mut result.outcome,
+                    reason,
+                    timeout,
+                    self.spec.output_limit,
+                    false,
+                );
+            }
+            end @ (End::DriverGone | End::DriverBroke(_)) => {
+                let why = match end {
+                    End::DriverBroke(e) => e,
+                    _ => "the interpreter exited".to_string(),
+                };
+                let killed_by_oom = oom_kills > 0;
+                self.restart_after(result, &why);
+                let outcome = &mut result.outcome;
+                if killed_by_oom {
+                    outcome.error = Some(ErrorKind::Oom);
+                    outcome.message = Some(format!(
+                        "the code reached the memory limit of {memory} and the kernel's OOM killer killed the \
+                         interpreter; the output up to then is kept, and the interpreter was started again (its \
+                         variables are gone, /work is kept). Use less memory, or allow more memory."
+                    ));
+                } else if let Some(reason) = run.stop_reason {
+                    stopped(outcome, reason, timeout, self.spec.output_limit, false);
+                } else {
+                    outcome.error = Some(ErrorKind::SessionLost);
+                    outcome.message = Some(format!(
+                        "the interpreter ended during the call ({why}); it was started again: its variables \
+                         are gone, /work is kept"
+                    ));
+                }
+            }
+            End::SandboxGone(why) => {
+                self.driver = None;
+                self.lost = Some(why.clone());
+                result.outcome.error = Some(if oom_kills > 0 {
+                    ErrorKind::Oom
+                } else {
+                    ErrorKind::SessionLost
+                });
+                result.outcome.message =
+                    Some(format!("{why}; the session is over: create a new one"));
+            }
+        }
+        self.last_usage = self.sandbox.usage();
+    }
+
+    /// Kills what is left of the driver and starts it again; the result says so.
+    fn restart_after(&mut self, result: &mut CallOutcome, why: &str) {
+        result.state.preserved = false;
+        match self
+            .kill_processes()
+            .and_then(|()| self.start_driver().map_err(|(_, message)| message))
+        {
+            Ok(()) => result.state.restarted = true,
+            Err(e) => {
+                self.driver = None;
+                let note = format!("the interpreter ({why}) could not be started again: {e}");
+                result.outcome.message = Some(note);
+            }
+        }
+    }
+
+    /// Kills every process of the sandbox but its init and waits until they are gone.
+    fn kill_processes(&mut self) -> Result<(), String> {
+        self.driver = None;
+        self.sandbox
+            .kill_all()
+            .map_err(|e| format!("cannot reach the sandbox's init: {e}"))?;
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            while let Some(message) = self.sandbox.next_message() {
+                if message == FromSandbox::AllKilled {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= end {
+                return Err("the sandbox's init did not answer a kill".into());
+            }
+            self.wait_channel(end)?;
+        }
+    }
+
+    /// Waits for the sandbox's channel (or the init's end) until `end`.
+    fn wait_channel(&mut self, end: Instant) -> Result<(), String> {
+        let timeout = end.saturating_duration_since(Instant::now());
+        let timeout =
+            PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
+        let mut fds = [
+            PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
+            PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
+        ];
+        let _ = poll(&mut fds, timeout);
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            let why = "the session's sandbox ended (its init died)".to_string();
+            self.lost = Some(why.clone());
+            return Err(why);
+        }
+        if !self.sandbox.read_channel() && self.sandbox.next_message().is_none() {
+            let why = match self.sandbox.protocol_error() {
+                Some(e) => format!("the sandbox's channel broke: {e}"),
+                None => "the sandbox's channel closed".to_string(),
+            };
+            self.lost = Some(why.clone());
+            return Err(why);
+        }
+        Ok(())
+    }
+
+    /// Spawns the driver with fresh pipes and a fresh channel, and waits for its "ready".
+    fn start_driver(&mut self) -> Result<(), (ErrorKind, String)> {
+        let setup = |m: String| (ErrorKind::Setup, m);
+        let mut exec = Exec::new(crate::drivers::argv(self.spec.lang));
+        for (key, value) in &self.spec.env {
+            exec.set_env(key, value);
+        }
+        let streams = ExecStreams::open(&exec).map_err(setup)?;
+        let (channel, driver_end) = UnixStream::pair()
+            .map_err(|e| setup(format!("cannot create the driver's channel: {e}")))?;
+        let id = self
+            .sandbox
+            .spawn(&exec, &streams.child_fds(), Some(driver_end.as_fd()), false)
+            .map_err(|e| setup(format!("cannot start the interpreter: {e}")))?;
+        drop(driver_end);
+        let pipes = streams.into_parent();
+        for fd in [pipes.stdout.as_fd(), pipes.stderr.as_fd()] {
+            let _ = crate::launcher::set_nonblocking(fd);
+        }
+        let _ = channel.set_nonblocking(true);
+        let mut driver = Driver {
+            id,
+            channel,
+            pipes,
+            lines: LineReader::default(),
+        };
+        // Until "ready": what the interpreter prints on start is not any call's output.
+        let end = Instant::now() + START_TIMEOUT;
+        let mut early = Vec::new();
+        loop {
+            let timeout = end.saturating_duration_since(Instant::now());
+            if timeout.is_zero() {
+                return Err(setup(format!(
+                    "the {} interpreter did not start within {}",
+                    self.spec.lang.name(),
+                    format_duration(START_TIMEOUT)
+                )));
+            }
+            let timeout =
+                PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
+            let mut fds = [
+                PollFd::new(driver.channel.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
+                PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
+                PollFd::new(driver.pipes.stderr.as_fd(), PollFlags::POLLIN),
+            ];
+            let _ = poll(&mut fds, timeout);
+            let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+            let (driver_ready, sandbox_ready, init_gone, stderr_ready) =
+                (ready(0), ready(1), ready(2), ready(3));
+            if stderr_ready {
+                let mut buf = [0u8; 4096];
+                if let Ok(n) = driver.pipes.stderr.read(&mut buf) {
+                    if early.len() < 4096 {
+                        early.extend_from_slice(&buf[..n]);
+                    }
+                }
+            }
+            if driver_ready {
+                let open = driver.lines.fill(&mut driver.channel).unwrap_or(false);
+                while let Some(line) = driver.lines.next_line() {
+                    if matches!(serde_json::from_slice(&line), Ok(DriverEvent::Ready)) {
+                        self.driver = Some(driver);
+                        return Ok(());
+                    }
+                }
+                if !open {
+                    return Err(setup(format!(
+                        "the {} interpreter ended before it was ready: {}",
+                        self.spec.lang.name(),
+                        String::from_utf8_lossy(&early).trim()
+                    )));
+                }
+            }
+            if sandbox_ready {
+                self.sandbox.read_channel();
+                while let Some(message) = self.sandbox.next_message() {
+                    if let FromSandbox::SetupFailed { error, .. } = message {
+                        return Err(setup(format!("{error}; the session did not start")));
+                    }
+                }
+            }
+            if init_gone {
+                let why = match self.sandbox.protocol_error() {
+                    Some(e) => format!("the session's sandbox ended while starting: {e}"),
+                    None => "the session's sandbox ended while starting".to_string(),
+                };
+                self.lost = Some(why.clone());
+                return Err((ErrorKind::Setup, why));
+            }
+        }
+    }
+}
+
+/// How a call ended.
+enum End {
+    Done(Done),
+    /// Interrupted, and no answer within the grace period.
+    Unresponsive,
+    /// The driver exited (or closed its channel).
+    DriverGone,
+    /// The driver sent what the protocol does not allow, or could not start.
+    DriverBroke(String),
+    /// The sandbox's init is gone.
+    SandboxGone(String),
+}
+
+struct Done {
+    execution_count: Option<u64>,
+    result: Option<MimeBundle>,
+    exception: Option<Exception>,
+    status: Option<i32>,
+    cwd: Option<String>,
+}
+
+/// One call in progress: its output, displays and how it is ending.
+struct CallRun<'a> {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    output_limit: u64,
+    output_capped: bool,
+    displays: Vec<MimeBundle>,
+    display_bytes: usize,
+    notes: Vec<String>,
+    deadline: Instant,
+    stop_reason: Option<ErrorKind>,
+    end: Option<End>,
+    events: &'a mut dyn FnMut(Event),
+}
+
+impl<'a> CallRun<'a> {
+    fn new(output_limit: u64, deadline: Instant, events: &'a mut dyn FnMut(Event)) -> Self {
+        CallRun {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            output_limit,
+            output_capped: false,
+            displays: Vec::new(),
+            display_bytes: 0,
+            notes: Vec::new(),
+            deadline,
+            stop_reason: None,
+            end: None,
+            events,
+        }
+    }
+
+    fn drain(&mut self, pipe: &mut File, stream: Stream, buf: &mut [u8]) {
+        loop {
+            match pipe.read(buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    let used = (self.stdout.len() + self.stderr.len()) as u64;
+                    let room = self.output_limit.saturating_sub(used) as usize;
+                    let kept = &buf[..n.min(room)];
+                    match stream {
+                        Stream::Stdout => self.stdout.extend_from_slice(kept),
+                        Stream::Stderr => self.stderr.extend_from_slice(kept),
+                    }
+                    if !kept.is_empty() {
+                        (self.events)(Event::Output(stream, kept));
+                    }
+                    if n > room {
+                        self.output_capped = true;
+                        self.stop_reason.get_or_insert(ErrorKind::OutputLimit);
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// One line from the driver: validated, and kept if it belongs to this call.
+    fn event(&mut self, call_id: u64, line: &[u8]) {
+        let event: DriverEvent = match serde_json::from_slice(line) {
+            Ok(event) => event,
+            Err(_) => {
+                return self.note("the interpreter sent a line that is not an event; ignored")
+            }
+        };
+        match event {
+            DriverEvent::Ready => {}
+            DriverEvent::Display { id, data } => {
+                if id != Some(call_id) || self.end.is_some() {
+                    return;
+                }
+                match checked_bundle(data) {
+                    Ok(bundle) => {
+                        let size: usize = bundle.values().map(String::len).sum();
+                        if self.displays.len() >= MAX_DISPLAYS
+                            || self.display_bytes + size > MAX_DISPLAY_BYTES
+                        {
+                            return self.note(&format!(
+                                "displays past {MAX_DISPLAYS} or {} in one call were dropped",
+                                format_size(MAX_DISPLAY_BYTES as u64)
+                            ));
+                        }
+                        self.display_bytes += size;
+                        (self.events)(Event::Display(&bundle));
+                        self.displays.push(bundle);
+                    }
+                    Err(e) => self.note(&format!("a display was dropped: {e}")),
+                }
+            }
+            DriverEvent::Done {
+                id,
+                execution_count,
+                result,
+                exception,
+                status,
+                cwd,
+            } => {
+                if id != Some(call_id) {
+                    return;
+                }
+                let result = match result.map(checked_bundle).transpose() {
+                    Ok(result) => result,
+                    Err(e) => {
+                        self.note(&format!("the result was dropped: {e}"));
+                        None
+                    }
+                };
+                self.end = Some(End::Done(Done {
+                    execution_count,
+                    result,
+                    exception: exception.map(checked_exception),
+                    status,
+                    cwd: cwd.map(|c| clip(&c, 4096)),
+                }));
+            }
+        }
+    }
+
+    fn note(&mut self, note: &str) {
+        if !self.notes.iter().any(|n| n == note) {
+            self.notes.push(note.to_string());
+        }
+    }
+}
+
+/// A call the launcher stopped: the verdict, and whether the session kept its state.
+fn stopped(outcome: &mut Outcome, reason: ErrorKind, timeout: Duration, limit: u64, kept: bool) {
+    let state = if kept {
+        "the interpreter stopped the call and kept its state"
+    } else {
+        "the interpreter did not stop, so every process was killed and it was started again: its \
+         variables are gone, /work is kept"
+    };
+    outcome.error = Some(reason);
+    outcome.message = Some(match reason {
+        ErrorKind::OutputLimit => format!(
+            "the call wrote more than the output limit of {} and was stopped; the output is cut at the \
+             limit and {state}",
+            format_size(limit)
+        ),
+        ErrorKind::Interrupted => format!("the call was interrupted; {state}"),
+        _ => format!(
+            "the call ran longer than its time limit of {} and was interrupted; the output up to then is \
+             kept and {state}",
+            format_duration(timeout)
+        ),
+    });
+}
+
+/// A MIME bundle as the launcher accepts it: sane type names, texts and images within
+/// their caps, images valid base64.
+fn checked_bundle(data: BTreeMap<String, String>) -> Result<MimeBundle, String> {
+    use base64::Engine as _;
+    let mut bundle = MimeBundle::new();
+    for (mime, content) in data {
+        let sane = mime.len() <= MAX_MIME_NAME
+            && mime.contains('/')
+            && mime
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/+-.".contains(&b));
+        if !sane {
+            return Err(format!("{:?} is not a MIME type", clip(&mime, 40)));
+        }
+        let binary = mime.starts_with("image/") && mime != "image/svg+xml";
+        if binary {
+            if content.len() > MAX_IMAGE * 4 / 3 + 4 {
+                return Err(format!(
+                    "an {mime} image is over {}",
+                    format_size(MAX_IMAGE as u64)
+                ));
+            }
+            base64::engine::general_purpose::STANDARD
+                .decode(&content)
+                .map_err(|_| format!("the {mime} image is not base64"))?;
+            bundle.insert(mime, content);
+        } else {
+            bundle.insert(mime, clip(&content, MAX_TEXT));
+        }
+    }
+    Ok(bundle)
+}
+
+fn checked_exception(e: Exception) -> Exception {
+    Exception {
+        name: clip(&e.name, 200),
+        value: clip(&e.value, MAX_TEXT),
+        traceback: e
+            .traceback
+            .iter()
+            .take(500)
+            .map(|l| clip(l, 4096))
+            .collect(),
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} more bytes)", &text[..end], text.len() - end)
+}
+
+/// Lines from a driver, each at most [`MAX_LINE`] bytes.
+#[derive(Default)]
+struct LineReader {
+    buf: Vec<u8>,
+}
+
+impl LineReader {
+    /// Reads what the socket holds. Ok(false) at EOF; an error for a line over the cap.
+    fn fill(&mut self, socket: &mut UnixStream) -> Result<bool, String> {
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            match socket.read(&mut chunk) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    if self.buf.len() > MAX_LINE && !self.buf[..MAX_LINE].contains(&b'\n') {
+                        return Err(format!(
+                            "the interpreter sent a line over {}",
+                            format_size(MAX_LINE as u64)
+                        ));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return Ok(false),
+            }
+        }
+    }
+
+    fn next_line(&mut self) -> Option<Vec<u8>> {
+        let end = self.buf.iter().position(|&b| b == b'\n')?;
+        let line = self.buf[..end].to_vec();
+        self.buf.drain(..=end);
+        Some(line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundles_keep_sane_types_and_refuse_the_rest() {
+        let mut data = BTreeMap::new();
+        data.insert("text/plain".to_string(), "x".repeat(MAX_TEXT + 10));
+        data.insert("image/png".to_string(), "aGVsbG8=".to_string());
+        let bundle = checked_bundle(data).unwrap();
+        assert!(bundle["text/plain"].len() < MAX_TEXT + 100);
+        let mut bad = BTreeMap::new();
+        bad.insert("../../etc".to_string(), String::new());
+        assert!(checked_bundle(bad).is_err());
+        let mut bad = BTreeMap::new();
+        bad.insert("image/png".to_string(), "not base64!".to_string());
+        assert!(checked_bundle(bad).is_err());
+    }
+
+    #[test]
+    fn events_of_another_call_are_dropped() {
+        let mut sink = |_: Event| {};
+        let mut run = CallRun::new(1 << 20, Instant::now(), &mut sink);
+        run.event(7, br#"{"ev":"done","id":6,"execution_count":1}"#);
+        assert!(run.end.is_none());
+        run.event(7, br#"{"ev":"display","id":7,"data":{"text/plain":"hi"}}"#);
+        run.event(7, b"garbage");
+        run.event(7, br#"{"ev":"done","id":7,"execution_count":2}"#);
+        assert!(matches!(
+            run.end,
+            Some(End::Done(Done {
+                execution_count: Some(2),
+                ..
+            }))
+        ));
+        assert_eq!(run.displays.len(), 1);
+        assert_eq!(run.notes.len(), 1);
+    }
+
+    #[test]
+    fn a_line_over_the_cap_is_an_error_not_a_buffer() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let mut lines = LineReader::default();
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..(MAX_LINE >> 20) + 2 {
+                if std::io::Write::write_all(&mut a, &chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut result = Ok(true);
+        for _ in 0..10_000 {
+            result = lines.fill(&mut b);
+            if result.is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(result.is_err());
+        drop(b);
+        let _ = writer.join();
+    }
+}

@@ -1,0 +1,265 @@
+//! Sessions through the library: a sandbox that lives across calls, with a Python, Node or
+//! bash interpreter that keeps its state. Real interpreters, real sandboxes, the host
+//! checked after each test.
+
+use std::time::Duration;
+
+use codecage::runner::Lang;
+use codecage::session::{Call, CallOutcome, Session, SessionSpec};
+use codecage::{Rootfs, SandboxSpec};
+use serde_json::Value;
+
+use super::common::*;
+
+/// A session on `rootfs` ("host" or the built image).
+fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Session {
+    in_process_launcher();
+    let mut sandbox = SandboxSpec {
+        rootfs,
+        init_exe: env!("CARGO_BIN_EXE_codecage").into(),
+        ..Default::default()
+    };
+    if let (Some(memory), Some(limits)) = (memory, sandbox.limits.as_mut()) {
+        limits.memory = memory;
+    }
+    let mut env = vec![("PYTHONUNBUFFERED".to_string(), "1".to_string())];
+    env.push(("OPENBLAS_NUM_THREADS".into(), "1".into()));
+    let spec = SessionSpec {
+        sandbox,
+        lang,
+        env,
+        timeout: Duration::from_secs(30 * slowdown()),
+        output_limit: 1 << 20,
+    };
+    Session::start(spec).unwrap_or_else(|e| panic!("the session did not start: {e}"))
+}
+
+fn session(lang: Lang) -> Session {
+    session_on(lang, Rootfs::Host, None)
+}
+
+fn call(session: &mut Session, code: &str) -> Value {
+    let outcome = session.execute(
+        &Call {
+            code: code.into(),
+            ..Call::default()
+        },
+        &mut |_| {},
+    );
+    json(&outcome)
+}
+
+fn json(outcome: &CallOutcome) -> Value {
+    serde_json::to_value(outcome).unwrap()
+}
+
+fn text(result: &Value) -> &str {
+    result["result"]["text/plain"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn python_state_and_imports_persist() {
+    as_root(|| {
+        let mut s = session(Lang::Python);
+        let first = call(&mut s, "x = 41\nimport json");
+        assert_eq!(first["error"], Value::Null, "{first}");
+        assert_eq!(first["state"]["preserved"], true);
+        let second = call(&mut s, "json.dumps(x + 1)");
+        assert_eq!(text(&second), "'42'", "{second}");
+        assert_eq!(second["execution_count"], 2);
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn python_output_exceptions_and_top_level_await() {
+    as_root(|| {
+        let mut s = session(Lang::Python);
+        let out = call(
+            &mut s,
+            "print('hi'); import sys; print('err', file=sys.stderr); 1 + 1",
+        );
+        assert_eq!(out["stdout"], "hi\n", "{out}");
+        assert_eq!(out["stderr"], "err\n", "{out}");
+        assert_eq!(text(&out), "2");
+        let out = call(&mut s, "a = 1\n\ndef f():\n    return 1 / 0\n\nf()");
+        assert_eq!(out["error"], "exception", "{out}");
+        assert_eq!(out["exception"]["name"], "ZeroDivisionError");
+        let tb = out["exception"]["traceback"].to_string();
+        assert!(tb.contains("line 4") && tb.contains("return 1 / 0"), "{tb}");
+        assert!(!tb.contains("python.py"), "driver frames leaked: {tb}");
+        let out = call(&mut s, "import asyncio\nawait asyncio.sleep(0.01)\na + 1");
+        assert_eq!(text(&out), "2", "{out}");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn python_stdin_reaches_input() {
+    as_root(|| {
+        let mut s = session(Lang::Python);
+        let out = s.execute(
+            &Call {
+                code: "name = input(); print('hello', name)".into(),
+                stdin: Some("world\n".into()),
+                ..Call::default()
+            },
+            &mut |_| {},
+        );
+        assert_eq!(json(&out)["stdout"], "hello world\n", "{}", json(&out));
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn a_timeout_interrupts_and_keeps_the_state() {
+    as_root(|| {
+        let mut s = session(Lang::Python);
+        call(&mut s, "kept = 'yes'");
+        let out = s.execute(
+            &Call {
+                code: "print('before', flush=True)\nwhile True: pass".into(),
+                timeout: Some(Duration::from_secs(slowdown())),
+                ..Call::default()
+            },
+            &mut |_| {},
+        );
+        let out = json(&out);
+        assert_eq!(out["error"], "timeout", "{out}");
+        assert_eq!(out["state"]["preserved"], true, "{out}");
+        assert_eq!(out["stdout"], "before\n");
+        assert_eq!(text(&call(&mut s, "kept")), "'yes'");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn a_call_that_ignores_sigint_is_killed_and_the_interpreter_restarted() {
+    as_root(|| {
+        let mut s = session(Lang::Python);
+        call(&mut s, "lost = 1");
+        let out = s.execute(
+            &Call {
+                code:
+                    "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+                        .into(),
+                timeout: Some(Duration::from_secs(slowdown())),
+                ..Call::default()
+            },
+            &mut |_| {},
+        );
+        let out = json(&out);
+        assert_eq!(out["error"], "timeout", "{out}");
+        assert_eq!(out["state"]["preserved"], false, "{out}");
+        assert_eq!(out["state"]["restarted"], true, "{out}");
+        let next = call(&mut s, "'lost' in dir()");
+        assert_eq!(text(&next), "False", "{next}");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn reset_clears_variables_and_keeps_work() {
+    as_root(|| {
+        let mut s = session(Lang::Python);
+        call(&mut s, "x = 1\nopen('/work/kept.txt', 'w').write('data')");
+        s.reset().unwrap();
+        let out = call(&mut s, "('x' in dir(), open('/work/kept.txt').read())");
+        assert_eq!(text(&out), "(False, 'data')", "{out}");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn a_memory_bomb_is_oom_and_the_next_call_works() {
+    as_root(|| {
+        let mut s = session_on(Lang::Python, Rootfs::Host, Some(96 << 20));
+        let out = call(&mut s, "x = []\nwhile True: x.append(bytearray(8 << 20))");
+        assert_eq!(out["error"], "oom", "{out}");
+        assert_eq!(out["state"]["restarted"], true, "{out}");
+        let next = call(&mut s, "1 + 1");
+        assert_eq!(text(&next), "2", "{next}");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn bash_keeps_cd_variables_and_exports_and_reports_the_status() {
+    as_root(|| {
+        let mut s = session(Lang::Bash);
+        let out = call(
+            &mut s,
+            "mkdir -p /work/d && cd /work/d && export GREETING=hi && count=3",
+        );
+        assert_eq!(out["error"], Value::Null, "{out}");
+        assert_eq!(out["cwd"], "/work/d");
+        let out = call(
+            &mut s,
+            "echo $GREETING $count $(pwd); bash -c 'echo $GREETING'; false",
+        );
+        assert_eq!(out["stdout"], "hi 3 /work/d\nhi\n", "{out}");
+        assert_eq!(out["exit_code"], 1, "{out}");
+        let out = s.execute(
+            &Call {
+                code: "read line; echo got $line".into(),
+                stdin: Some("input\n".into()),
+                ..Call::default()
+            },
+            &mut |_| {},
+        );
+        assert_eq!(json(&out)["stdout"], "got input\n", "{}", json(&out));
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn bash_timeout_interrupts_the_foreground_job() {
+    as_root(|| {
+        let mut s = session(Lang::Bash);
+        call(&mut s, "kept=yes");
+        let out = s.execute(
+            &Call {
+                code: "echo start; sleep 100; echo not-reached".into(),
+                timeout: Some(Duration::from_secs(slowdown())),
+                ..Call::default()
+            },
+            &mut |_| {},
+        );
+        let out = json(&out);
+        assert_eq!(out["error"], "timeout", "{out}");
+        assert_eq!(out["stdout"], "start\n", "{out}");
+        assert_eq!(out["state"]["preserved"], true, "{out}");
+        assert_eq!(call(&mut s, "echo $kept")["stdout"], "yes\n");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn node_keeps_variables_and_required_modules() {
+    as_root(|| {
+        let mut s = session(Lang::Node);
+        let out = call(&mut s, "const path = require('path'); let n = 41;");
+        assert_eq!(out["error"], Value::Null, "{out}");
+        let out = call(&mut s, "path.join('a', 'b') + ' ' + (n + 1)");
+        assert_eq!(text(&out), "'a/b 42'", "{out}");
+        let out = call(&mut s, "await new Promise(r => setTimeout(() => r(7), 10))");
+        assert_eq!(text(&out), "7", "{out}");
+        let out = call(&mut s, "null.x");
+        assert_eq!(out["error"], "exception", "{out}");
+        assert_eq!(out["exception"]["name"], "TypeError", "{out}");
+        s.close().unwrap();
+    });
+}
+
+#[test]
+fn two_sessions_see_neither_files_nor_processes_of_each_other() {
+    as_root(|| {
+        let mut a = session(Lang::Bash);
+        let mut b = session(Lang::Bash);
+        call(&mut a, "echo secret > /work/a.txt; sleep 300 &");
+        let out = call(&mut b, "ls /work; ps -e -o comm= | grep -c sleep");
+        assert_eq!(out["stdout"], "0\n", "{out}");
+        a.close().unwrap();
+        b.close().unwrap();
+    });
+}
