@@ -86,9 +86,22 @@ pub struct Lane {
 const SKIP_EVERYWHERE: &[&str] = &["image::"];
 
 /// The representative subset the lanes other than the first run: what a sandbox must hold
-/// on any kernel (isolation, escapes, bombs), that it runs code at all (basic), and what
-/// the default profiles do on the kernel at hand (portability).
+/// on any kernel (isolation, escapes, bombs), that it runs code at all (basic), what the
+/// default profiles do on the kernel at hand (portability), and a sessions smoke test (a
+/// Python and a bash session keep their state across calls).
 const SUBSET: &[&str] = &[
+    "suite::basic::",
+    "suite::bombs::",
+    "suite::escape::",
+    "suite::isolation::",
+    PORTABILITY,
+    "suite::sessions::python_state_and_imports_persist",
+    "suite::sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status",
+];
+
+/// The subset without the sessions smoke test, for a kernel without landlock: a session is
+/// a library `SandboxSpec`, whose landlock is required, and the tests give it no opt-in.
+const SUBSET_WITHOUT_SESSIONS: &[&str] = &[
     "suite::basic::",
     "suite::bombs::",
     "suite::escape::",
@@ -189,7 +202,7 @@ pub const LANES: &[Lane] = &[
         stands_for: "Debian 11 (bullseye): Linux 5.10, no landlock, pure cgroup v2",
         kernel_suite: "bullseye",
         cgroups: Cgroups::V2,
-        suites: SUBSET,
+        suites: SUBSET_WITHOUT_SESSIONS,
         skip: SKIP_EVERYWHERE,
         profiles: Profiles::LandlockBestEffort,
         landlock: false,
@@ -365,7 +378,10 @@ mod tests {
         assert!(opt_in.is_none());
         assert_eq!(
             v1.selection(),
-            "basic, bombs, escape, isolation, portability (without image::)"
+            "basic, bombs, escape, isolation, portability, \
+             sessions::python_state_and_imports_persist, \
+             sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
+             (without image::)"
         );
     }
 
