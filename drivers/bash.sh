@@ -7,6 +7,7 @@
 # JSON object per line. The cell's own output goes to fd 1 and 2. The launcher treats
 # everything on fd 3 as untrusted.
 
+# Sets __cc_json to $1 as a JSON string (no subshell: this runs after every call).
 __cc_json_string() {
     local s=$1
     s=${s//\\/\\\\}
@@ -14,7 +15,7 @@ __cc_json_string() {
     s=${s//$'\n'/\\n}
     s=${s//$'\t'/\\t}
     s=${s//$'\r'/\\r}
-    printf '"%s"' "$s"
+    printf -v __cc_json '"%s"' "$s"
 }
 
 # Runs a cell in this shell (cd and assignments persist). An interrupt returns from it
@@ -38,11 +39,13 @@ while :; do
         LC_ALL=C IFS= read -r -d '' -N "$__cc_stdin_len" __cc_input <&3
         printf '%s' "$__cc_input" > "$__cc_stdin"
         __cc_run "$__cc_code" < "$__cc_stdin" 3>&-
+        __cc_status=$?
+        rm -f "$__cc_stdin"
     else
         __cc_run "$__cc_code" < /dev/null 3>&-
+        __cc_status=$?
     fi
-    __cc_status=$?
-    rm -f "$__cc_stdin"
+    __cc_json_string "$PWD"
     printf '{"ev":"done","id":%s,"status":%d,"cwd":%s}\n' \
-        "$__cc_id" "$__cc_status" "$(__cc_json_string "$PWD")" >&3
+        "$__cc_id" "$__cc_status" "$__cc_json" >&3
 done

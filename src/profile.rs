@@ -261,6 +261,12 @@ impl Profile {
     /// Loads a profile by name (`/etc/codecage/profiles/NAME.toml`, else built in) or from a
     /// file (a path with a `/`, or ending in `.toml`).
     pub fn load(name_or_file: &str) -> Result<Profile, ProfileError> {
+        Profile::load_in(name_or_file, Path::new(SYSTEM_DIR))
+    }
+
+    /// As [`Profile::load`], with the installed profiles in `dir` instead of
+    /// /etc/codecage/profiles.
+    pub fn load_in(name_or_file: &str, dir: &Path) -> Result<Profile, ProfileError> {
         let error = |message: String| ProfileError {
             source_name: name_or_file.to_string(),
             message,
@@ -270,7 +276,7 @@ impl Profile {
                 .map_err(|e| error(format!("cannot read it: {e}")))?;
             return Profile::parse(&text, name_or_file);
         }
-        let system = Path::new(SYSTEM_DIR).join(format!("{name_or_file}.toml"));
+        let system = dir.join(format!("{name_or_file}.toml"));
         if let Ok(text) = std::fs::read_to_string(&system) {
             return Profile::parse(&text, &system.display().to_string());
         }
@@ -278,7 +284,7 @@ impl Profile {
             Some((name, text)) => Profile::parse(text, &format!("profiles/{name}.toml (built in)")),
             None => Err(error(format!(
                 "no such profile; the profiles are {} (or give a file path)",
-                names().join(", ")
+                names_in(dir).join(", ")
             ))),
         }
     }
@@ -333,8 +339,13 @@ impl Profile {
 
 /// The names of every profile: built in and in /etc/codecage/profiles.
 pub fn names() -> Vec<String> {
+    names_in(Path::new(SYSTEM_DIR))
+}
+
+/// The names of every profile: built in and in `dir`.
+pub fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = BUILT_IN.iter().map(|(n, _)| n.to_string()).collect();
-    if let Ok(entries) = std::fs::read_dir(SYSTEM_DIR) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if let Some(stem) = name.strip_suffix(".toml") {

@@ -836,11 +836,16 @@ fn checked_bundle(data: BTreeMap<String, String>) -> Result<MimeBundle, String> 
     use base64::Engine as _;
     let mut bundle = MimeBundle::new();
     for (mime, content) in data {
+        // type/subtype: one slash, each part starting with a letter or digit.
+        let part = |p: &str| {
+            p.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+        };
         let sane = mime.len() <= MAX_MIME_NAME
-            && mime.contains('/')
             && mime
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"/+-.".contains(&b));
+                .split_once('/')
+                .is_some_and(|(t, s)| part(t) && part(s));
         if !sane {
             return Err(format!("{:?} is not a MIME type", clip(&mime, 40)));
         }

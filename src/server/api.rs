@@ -267,14 +267,19 @@ fn knobs_of(fields: &BTreeMap<String, serde_json::Value>, what: &str) -> Result<
 
 /// A profile by name: built in, or in /etc/codecage/profiles. Never a path: through the
 /// server, the host's administrator chooses what profiles exist.
-fn load_profile(name: &str) -> Result<Profile, ApiError> {
+fn load_profile(state: &Shared, name: &str) -> Result<Profile, ApiError> {
+    let dir = state
+        .config
+        .profiles_dir
+        .clone()
+        .unwrap_or_else(|| profile::SYSTEM_DIR.into());
     if name.contains('/') || name.ends_with(".toml") || name.is_empty() {
         return Err(ApiError::invalid(format!(
             "field `profile`: {name:?} is not a profile name; the profiles are {}",
-            profile::names().join(", ")
+            profile::names_in(&dir).join(", ")
         )));
     }
-    Profile::load(name).map_err(|e| ApiError::invalid(format!("field `profile`: {e}")))
+    Profile::load_in(name, &dir).map_err(|e| ApiError::invalid(format!("field `profile`: {e}")))
 }
 
 /// Waits up to the queue timeout for room; 503 with Retry-After past it.
@@ -332,7 +337,7 @@ async fn run(
                 "field `language`: give python, node, typescript or bash (or a profile, or argv)",
             )),
         };
-    let profile = load_profile(&profile_name)?;
+    let profile = load_profile(&state, &profile_name)?;
     let request = PolicyRequest {
         code: body.code,
         lang: body.language,
@@ -392,7 +397,7 @@ async fn create_session(
         .profile
         .clone()
         .unwrap_or_else(|| body.language.name().to_string());
-    let profile = load_profile(&profile_name)?;
+    let profile = load_profile(&state, &profile_name)?;
     // The session's box and each call's defaults, resolved as a run of the driver would be.
     let request = PolicyRequest {
         argv: Some(vec!["true".into()]),

@@ -21,6 +21,9 @@ pub struct ServerConfig {
     pub socket_group: Option<String>,
     /// Bearer tokens, each with a name (for logs and the audit) and a role.
     pub tokens: Vec<Token>,
+    /// The installed profiles requests may name, besides the built-in ones (default
+    /// /etc/codecage/profiles).
+    pub profiles_dir: Option<PathBuf>,
     pub limits: Limits,
 }
 

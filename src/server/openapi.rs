@@ -246,8 +246,24 @@ fn build() -> utoipa::openapi::OpenApi {
 
 /// A request's schema with one property per knob a request may set, from the knob table.
 fn with_knobs(schema: RefOr<Schema>, session: bool) -> RefOr<Schema> {
-    let RefOr::T(Schema::Object(mut object)) = schema else {
-        return schema;
+    // The knob fields are a flattened map: utoipa gives an allOf of it and the typed
+    // fields; they become one object, with a property per knob.
+    let mut object = match schema {
+        RefOr::T(Schema::Object(object)) => object,
+        RefOr::T(Schema::AllOf(all)) => {
+            let mut merged = ObjectBuilder::new().build();
+            for item in all.items {
+                if let RefOr::T(Schema::Object(part)) = item {
+                    merged.properties.extend(part.properties);
+                    merged.required.extend(part.required);
+                    if merged.description.is_none() {
+                        merged.description = part.description;
+                    }
+                }
+            }
+            merged
+        }
+        other => return other,
     };
     for knob in Knob::all().filter(|k| k.requestable()) {
         let def = knob.def();

@@ -14,4 +14,5 @@ mod library;
 mod limits;
 mod portability;
 mod profiles;
+mod server;
 mod sessions;

@@ -37,6 +37,12 @@ pub struct Args {
     /// Print the tables only, leave BENCHMARKS.md as it is
     #[arg(long)]
     no_write: bool,
+    /// The most idle Python sessions the density measurement creates
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    density: usize,
+    /// Measure only the sessions table (printed, not written)
+    #[arg(long)]
+    sessions_only: bool,
 }
 
 const DEFAULT_ROUNDS: usize = 60;
@@ -124,13 +130,20 @@ pub fn bench(args: &Args) -> Result<i32> {
     let root = workspace_root();
     let codecage = build_codecage(&root)?;
     let work = TempTree::create_in(&std::env::temp_dir(), "codecage-bench-")?;
-    let mut bench = Bench::prepare(args, codecage, work.path())?;
+    if args.sessions_only {
+        let mut report = String::new();
+        crate::bench_sessions::table(&codecage, work.path(), args.density, &mut report)?;
+        print!("{report}");
+        return Ok(0);
+    }
+    let mut bench = Bench::prepare(args, codecage.clone(), work.path())?;
     let mut report = String::new();
     write_intro(&mut report)?;
     bench.startup(&mut report)?;
     bench.layers(&mut report)?;
     bench.phases(&mut report)?;
     bench.throughput(&mut report)?;
+    crate::bench_sessions::table(&codecage, work.path(), args.density, &mut report)?;
     write_outro(&mut report)?;
     print!("{report}");
     if !args.no_write {
@@ -371,11 +384,6 @@ fn write_intro(out: &mut String) -> Result<()> {
 
 /// What is not measured yet, and the targets.
 fn write_outro(out: &mut String) -> Result<()> {
-    writeln!(
-        out,
-        "\n## Sessions and density\n\nWarm `execute(\"1+1\")` round trips and memory per idle Python session: not \
-         measured yet (persistent sessions do not exist yet).\n"
-    )?;
     writeln!(
         out,
         "## Targets\n\n- `python3 -c pass` with every layer: at most 1.3x bare.\n- `/bin/true`: within 3 ms of bare.\n\

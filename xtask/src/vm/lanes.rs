@@ -82,8 +82,9 @@ pub struct Lane {
 }
 
 /// Skipped in every lane: the image tests need the default image, which lives on the host
-/// (/var/lib/codecage/rootfs), not in the VM.
-const SKIP_EVERYWHERE: &[&str] = &["image::"];
+/// (/var/lib/codecage/rootfs), not in the VM; the server's tests need its clients (curl
+/// among them), which are the host's.
+const SKIP_EVERYWHERE: &[&str] = &["image::", "server::"];
 
 /// The representative subset the lanes other than the first run: what a sandbox must hold
 /// on any kernel (isolation, escapes, bombs), that it runs code at all (basic), what the
@@ -354,7 +355,12 @@ mod tests {
         assert!(DEFAULT_LANE.suites.is_empty());
         assert_eq!(
             DEFAULT_LANE.test_phases(),
-            (vec!["--skip".to_string(), "image::".to_string()], None)
+            (
+                ["--skip", "image::", "--skip", "server::"]
+                    .map(String::from)
+                    .to_vec(),
+                None
+            )
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -381,7 +387,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
-             (without image::)"
+             (without image::, server::)"
         );
     }
 
@@ -389,15 +395,21 @@ mod tests {
     fn a_lane_that_opts_in_runs_portability_with_the_built_in_profiles_only() {
         let lane = Lane::named("no-landlock").unwrap();
         let (built_in, opt_in) = lane.test_phases();
-        assert_eq!(built_in, ["suite::portability::", "--skip", "image::"]);
+        assert_eq!(
+            built_in,
+            [
+                "suite::portability::",
+                "--skip",
+                "image::",
+                "--skip",
+                "server::"
+            ]
+        );
         let opt_in = opt_in.unwrap();
         assert!(opt_in.contains(&"suite::escape::".to_string()));
-        assert!(opt_in.ends_with(&[
-            "--skip".to_string(),
-            "image::".to_string(),
-            "--skip".to_string(),
-            "suite::portability::".to_string()
-        ]));
+        assert!(opt_in.ends_with(
+            &["--skip", "server::", "--skip", "suite::portability::"].map(String::from)
+        ));
         assert!(!opt_in[..opt_in.len() - 1].contains(&PORTABILITY.to_string()));
     }
 }

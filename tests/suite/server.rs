@@ -1,0 +1,596 @@
+//! `codecage serve` driven by real clients: curl over its unix socket and TCP, and the
+//! `codecage session` CLI (a hyper client). Each test starts a server of its own on a
+//! socket in a temp dir, and the host is checked after it (sessions and runs leave
+//! nothing: no process, cgroup, mount, socket file).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::common::*;
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+/// A server of the test's own.
+struct Server {
+    child: Option<Child>,
+    dir: TempDir,
+    socket: PathBuf,
+    tcp: Option<String>,
+}
+
+impl Server {
+    /// Starts `codecage serve` with `config` (TOML, without listeners) on a socket in a
+    /// temp dir, and on TCP when `tcp`.
+    fn start(config: &str, tcp: bool) -> Server {
+        let dir = TempDir::new("serve");
+        let socket = dir.path().join("codecage.sock");
+        let config_file = dir.path().join("server.toml");
+        let profiles = dir.path().join("profiles");
+        std::fs::create_dir_all(&profiles).unwrap();
+        std::fs::write(
+            profiles.join("brief.toml"),
+            "language = \"python\"\n[session]\nidle_timeout = \"1s\"\n",
+        )
+        .unwrap();
+        let mut text = format!("profiles_dir = {:?}\n{config}", profiles.to_str().unwrap());
+        if tcp {
+            text.push_str(&format!(
+                "\n[[tokens]]\nname = \"tests\"\ntoken = \"{TOKEN}\"\n"
+            ));
+        }
+        std::fs::write(&config_file, text).unwrap();
+        let mut cmd = codecage();
+        cmd.args(["serve", "--config", config_file.to_str().unwrap()])
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()));
+        let port = tcp.then(free_port);
+        if let Some(port) = port {
+            cmd.arg("--listen").arg(format!("127.0.0.1:{port}"));
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .launch();
+        let server = Server {
+            child: Some(child),
+            dir,
+            socket,
+            tcp: port.map(|p| format!("127.0.0.1:{p}")),
+        };
+        assert!(
+            wait_for(Duration::from_secs(10 * slowdown()), || {
+                server.curl(&["-s", "http://codecage/healthz"]).1 == "ok\n"
+            }),
+            "the server did not come up"
+        );
+        server
+    }
+
+    /// curl over the socket; returns (HTTP status, body).
+    fn curl(&self, args: &[&str]) -> (u16, String) {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--unix-socket"])
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("curl");
+        split_status(&out.stdout)
+    }
+
+    /// A JSON request over the socket.
+    fn request(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let url = format!("http://codecage{path}");
+        let mut args = vec!["-X", method, url.as_str()];
+        let text = body.map(|b| b.to_string());
+        if let Some(text) = &text {
+            args.extend(["-H", "Content-Type: application/json", "-d", text.as_str()]);
+        }
+        let (status, body) = self.curl(&args);
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or(Value::String(body)),
+        )
+    }
+
+    fn session_cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = codecage()
+            .arg("session")
+            .arg("--server")
+            .arg(format!("unix:{}", self.socket.display()))
+            .args(args)
+            .launch_output();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
+    /// SIGTERM, and the server must be gone with everything it made.
+    fn stop(mut self) -> String {
+        let child = self.child.take().unwrap();
+        terminate(child, &self.socket)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let _ = terminate(child, &self.socket);
+        }
+        let _ = &self.dir;
+    }
+}
+
+fn terminate(mut child: Child, socket: &Path) -> String {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let end = Instant::now() + Duration::from_secs(30 * slowdown());
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            break child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut log = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "the server did not stop cleanly: {log}"
+    );
+    assert!(!socket.exists(), "the socket file was left");
+    log
+}
+
+fn split_status(out: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(out).to_string();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_run_through_the_api_is_the_same_object_as_run_json() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, body) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "code": "echo hi; exit 3", "timeout": "10s", "memory": "64M"})),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["stdout"], "hi\n");
+        assert_eq!(body["exit_code"], 3);
+        let cli = run_json(&["--lang", "bash", "-c", "echo hi; exit 3"]);
+        let mut api_keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+        let mut cli_keys: Vec<&String> = cli.json.as_object().unwrap().keys().collect();
+        api_keys.sort();
+        cli_keys.sort();
+        assert_eq!(api_keys, cli_keys);
+        // A timeout is a verdict: 200, with the verdict in the body.
+        let (status, body) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "code": "sleep 30", "timeout": secs(1)})),
+        );
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (200, Some("timeout")),
+            "{body}"
+        );
+        server.stop();
+    });
+}
+
+#[test]
+fn bad_requests_are_400_naming_the_field_and_policy_is_403() {
+    as_root(|| {
+        let server = Server::start("", false);
+        for (body, needle) in [
+            (json!({"language": "cobol", "code": "x"}), "language"),
+            (json!({"language": "python", "code": 5}), "code"),
+            (
+                json!({"language": "python", "code": "1", "colour": 1}),
+                "colour",
+            ),
+            (
+                json!({"language": "python", "code": "1", "memory": "12Q"}),
+                "memory",
+            ),
+            (
+                json!({"language": "python", "code": "1", "profile": "/etc/x.toml"}),
+                "profile",
+            ),
+            (
+                json!({"language": "python", "code": "1", "rootfs": "/"}),
+                "rootfs",
+            ),
+        ] {
+            let (status, answer) = server.request("POST", "/v1/run", Some(body.clone()));
+            assert_eq!(status, 400, "{body} -> {answer}");
+            assert_eq!(answer["error"], "invalid_request");
+            assert!(
+                answer["message"].as_str().unwrap().contains(needle),
+                "{body} -> {answer}"
+            );
+        }
+        let (status, answer) =
+            server.curl(&["-X", "POST", "http://codecage/v1/run", "-d", "{not json"]);
+        assert_eq!(status, 400, "{answer}");
+        let (status, answer) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "python", "code": "1", "memory": "8G"})),
+        );
+        assert_eq!(status, 403, "{answer}");
+        assert_eq!(answer["error"], "policy");
+        server.stop();
+    });
+}
+
+#[test]
+fn a_body_over_the_cap_is_413() {
+    as_root(|| {
+        let server = Server::start("[limits]\nmax_body = \"64K\"\n", false);
+        let big = json!({"language": "python", "code": "#".repeat(100_000)});
+        let (status, answer) = server.request("POST", "/v1/run", Some(big));
+        assert_eq!(status, 413, "{answer}");
+        server.stop();
+    });
+}
+
+#[test]
+fn tcp_needs_the_token() {
+    as_root(|| {
+        let server = Server::start("", true);
+        let tcp = server.tcp.clone().unwrap();
+        let curl = |extra: &[&str]| {
+            let out = Command::new("curl")
+                .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", "POST"])
+                .arg(format!("http://{tcp}/v1/run"))
+                .args(["-H", "Content-Type: application/json"])
+                .args(["-d", r#"{"language":"bash","code":"echo tcp"}"#])
+                .args(extra)
+                .output()
+                .unwrap();
+            split_status(&out.stdout)
+        };
+        assert_eq!(curl(&[]).0, 401);
+        assert_eq!(
+            curl(&["-H", "Authorization: Bearer wrong-token-0123456789"]).0,
+            401
+        );
+        let (status, body) = curl(&["-H", &format!("Authorization: Bearer {TOKEN}")]);
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("\"stdout\":\"tcp\\n\""), "{body}");
+        server.stop();
+    });
+}
+
+/// One sandbox allowed: a second request waits the queue timeout, then gets 503 with
+/// Retry-After; the first finishes normally; none is lost or hangs.
+#[test]
+fn past_the_cap_a_request_gets_503_with_retry_after() {
+    as_root(|| {
+        let server = Server::start(
+            "[limits]\nmax_sandboxes = 1\nqueue_timeout = \"1s\"\n",
+            false,
+        );
+        let socket = server.socket.clone();
+        let long = std::thread::spawn(move || {
+            Command::new("curl")
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "--unix-socket",
+                ])
+                .arg(&socket)
+                .args(["-X", "POST", "http://codecage/v1/run", "-d"])
+                .arg(
+                    json!({"language": "bash", "code": "sleep 3", "timeout": secs(20)}).to_string(),
+                )
+                .output()
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(500 * slowdown()));
+        let out = Command::new("curl")
+            .args(["-s", "-D", "-", "-o", "/dev/null", "--unix-socket"])
+            .arg(&server.socket)
+            .args(["-X", "POST", "http://codecage/v1/run", "-d"])
+            .arg(json!({"language": "bash", "code": "true"}).to_string())
+            .output()
+            .unwrap();
+        let headers = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        assert!(headers.starts_with("http/1.1 503"), "{headers}");
+        assert!(headers.contains("retry-after: 1"), "{headers}");
+        let first = long.join().unwrap();
+        assert_eq!(String::from_utf8_lossy(&first.stdout), "200");
+        server.stop();
+    });
+}
+
+#[test]
+fn sessions_over_curl_keep_state_and_stream_events() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "memory": "512M"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        for key in [
+            "id",
+            "language",
+            "created_at",
+            "expires_at",
+            "idle_timeout_s",
+        ] {
+            assert!(created.get(key).is_some(), "{created} lacks {key}");
+        }
+        let id = created["id"].as_str().unwrap().to_string();
+        let execute = format!("/v1/sessions/{id}/execute");
+        let (_, out) = server.request("POST", &execute, Some(json!({"code": "x = 41"})));
+        assert_eq!(out["error"], Value::Null, "{out}");
+        let (status, out) = server.request("POST", &execute, Some(json!({"code": "x + 1"})));
+        assert_eq!(status, 200);
+        assert_eq!(out["result"]["text/plain"], "42", "{out}");
+        // Streaming: stdout events as they come, then the result.
+        let body = json!({"code": "import time\nfor i in range(3): print(i, flush=True); time.sleep(0.05)\ni"});
+        let (_, lines) = server.curl(&[
+            "-X",
+            "POST",
+            &format!("http://codecage{execute}"),
+            "-H",
+            "Accept: application/x-ndjson",
+            "-d",
+            &body.to_string(),
+        ]);
+        let events: Vec<Value> = lines
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert!(
+            types.iter().filter(|t| **t == "stdout").count() >= 1,
+            "{types:?}"
+        );
+        assert_eq!(types.last(), Some(&"result"), "{types:?}");
+        assert_eq!(events.last().unwrap()["result"]["text/plain"], "2");
+        // Reset, interrupt, list, get, delete; then 404 for the closed id.
+        assert_eq!(
+            server
+                .request("POST", &format!("/v1/sessions/{id}/reset"), None)
+                .0,
+            204
+        );
+        let (_, out) = server.request("POST", &execute, Some(json!({"code": "'x' in dir()"})));
+        assert_eq!(out["result"]["text/plain"], "False", "{out}");
+        assert_eq!(
+            server
+                .request("POST", &format!("/v1/sessions/{id}/interrupt"), None)
+                .0,
+            204
+        );
+        let (_, list) = server.request("GET", "/v1/sessions", None);
+        assert_eq!(list.as_array().unwrap().len(), 1);
+        assert_eq!(
+            server.request("GET", &format!("/v1/sessions/{id}"), None).0,
+            200
+        );
+        assert_eq!(
+            server
+                .request("DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        let (status, gone) = server.request("POST", &execute, Some(json!({"code": "1"})));
+        assert_eq!(
+            (status, gone["error"].as_str()),
+            (404, Some("not_found")),
+            "{gone}"
+        );
+        server.stop();
+    });
+}
+
+#[test]
+fn a_second_call_while_one_runs_is_409() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "bash"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let socket = server.socket.clone();
+        let path = format!("http://codecage/v1/sessions/{id}/execute");
+        let first = std::thread::spawn(move || {
+            Command::new("curl")
+                .args(["-s", "--unix-socket"])
+                .arg(&socket)
+                .args([
+                    "-X",
+                    "POST",
+                    &path,
+                    "-d",
+                    r#"{"code":"sleep 2; echo done"}"#,
+                ])
+                .output()
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(500 * slowdown()));
+        let (status, busy) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "true"})),
+        );
+        assert_eq!(
+            (status, busy["error"].as_str()),
+            (409, Some("busy")),
+            "{busy}"
+        );
+        let first: Value = serde_json::from_slice(&first.join().unwrap().stdout).unwrap();
+        assert_eq!(first["stdout"], "done\n", "{first}");
+        server.stop();
+    });
+}
+
+#[test]
+fn the_idle_timeout_reclaims_a_session_and_its_id_says_expired() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "profile": "brief"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        assert!(
+            wait_for(Duration::from_secs(10 * slowdown()), || {
+                server.request("GET", &format!("/v1/sessions/{id}"), None).0 == 404
+            }),
+            "the session was not reclaimed"
+        );
+        let (_, gone) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "1"})),
+        );
+        assert_eq!(gone["error"], "session_expired", "{gone}");
+        // Nothing of it is left (the harness checks cgroups after the test; processes here).
+        assert!(host_pids_with("codecage __sandbox-init").len() < 64);
+        server.stop();
+    });
+}
+
+#[test]
+fn sessions_from_the_shell() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, out, err) = server.session_cli(&["create", "--lang", "python"]);
+        assert_eq!(status, 0, "{err}");
+        let id = out.lines().last().unwrap().to_string();
+        assert_eq!(server.session_cli(&["exec", &id, "-c", "x = 41"]).0, 0);
+        let (status, out, _) = server.session_cli(&["exec", &id, "-c", "x + 1"]);
+        assert_eq!((status, out.as_str()), (0, "42\n"));
+        let (status, _, err) = server.session_cli(&["exec", &id, "-c", "1/0"]);
+        assert_eq!(status, 1, "{err}");
+        assert!(err.contains("ZeroDivisionError"), "{err}");
+        let (status, out, _) = server.session_cli(&["exec", &id, "--json", "-c", "print('j')"]);
+        assert_eq!(status, 0);
+        assert_eq!(
+            serde_json::from_str::<Value>(&out).unwrap()["stdout"],
+            "j\n"
+        );
+        assert_eq!(server.session_cli(&["reset", &id]).0, 0);
+        assert_eq!(server.session_cli(&["interrupt", &id]).0, 0);
+        let (_, list, _) = server.session_cli(&["list"]);
+        assert!(list.contains(&id), "{list}");
+        assert_eq!(server.session_cli(&["close", &id]).0, 0);
+        let (status, _, err) = server.session_cli(&["exec", &id, "-c", "1"]);
+        assert_eq!(status, 1, "{err}");
+        server.stop();
+        // No server: the message says how to start one.
+        let out = codecage()
+            .args([
+                "session",
+                "--server",
+                "unix:/nonexistent/codecage.sock",
+                "list",
+            ])
+            .launch_output();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("codecage serve"), "{err}");
+    });
+}
+
+/// SIGTERM while a call and a run are in flight: both end, every session is closed, and
+/// nothing is left (the harness checks processes, cgroups and mounts after the test).
+#[test]
+fn sigterm_during_a_long_call_leaves_nothing_behind() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "bash"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let mark = marker("sigterm");
+        let socket = server.socket.clone();
+        let path = format!("http://codecage/v1/sessions/{id}/execute");
+        let code = format!("(exec -a {mark} sleep 300)");
+        let call = std::thread::spawn(move || {
+            Command::new("curl")
+                .args(["-s", "--unix-socket"])
+                .arg(&socket)
+                .args(["-X", "POST", &path, "-d"])
+                .arg(json!({ "code": code }).to_string())
+                .output()
+                .unwrap()
+        });
+        assert!(wait_for(Duration::from_secs(10 * slowdown()), || {
+            !host_pids_with(&mark).is_empty()
+        }));
+        let log = server.stop();
+        let _ = call.join();
+        assert!(
+            host_pids_with(&mark).is_empty(),
+            "the call's process survived: {log}"
+        );
+    });
+}
+
+/// Every endpoint the server answers is in the document, and the document's paths answer.
+#[test]
+fn the_openapi_document_describes_every_endpoint() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, doc) = server.request("GET", "/openapi.json", None);
+        assert_eq!(status, 200);
+        let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
+        for path in [
+            "/v1/run",
+            "/v1/sessions",
+            "/v1/sessions/{id}",
+            "/v1/sessions/{id}/execute",
+            "/v1/sessions/{id}/reset",
+            "/v1/sessions/{id}/interrupt",
+            "/healthz",
+            "/openapi.json",
+        ] {
+            assert!(
+                paths.iter().any(|p| *p == path),
+                "{path} is missing from {paths:?}"
+            );
+        }
+        let run = &doc["components"]["schemas"]["RunRequest"]["properties"];
+        for field in ["language", "code", "timeout", "memory", "cpus", "pids"] {
+            assert!(run.get(field).is_some(), "RunRequest lacks {field}: {run}");
+        }
+        // An endpoint the document does not list does not exist.
+        assert_eq!(server.request("GET", "/v1/nothing", None).0, 404);
+        server.stop();
+    });
+}

@@ -1,0 +1,286 @@
+//! The sessions table of `cargo xtask bench`: a `codecage serve` of the release binary on
+//! a socket of its own; round trips of a warm call through the CLI and through the API
+//! (curl's own transfer time, without its process start), next to bare `python3 -c pass`;
+//! the memory of idle sessions (their cgroups' usage); and how many idle Python sessions
+//! the machine holds.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::host::status;
+
+/// Calls per round-trip figure.
+const CALLS: usize = 200;
+/// The density measurement stops when the host has this little memory available.
+const KEEP_AVAILABLE: u64 = 3 << 30;
+
+struct Server {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(codecage: &str, work: &Path, max_sessions: usize) -> Result<Server> {
+    let socket = work.join("bench.sock");
+    let config = work.join("bench-server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[limits]\nmax_sandboxes = {0}\nmax_sessions = {0}\nqueue_timeout = \"60s\"\n",
+            max_sessions + 8
+        ),
+    )?;
+    let child = Command::new(codecage)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting codecage serve")?;
+    let server = Server { child, socket };
+    let end = Instant::now() + Duration::from_secs(10);
+    while !server.socket.exists() {
+        if Instant::now() > end {
+            bail!("codecage serve did not come up");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(server)
+}
+
+/// curl over the socket: the body and curl's own transfer time.
+fn curl(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(String, Duration)> {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "-w", "\n%{time_total}", "--unix-socket"])
+        .arg(&server.socket)
+        .args(["-X", method, &format!("http://codecage{path}")]);
+    if let Some(body) = body {
+        cmd.args(["-H", "Content-Type: application/json", "-d", body]);
+    }
+    let out = cmd.output().context("running curl")?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, time) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let seconds: f64 = time.trim().parse().unwrap_or(0.0);
+    Ok((body.to_string(), Duration::from_secs_f64(seconds)))
+}
+
+fn create(server: &Server, lang: &str) -> Result<String> {
+    let (body, _) = curl(
+        server,
+        "POST",
+        "/v1/sessions",
+        Some(&format!("{{\"language\":\"{lang}\"}}")),
+    )?;
+    let value: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+    value["id"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no session: {body}"))
+}
+
+fn median_ms(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1000.0
+}
+
+/// Memory of the run cgroups under codecage's parent, in bytes (v1 or v2).
+fn session_cgroups_memory() -> Vec<u64> {
+    let mut out = Vec::new();
+    for parent in ["/sys/fs/cgroup/memory/codecage", "/sys/fs/cgroup/codecage"] {
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            for file in ["memory.usage_in_bytes", "memory.current"] {
+                if let Ok(text) = std::fs::read_to_string(entry.path().join(file)) {
+                    if let Ok(n) = text.trim().parse() {
+                        out.push(n);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Times one whole process, `n` times.
+fn time_process(argv: &[String], n: usize) -> Result<Vec<Duration>> {
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        let status = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        times.push(start.elapsed());
+        if !status.success() {
+            bail!("{argv:?} failed: {status}");
+        }
+    }
+    Ok(times)
+}
+
+/// Writes the sessions table into `out`.
+pub fn table(codecage: &str, work: &Path, density: usize, out: &mut String) -> Result<()> {
+    status("Measuring", "sessions: round trips, memory, density");
+    let server = start_server(codecage, work, density)?;
+    let python = create(&server, "python")?;
+    let bash = create(&server, "bash")?;
+    let node = create(&server, "node")?;
+    let exec = |id: &str, code: &str| {
+        curl(
+            &server,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(&serde_json::json!({ "code": code }).to_string()),
+        )
+    };
+    for _ in 0..5 {
+        exec(&python, "1+1")?;
+        exec(&bash, "true")?;
+    }
+    let api = |id: &str, code: &str| -> Result<f64> {
+        let times: Result<Vec<Duration>> =
+            (0..CALLS).map(|_| exec(id, code).map(|(_, t)| t)).collect();
+        Ok(median_ms(times?))
+    };
+    let api_python = api(&python, "1+1")?;
+    let api_bash = api(&bash, "true")?;
+    let cli = |id: &str, code: &str| -> Result<f64> {
+        let argv: Vec<String> = [
+            codecage,
+            "session",
+            "--server",
+            &format!("unix:{}", server.socket.display()),
+            "exec",
+            id,
+            "-c",
+            code,
+        ]
+        .map(String::from)
+        .to_vec();
+        Ok(median_ms(time_process(&argv, CALLS / 2)?))
+    };
+    let cli_python = cli(&python, "1+1")?;
+    let cli_bash = cli(&bash, "true")?;
+    let bare = median_ms(time_process(
+        &["/usr/bin/python3", "-c", "pass"].map(String::from),
+        CALLS / 2,
+    )?);
+    // An idle session's memory: what its cgroup adds, created alone.
+    let idle_of = |lang: &str| -> Result<u64> {
+        let before = session_cgroups_memory();
+        let id = create(&server, lang)?;
+        std::thread::sleep(Duration::from_millis(500));
+        let after = session_cgroups_memory();
+        curl(&server, "DELETE", &format!("/v1/sessions/{id}"), None)?;
+        let new: u64 = after
+            .iter()
+            .sum::<u64>()
+            .saturating_sub(before.iter().sum::<u64>());
+        Ok(new)
+    };
+    let idle_python = idle_of("python")?;
+    let idle_node = idle_of("node")?;
+    let idle_bash = idle_of("bash")?;
+    for id in [&python, &bash, &node] {
+        curl(&server, "DELETE", &format!("/v1/sessions/{id}"), None)?;
+    }
+    // Density: idle Python sessions until the cap or until memory runs short.
+    status(
+        "Measuring",
+        format!("density: up to {density} idle Python sessions"),
+    );
+    let start = Instant::now();
+    let available_before = mem_available();
+    let mut held = Vec::new();
+    let stop_reason = loop {
+        if held.len() >= density {
+            break format!("the cap of {density} asked for");
+        }
+        if mem_available() < KEEP_AVAILABLE {
+            break format!("MemAvailable fell below {} GiB", KEEP_AVAILABLE >> 30);
+        }
+        match create(&server, "python") {
+            Ok(id) => held.push(id),
+            Err(e) => break format!("a create failed: {e}"),
+        }
+    };
+    let per_session = available_before.saturating_sub(mem_available()) / held.len().max(1) as u64;
+    let took = start.elapsed();
+    for id in &held {
+        let _ = curl(&server, "DELETE", &format!("/v1/sessions/{id}"), None);
+    }
+    drop(server);
+
+    writeln!(out, "\n## Sessions\n")?;
+    writeln!(
+        out,
+        "A `codecage serve` of the release binary on a unix socket, its sessions on the default image. API round trips are curl's own transfer \
+         time of `POST /v1/sessions/{{id}}/execute` (its process start excluded); CLI round trips are whole \
+         `codecage session exec` processes. Medians of {CALLS} API calls and {} CLI calls on warm sessions.\n",
+        CALLS / 2
+    )?;
+    writeln!(
+        out,
+        "| call | through the API | through the CLI | bare `python3 -c pass`, for scale |"
+    )?;
+    writeln!(out, "|---|---|---|---|")?;
+    writeln!(
+        out,
+        "| Python `1+1` | {api_python:.2} ms | {cli_python:.2} ms | {bare:.2} ms |"
+    )?;
+    writeln!(
+        out,
+        "| bash `true` | {api_bash:.2} ms | {cli_bash:.2} ms | |"
+    )?;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    writeln!(
+        out,
+        "\n| idle session | memory (its cgroup's usage) |\n|---|---|"
+    )?;
+    writeln!(out, "| Python | {:.1} MiB |", mib(idle_python))?;
+    writeln!(out, "| Node.js | {:.1} MiB |", mib(idle_node))?;
+    writeln!(out, "| bash | {:.1} MiB |", mib(idle_bash))?;
+    writeln!(
+        out,
+        "\nDensity: {} idle Python sessions were created in {:.0} s before the measurement stopped ({stop_reason}); \
+         the host's MemAvailable fell by {:.1} MiB per session (the sandbox, its interpreter, and the kernel's \
+         share: namespaces, page tables, the session's cgroups).\n",
+        held.len(),
+        took.as_secs_f64(),
+        mib(per_session)
+    )?;
+    Ok(())
+}
