@@ -335,6 +335,47 @@ pub fn markdown(reports: &[LaneReport]) -> String {
     }
     s.push('\n');
     s.push_str(&notes(reports));
+    s.push_str(&features(reports));
+    s
+}
+
+/// The kernel features codecage uses, as each lane's probe found them.
+fn features(reports: &[LaneReport]) -> String {
+    const FEATURES: &[(&str, &str)] = &[
+        ("clone3", "clone3 (5.3)"),
+        ("pidfd_open", "pidfd_open (5.3)"),
+        ("clone_into_cgroup", "CLONE_INTO_CGROUP (5.7)"),
+        ("close_range_cloexec", "CLOSE_RANGE_CLOEXEC (5.11)"),
+        ("cgroup.kill", "cgroup.kill (5.14)"),
+        ("memory.peak", "memory.peak (5.19)"),
+    ];
+    let mut s =
+        String::from("\nKernel features, as each lane's probe found them:\n\n| lane | kernel |");
+    for (_, title) in FEATURES {
+        s.push_str(&format!(" {title} |"));
+    }
+    s.push_str("\n|---|---|");
+    s.push_str(&"---|".repeat(FEATURES.len()));
+    s.push('\n');
+    for r in reports {
+        let Some(probe) = &r.built_in else { continue };
+        s.push_str(&format!(
+            "| {} | {} |",
+            r.lane.name,
+            probe["kernel"].as_str().unwrap_or("?")
+        ));
+        for (key, _) in FEATURES {
+            let f = &probe["features"][*key];
+            s.push_str(match f["available"].as_bool() {
+                Some(true) => " yes |",
+                Some(false) => " no |",
+                // cgroup.kill and memory.peak are looked for on v2 only.
+                None if r.lane.cgroups == Cgroups::V1 => " n/a (v1) |",
+                None => " ? |",
+            });
+        }
+        s.push('\n');
+    }
     s
 }
 
@@ -635,6 +676,11 @@ mod tests {
         assert!(
             line.contains("landlock TCP bind and connect rules: covered"),
             "{line}"
+        );
+        let table = markdown(std::slice::from_ref(&r));
+        assert!(
+            table.contains("| debian12-6.1 | 6.1.0-41-amd64 | ? | ? | ? | yes | yes | ? |"),
+            "{table}"
         );
 
         r.built_in = Some(probe("v1", ran));
