@@ -85,6 +85,10 @@ pub struct Outcome {
     /// Hardening that was not applied (the host lacks it, or the profile turned it off),
     /// each with what covers for it, if anything.
     pub skipped_layers: Vec<Skipped>,
+    /// Output files taken back from the output directory.
+    pub files: Vec<crate::files::OutputFile>,
+    /// Files of the output directory not taken, and why.
+    pub files_skipped: Vec<crate::files::SkippedFile>,
     /// The init died without a word (killed from outside the sandbox's code): the launcher
     /// decides with the cgroup's counters whether the OOM killer did it.
     #[serde(skip)]
