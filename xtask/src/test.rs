@@ -75,8 +75,9 @@ pub fn test(args: &Args) -> Result<i32> {
     if args.native_only {
         return Ok(native);
     }
-    // Each lane skips image:: and server:: (the image lives on this host, not in the VM, and
-    // the server's clients, curl among them, are the host's: their tests run natively only).
+    // Each lane skips image::, server:: and the files:: tests that use the image or curl
+    // (the image lives on this host, not in the VM, and the server's clients, curl among
+    // them, are the host's: their tests run natively only; see vm/lanes.rs).
     let lanes = if args.lanes.is_empty() {
         vec!["all".to_string()]
     } else {
