@@ -1,5 +1,6 @@
 //! The `codecage` command line. It parses and translates; the library decides.
 
+mod mcp;
 mod run;
 mod serve;
 mod session;
@@ -38,6 +39,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Sessions with a persistent interpreter, through the server.
     Session(session::SessionArgs),
+    /// Serve MCP over stdio (execute_python, execute_node, execute_shell, reset_repl, files)
+    /// for an MCP client that starts codecage.
+    Mcp(mcp::McpArgs),
     /// Print the server's OpenAPI document.
     Openapi,
 }
@@ -54,6 +58,7 @@ pub fn main() -> i32 {
         Command::Profiles { json } => profiles(json),
         Command::Serve(args) => serve::main(args),
         Command::Session(args) => session::main(args),
+        Command::Mcp(args) => mcp::main(args),
         Command::Openapi => {
             print!("{}", crate::server::openapi_document());
             0

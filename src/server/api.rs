@@ -22,9 +22,9 @@ use codecage::outcome::{encode_stream, ErrorKind, Outcome};
 use codecage::profile::{self, PolicyError, Profile, Request as PolicyRequest};
 use codecage::runner::Lang;
 use codecage::session::{Call, CallOutcome, Event, Session, SessionSpec};
-use codecage::Stream;
+use codecage::{Canceller, Stream};
 
-use super::registry::{self, Entry, FileCaps, Missing};
+use super::registry::{self, Caps, Entry, Missing};
 use super::{Caller, Shared};
 
 /// The routes, on whatever listener.
@@ -75,8 +75,17 @@ impl ApiError {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> ApiError {
+    pub(super) fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// What went wrong, for a program (`invalid_request`, `policy`, `not_found`, ...).
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
     }
 
     pub fn into_response_now(self) -> Response {
@@ -282,7 +291,7 @@ fn knobs_of(fields: &BTreeMap<String, serde_json::Value>, what: &str) -> Result<
 
 /// A profile by name: built in, or in /etc/codecage/profiles. Never a path: through the
 /// server, the host's administrator chooses what profiles exist.
-fn load_profile(state: &Shared, name: &str) -> Result<Profile, ApiError> {
+pub(super) fn load_profile(state: &Shared, name: &str) -> Result<Profile, ApiError> {
     let dir = state
         .config
         .profiles_dir
@@ -342,6 +351,19 @@ async fn run(
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<RunRequest>,
 ) -> Result<Json<Outcome>, ApiError> {
+    run_request(&state, &caller, body, state.canceller.clone())
+        .await
+        .map(Json)
+}
+
+/// A run, resolved against its profile and run on a blocking thread until it ends or
+/// `canceller` fires (`POST /v1/run`; MCP's tools without a session).
+pub(super) async fn run_request(
+    state: &Shared,
+    caller: &Caller,
+    body: RunRequest,
+    canceller: Canceller,
+) -> Result<Outcome, ApiError> {
     let knobs = knobs_of(&body.limits, "a run")?;
     let profile_name =
         match (&body.profile, body.language) {
@@ -352,7 +374,7 @@ async fn run(
                 "field `language`: give python, node, typescript or bash (or a profile, or argv)",
             )),
         };
-    let profile = load_profile(&state, &profile_name)?;
+    let profile = load_profile(state, &profile_name)?;
     codecage::files::check_inputs(
         &body.files,
         profile.value(Knob::InputFiles),
@@ -370,8 +392,7 @@ async fn run(
     };
     let mut spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
     spec.exec.stdin = body.stdin.map(String::into_bytes);
-    let _permit = room(&state.sandboxes, &state, "sandboxes").await?;
-    let canceller = state.canceller.clone();
+    let _permit = room(&state.sandboxes, state, "sandboxes").await?;
     let outcome = tokio::task::spawn_blocking(move || {
         codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller)
     })
@@ -382,8 +403,8 @@ async fn run(
     if body.file_data == Some(false) {
         outcome.files.iter_mut().for_each(|f| f.data = None);
     }
-    log_call(&caller, "run", body.language, None, &outcome);
-    Ok(Json(outcome))
+    log_call(caller, "run", body.language, None, &outcome);
+    Ok(outcome)
 }
 
 fn new_id() -> String {
@@ -417,12 +438,22 @@ async fn create_session(
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<(StatusCode, Json<SessionInfo>), ApiError> {
+    let entry = open_session(&state, &caller, body).await?;
+    Ok((StatusCode::CREATED, Json(info(&entry))))
+}
+
+/// Starts a session and registers it (`POST /v1/sessions`; MCP's sessions).
+pub(super) async fn open_session(
+    state: &Shared,
+    caller: &Caller,
+    body: SessionRequest,
+) -> Result<Arc<Entry>, ApiError> {
     let knobs = knobs_of(&body.limits, "a session")?;
     let profile_name = body
         .profile
         .clone()
         .unwrap_or_else(|| body.language.name().to_string());
-    let profile = load_profile(&state, &profile_name)?;
+    let profile = load_profile(state, &profile_name)?;
     // The session's box and each call's defaults, resolved as a run of the driver would be.
     let request = PolicyRequest {
         argv: Some(vec!["true".into()]),
@@ -439,13 +470,15 @@ async fn create_session(
         output_limit: spec.exec.output_limit,
         outputs: Some(profile.output_rules()),
     };
-    let files_caps = FileCaps {
+    let caps = Caps {
         input_files: profile.value(Knob::InputFiles),
         input_total: profile.value(Knob::InputTotalSize),
         read_max: profile.value(Knob::OutputFileSize),
+        output_dir: profile.output_rules().dir,
+        max_timeout: Duration::from_millis(profile.max(Knob::Timeout)),
     };
-    let session_permit = room(&state.session_slots, &state, "sessions").await?;
-    let sandbox_permit = room(&state.sandboxes, &state, "sandboxes").await?;
+    let session_permit = room(&state.session_slots, state, "sessions").await?;
+    let sandbox_permit = room(&state.sandboxes, state, "sandboxes").await?;
     let session = tokio::task::spawn_blocking(move || Session::start(session_spec))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
@@ -465,15 +498,15 @@ async fn create_session(
         session,
         idle,
         max,
-        files_caps,
+        caps,
         (session_permit, sandbox_permit),
     );
     let entry = state.sessions.insert(entry);
     tracing::info!(caller = %caller, session = %entry.id, language = entry.lang.name(), "session created");
-    Ok((StatusCode::CREATED, Json(info(&entry))))
+    Ok(entry)
 }
 
-fn lookup(state: &Shared, id: &str) -> Result<Arc<Entry>, ApiError> {
+pub(super) fn lookup(state: &Shared, id: &str) -> Result<Arc<Entry>, ApiError> {
     state.sessions.get(id).map_err(|missing| match missing {
         Missing::Expired => ApiError::new(
             StatusCode::NOT_FOUND,
@@ -490,7 +523,7 @@ fn lookup(state: &Shared, id: &str) -> Result<Arc<Entry>, ApiError> {
     })
 }
 
-fn busy(id: &str) -> ApiError {
+pub(super) fn busy(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
         "busy",
@@ -515,8 +548,18 @@ async fn delete_session(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    lookup(&state, &id)?;
-    if let Some(entry) = state.sessions.remove(&id, false) {
+    close_session(&state, &caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Closes a session (its sandbox and everything in it).
+pub(super) async fn close_session(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+) -> Result<(), ApiError> {
+    lookup(state, id)?;
+    if let Some(entry) = state.sessions.remove(id, false) {
         tokio::task::spawn_blocking(move || registry::close(&entry))
             .await
             .map_err(|e| {
@@ -524,7 +567,7 @@ async fn delete_session(
             })?;
         tracing::info!(caller = %caller, session = %id, "session closed");
     }
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
 /// One streamed event of `execute` with `Accept: application/x-ndjson`.
@@ -553,21 +596,9 @@ async fn execute(
     JsonBody(body): JsonBody<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
     let entry = lookup(&state, &id)?;
-    let timeout = match &body.timeout {
-        None => None,
-        Some(raw) => {
-            let ms = Knob::Timeout
-                .from_raw(raw)
-                .map_err(|e| ApiError::invalid(format!("field `timeout`: {e}")))?;
-            Some(Duration::from_millis(ms))
-        }
-    };
-    codecage::files::check_inputs(
-        &body.files,
-        entry.files.input_files,
-        entry.files.input_total,
-    )
-    .map_err(|e| ApiError::invalid(format!("field `files`: {e}")))?;
+    let timeout = timeout_of(body.timeout.as_ref())?;
+    codecage::files::check_inputs(&body.files, entry.caps.input_files, entry.caps.input_total)
+        .map_err(|e| ApiError::invalid(format!("field `files`: {e}")))?;
     let call = Call {
         code: body.code,
         stdin: body.stdin,
@@ -575,63 +606,40 @@ async fn execute(
         files: body.files,
     };
     let names_only = body.file_data == Some(false);
-    let claim = entry.claim().ok_or_else(|| busy(&id))?;
     let streaming = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/x-ndjson"));
     let (events, receiver) = tokio::sync::mpsc::channel::<StreamEvent>(256);
-    let worker_entry = entry.clone();
-    let worker = tokio::task::spawn_blocking(move || {
-        let _claim = claim;
-        let mut guard = worker_entry
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let session = guard.as_mut()?;
-        let mut forward = |event: Event| {
-            if !streaming {
-                return;
-            }
-            let event = match event {
-                Event::Output(stream, bytes) => {
-                    let (encoding, data) = encode_stream(bytes);
-                    match stream {
-                        Stream::Stdout => StreamEvent::Stdout { data, encoding },
-                        Stream::Stderr => StreamEvent::Stderr { data, encoding },
-                    }
+    let final_events = events.clone();
+    let forward = move |event: Event| {
+        if !streaming {
+            return;
+        }
+        let event = match event {
+            Event::Output(stream, bytes) => {
+                let (encoding, data) = encode_stream(bytes);
+                match stream {
+                    Stream::Stdout => StreamEvent::Stdout { data, encoding },
+                    Stream::Stderr => StreamEvent::Stderr { data, encoding },
                 }
-                Event::Display(bundle) => StreamEvent::Display {
-                    data: bundle.clone(),
-                },
-            };
-            let _ = events.blocking_send(event);
+            }
+            Event::Display(bundle) => StreamEvent::Display {
+                data: bundle.clone(),
+            },
         };
-        let mut outcome = session.execute(&call, &mut forward);
-        if names_only {
-            outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
-        }
-        worker_entry
-            .executions
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if streaming {
-            let _ = events.blocking_send(StreamEvent::Result(Box::new(outcome.clone())));
-        }
-        Some(outcome)
-    });
-    let lang = entry.lang;
+        let _ = events.blocking_send(event);
+    };
+    let worker = call_session(state.clone(), caller.clone(), entry, call, forward);
     if streaming {
-        let caller = caller.clone();
-        let id_for_log = id.clone();
         tokio::spawn(async move {
-            if let Ok(Some(outcome)) = worker.await {
-                log_call(
-                    &caller,
-                    "execute",
-                    Some(lang),
-                    Some(&id_for_log),
-                    &outcome.outcome,
-                );
+            if let Ok(mut outcome) = worker.await {
+                if names_only {
+                    outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
+                }
+                let _ = final_events
+                    .send(StreamEvent::Result(Box::new(outcome)))
+                    .await;
             }
         });
         let lines = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|event| {
@@ -643,20 +651,89 @@ async fn execute(
         return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response());
     }
     drop(receiver);
-    let outcome = worker
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
-        .ok_or_else(|| lookup(&state, &id).err().unwrap_or_else(|| busy(&id)))?;
-    log_call(&caller, "execute", Some(lang), Some(&id), &outcome.outcome);
+    drop(final_events);
+    let mut outcome = worker.await?;
+    if names_only {
+        outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
+    }
     Ok(Json(outcome).into_response())
+}
+
+/// A call's own time limit, from a request field.
+pub(super) fn timeout_of(raw: Option<&Raw>) -> Result<Option<Duration>, ApiError> {
+    raw.map(|raw| {
+        Knob::Timeout
+            .from_raw(raw)
+            .map(Duration::from_millis)
+            .map_err(|e| ApiError::invalid(format!("field `timeout`: {e}")))
+    })
+    .transpose()
+}
+
+/// One call in a session, on a blocking thread (409 if the session is busy); `forward`
+/// sees its output and displays as they come, on that thread.
+pub(super) async fn call_session(
+    state: Shared,
+    caller: Caller,
+    entry: Arc<Entry>,
+    call: Call,
+    mut forward: impl FnMut(Event) + Send + 'static,
+) -> Result<CallOutcome, ApiError> {
+    if let Some(asked) = call.timeout.filter(|t| *t > entry.caps.max_timeout) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "policy",
+            format!(
+                "a timeout of {} is more than the session's profile {} allows (at most {}); ask for less",
+                codecage::units::format_duration(asked),
+                entry.profile,
+                codecage::units::format_duration(entry.caps.max_timeout)
+            ),
+        ));
+    }
+    let claim = entry.claim().ok_or_else(|| busy(&entry.id))?;
+    let worker_entry = entry.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        let _claim = claim;
+        let mut guard = worker_entry
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let session = guard.as_mut()?;
+        let outcome = session.execute(&call, &mut forward);
+        worker_entry
+            .executions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(outcome)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
+    .ok_or_else(|| {
+        lookup(&state, &entry.id)
+            .err()
+            .unwrap_or_else(|| busy(&entry.id))
+    })?;
+    log_call(
+        &caller,
+        "execute",
+        Some(entry.lang),
+        Some(&entry.id),
+        &outcome.outcome,
+    );
+    Ok(outcome)
 }
 
 async fn reset(
     State(state): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let entry = lookup(&state, &id)?;
-    let claim = entry.claim().ok_or_else(|| busy(&id))?;
+    reset_session(lookup(&state, &id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A fresh interpreter in the session's sandbox (409 if it is busy).
+pub(super) async fn reset_session(entry: Arc<Entry>) -> Result<(), ApiError> {
+    let claim = entry.claim().ok_or_else(|| busy(&entry.id))?;
     let result = tokio::task::spawn_blocking(move || {
         let _claim = claim;
         let mut guard = entry.session.lock().unwrap_or_else(|e| e.into_inner());
@@ -667,8 +744,7 @@ async fn reset(
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
-    result.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "session_lost", e))?;
-    Ok(StatusCode::NO_CONTENT)
+    result.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "session_lost", e))
 }
 
 async fn interrupt(
@@ -687,7 +763,7 @@ pub struct ListQuery {
 }
 
 /// Runs `f` on the session (claimed: 409 while a call runs) on a blocking thread.
-async fn with_session<T: Send + 'static>(
+pub(super) async fn with_session<T: Send + 'static>(
     state: &Shared,
     id: &str,
     f: impl FnOnce(&mut Session, &Entry) -> Result<T, String> + Send + 'static,
@@ -714,7 +790,7 @@ async fn with_session<T: Send + 'static>(
 }
 
 /// A path under /work as the API takes it: relative, or absolute under /work.
-fn relative(path: &str) -> &str {
+pub(super) fn relative(path: &str) -> &str {
     match path.strip_prefix("/work") {
         Some("") => "",
         Some(rest) if rest.starts_with('/') => rest.trim_start_matches('/'),
@@ -766,10 +842,7 @@ async fn download(
     codecage::files::check_input_path(&path)
         .map_err(|e| ApiError::invalid(format!("path: {e}")))?;
     let media = codecage::files::media_type(&path);
-    let data = with_session(&state, &id, move |s, e| {
-        s.read_file(&path, e.files.read_max)
-    })
-    .await?;
+    let data = with_session(&state, &id, move |s, e| s.read_file(&path, e.caps.read_max)).await?;
     Ok(([(header::CONTENT_TYPE, media)], data).into_response())
 }
 
@@ -783,8 +856,8 @@ async fn upload(
     with_session(&state, &id, move |s, e| {
         codecage::files::check_inputs(
             std::slice::from_ref(&file),
-            e.files.input_files,
-            e.files.input_total,
+            e.caps.input_files,
+            e.caps.input_total,
         )?;
         s.write_files(std::slice::from_ref(&file))
     })

@@ -25,6 +25,45 @@ pub struct ServerConfig {
     /// /etc/codecage/profiles).
     pub profiles_dir: Option<PathBuf>,
     pub limits: Limits,
+    /// The MCP server (`codecage mcp`, and `/mcp` on the listeners).
+    pub mcp: McpConfig,
+}
+
+/// `[mcp]`: what the MCP tools run and how their results are shaped. A client cannot
+/// change any of it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// The profile `execute_python` runs under.
+    pub profile_python: String,
+    /// The profile `execute_node` runs under (TypeScript is accepted with `typescript`).
+    pub profile_node: String,
+    /// The profile `execute_shell` runs under.
+    pub profile_shell: String,
+    /// Images are downscaled to at most this many pixels on their longer edge.
+    pub image_max_edge: u32,
+    /// At most this many images per call (the rest are counted in the text).
+    pub max_images: usize,
+    /// stdout and stderr shown in a result, at most (bytes); the whole is a resource.
+    #[serde(deserialize_with = "size")]
+    pub max_text: u64,
+    /// Host names (with or without a port) the `/mcp` endpoint answers besides loopback
+    /// and `codecage` (the unix socket's): a check against DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            profile_python: "python".into(),
+            profile_node: "typescript".into(),
+            profile_shell: "bash".into(),
+            image_max_edge: 1024,
+            max_images: 8,
+            max_text: 20 << 10,
+            allowed_hosts: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -109,6 +148,24 @@ impl ServerConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if !(16..=8192).contains(&self.mcp.image_max_edge) {
+            return Err(format!(
+                "mcp.image_max_edge = {}: give 16 to 8192 pixels",
+                self.mcp.image_max_edge
+            ));
+        }
+        if self.mcp.max_images > 64 {
+            return Err(format!(
+                "mcp.max_images = {}: give 0 to 64",
+                self.mcp.max_images
+            ));
+        }
+        if !(256..=(16 << 20)).contains(&self.mcp.max_text) {
+            return Err(format!(
+                "mcp.max_text = {}: give 256 bytes to 16M",
+                self.mcp.max_text
+            ));
+        }
         for t in &self.tokens {
             if t.token.len() < 16 {
                 return Err(format!(

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+pub mod mcp;
 mod openapi;
 mod registry;
 
@@ -62,21 +63,34 @@ pub struct AppState {
     pub sessions: registry::Registry,
     /// Stops every run at shutdown.
     pub canceller: Canceller,
+    /// Cancelled at shutdown (the async side: MCP connections, their runs).
+    pub shutdown: tokio_util::sync::CancellationToken,
+    /// What MCP connections share (kept outputs).
+    pub mcp: mcp::McpStore,
 }
 
 pub type Shared = Arc<AppState>;
 
+impl AppState {
+    pub fn new(config: ServerConfig) -> Result<Shared, String> {
+        let canceller =
+            Canceller::new().map_err(|e| format!("cannot create the canceller: {e}"))?;
+        Ok(Arc::new(AppState {
+            sandboxes: Arc::new(Semaphore::new(config.limits.max_sandboxes)),
+            session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),
+            sessions: registry::Registry::default(),
+            data_dir: DataDir::from_env(),
+            canceller,
+            shutdown: tokio_util::sync::CancellationToken::new(),
+            mcp: mcp::McpStore::default(),
+            config,
+        }))
+    }
+}
+
 /// Serves until SIGTERM or SIGINT, then shuts down cleanly.
 pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), String> {
-    let canceller = Canceller::new().map_err(|e| format!("cannot create the canceller: {e}"))?;
-    let state: Shared = Arc::new(AppState {
-        sandboxes: Arc::new(Semaphore::new(config.limits.max_sandboxes)),
-        session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),
-        sessions: registry::Registry::default(),
-        data_dir: DataDir::from_env(),
-        canceller,
-        config,
-    });
+    let state = AppState::new(config)?;
     let shutdown = tokio_util_shutdown();
     let mut tasks = Vec::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
@@ -86,7 +100,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                 let listener = bind_unix(&path, state.config.socket_group.as_deref())?;
                 sockets.push(path.clone());
                 tracing::info!(socket = %path.display(), "listening");
-                let app = api::router(state.clone()).layer(axum::middleware::from_fn(unix_caller));
+                let app = routes(&state).layer(axum::middleware::from_fn(unix_caller));
                 let signal = shutdown.subscribe();
                 tasks.push(tokio::spawn(async move {
                     axum::serve(
@@ -107,7 +121,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                     .await
                     .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
                 tracing::info!(%addr, "listening");
-                let app = api::router(state.clone()).layer(axum::middleware::from_fn_with_state(
+                let app = routes(&state).layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     bearer_caller,
                 ));
@@ -124,6 +138,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     wait_for_termination().await;
     tracing::info!("shutting down: no new requests; stopping runs and closing sessions");
     let _ = shutdown.send(());
+    state.shutdown.cancel();
     state.canceller.cancel();
     state.sessions.interrupt_all();
     let grace = state.config.limits.shutdown_grace;
@@ -142,6 +157,11 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     Ok(())
 }
 
+/// The API and, at /mcp, the MCP server (behind the same caller check).
+fn routes(state: &Shared) -> axum::Router {
+    api::router(state.clone()).nest_service("/mcp", mcp::http_service(state.clone()))
+}
+
 fn tokio_util_shutdown() -> tokio::sync::broadcast::Sender<()> {
     tokio::sync::broadcast::channel(1).0
 }
@@ -150,7 +170,7 @@ async fn wait(mut signal: tokio::sync::broadcast::Receiver<()>) {
     let _ = signal.recv().await;
 }
 
-async fn wait_for_termination() {
+pub(crate) async fn wait_for_termination() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");

@@ -17,13 +17,17 @@ use super::Shared;
 /// How many ended sessions' ids are remembered, to answer "expired" rather than "unknown".
 const REMEMBERED_EXPIRED: usize = 4096;
 
-/// What a session's file requests may carry, from its profile.
-#[derive(Debug, Clone, Copy)]
-pub struct FileCaps {
+/// What a session's requests may ask for, from its profile.
+#[derive(Debug, Clone)]
+pub struct Caps {
     pub input_files: u64,
     pub input_total: u64,
     /// The largest file `GET .../files/{path}` sends.
     pub read_max: u64,
+    /// The output directory, relative to /work.
+    pub output_dir: String,
+    /// The longest time limit a call may ask for.
+    pub max_timeout: Duration,
 }
 
 /// One live session.
@@ -41,7 +45,7 @@ pub struct Entry {
     pub interrupter: Interrupter,
     busy: AtomicBool,
     pub executions: AtomicU64,
-    pub files: FileCaps,
+    pub caps: Caps,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
@@ -52,7 +56,7 @@ impl Entry {
         session: Session,
         idle_timeout: Duration,
         max_duration: Duration,
-        files: FileCaps,
+        caps: Caps,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     ) -> Entry {
         Entry {
@@ -68,7 +72,7 @@ impl Entry {
             session: Mutex::new(Some(session)),
             busy: AtomicBool::new(false),
             executions: AtomicU64::new(0),
-            files,
+            caps,
             _permits: permits,
         }
     }

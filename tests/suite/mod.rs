@@ -14,6 +14,7 @@ mod isolation;
 mod kmem;
 mod library;
 mod limits;
+mod mcp;
 mod portability;
 mod profiles;
 mod server;

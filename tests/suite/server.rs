@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::common::*;
 
-const TOKEN: &str = "test-token-0123456789abcdef";
+pub(super) const TOKEN: &str = "test-token-0123456789abcdef";
 
 /// A server of the test's own.
 pub(super) struct Server {
@@ -68,6 +68,11 @@ impl Server {
             "the server did not come up"
         );
         server
+    }
+
+    /// The TCP listener's HOST:PORT (a server started with `tcp`).
+    pub(super) fn tcp_address(&self) -> String {
+        self.tcp.clone().expect("a server with a TCP listener")
     }
 
     /// curl over the socket; returns (HTTP status, body).

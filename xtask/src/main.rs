@@ -6,8 +6,8 @@
 //!   by side; writes COMPATIBILITY.md (`compat.rs`).
 //! * `rootfs`: the sandbox's root filesystem image (`rootfs/`, and `rootfs/README.md` at
 //!   the workspace root).
-//! * `vm-build`, `vm-run`, `vm-test`, `vm-check`: the cgroup v2 VM test lane (`vm/`, and
-//!   `xtask/vm/README.md`).
+//! * `vm-build`, `vm-run`, `vm-test`, `vm-check`, `vm-matrix`: the VM test lanes (kernels
+//!   and cgroup layouts users run; `vm/`, and `xtask/vm/README.md`).
 //!
 //! `host` holds what the tasks share: root, commands and their process groups, interrupts,
 //! apt-get and the Debian mirror, build steps, safe removal of trees.
@@ -46,21 +46,11 @@ enum Task {
     Bench(bench::Args),
     Compat(compat::Args),
     Rootfs(rootfs::Args),
-    /// Build the cgroup v2 VM image (root; cached, instant when up to date)
-    ///
-    /// Needs root: it installs the missing host packages with apt-get and bootstraps a
-    /// Debian root filesystem. Instant when the image of the current recipe exists already.
-    #[command(verbatim_doc_comment, after_long_help = vm::build::ENVIRONMENT)]
-    VmBuild,
+    VmBuild(vm::lane::BuildArgs),
     VmRun(vm::run::RunOptions),
     VmTest(vm::lane::TestArgs),
-    /// Boot the VM and show its cgroup and landlock layout
-    ///
-    /// Boots the cgroup v2 VM once and prints what the tests will find there: kernel, cgroup
-    /// mounts, controllers of the root and of the job's cgroup, Landlock ABI. Fails if the
-    /// layout is not the expected one.
-    #[command(verbatim_doc_comment)]
-    VmCheck,
+    VmCheck(vm::lane::CheckArgs),
+    VmMatrix(vm::lane::MatrixArgs),
 }
 
 impl Task {
@@ -72,10 +62,11 @@ impl Task {
             self,
             Task::Test(_)
                 | Task::Compat(_)
-                | Task::VmBuild
+                | Task::VmBuild(_)
                 | Task::VmRun(_)
                 | Task::VmTest(_)
-                | Task::VmCheck
+                | Task::VmCheck(_)
+                | Task::VmMatrix(_)
         )
     }
 
@@ -86,10 +77,11 @@ impl Task {
             Task::Bench(args) => bench::bench(&args),
             Task::Compat(args) => compat::compat(&args),
             Task::Rootfs(args) => rootfs::rootfs(&args),
-            Task::VmBuild => vm::build::build().map(|_| 0),
-            Task::VmRun(opts) => vm::run::run(&vm::ensure_image()?, &opts),
+            Task::VmBuild(args) => vm::lane::vm_build(&args),
+            Task::VmRun(opts) => vm::run::vm_run(&opts),
             Task::VmTest(args) => vm::lane::vm_test(&args),
-            Task::VmCheck => vm::lane::vm_check(),
+            Task::VmCheck(args) => vm::lane::vm_check(&args),
+            Task::VmMatrix(args) => vm::lane::vm_matrix(&args),
         }
     }
 }
@@ -99,7 +91,7 @@ impl Task {
 /// not run it", see `xtask/vm/README.md`), 1 for the others.
 fn failure_status(task: &str) -> ExitCode {
     match task {
-        "vm-run" | "vm-test" | "vm-check" => ExitCode::from(vm::EXIT_VM_FAILED as u8),
+        "vm-run" | "vm-test" | "vm-check" | "vm-matrix" => ExitCode::from(vm::EXIT_VM_FAILED as u8),
         _ => ExitCode::FAILURE,
     }
 }
@@ -157,7 +149,17 @@ mod tests {
         let names: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
         assert_eq!(
             names,
-            ["test", "bench", "compat", "rootfs", "vm-build", "vm-run", "vm-test", "vm-check"]
+            [
+                "test",
+                "bench",
+                "compat",
+                "rootfs",
+                "vm-build",
+                "vm-run",
+                "vm-test",
+                "vm-check",
+                "vm-matrix"
+            ]
         );
         for task in cli.get_subcommands() {
             assert!(task.get_about().is_some(), "{}", task.get_name());
@@ -166,9 +168,11 @@ mod tests {
     }
 
     #[test]
-    fn tasks_without_arguments_take_none() {
-        for name in ["vm-build", "vm-check"] {
+    fn lane_tasks_take_lanes_only() {
+        for name in ["vm-build", "vm-check", "vm-matrix"] {
             assert!(parse(&[name]).is_ok());
+            assert!(parse(&[name, "--lane", "v1", "--lane", "all"]).is_ok());
+            assert!(parse(&[name, "--lane", "nosuch"]).is_err());
             assert!(parse(&[name, "extra"]).is_err());
             assert!(parse(&[name, "--bogus"]).is_err());
         }
@@ -182,6 +186,7 @@ mod tests {
             ("vm-run", vm::EXIT_VM_FAILED as u8),
             ("vm-test", 125),
             ("vm-check", 125),
+            ("vm-matrix", 125),
             ("vm-build", 1),
             ("rootfs", 1),
             ("nosuch", 1),

@@ -2,7 +2,9 @@
 //! install the Debian packages the tests run inside the sandbox; build the default image
 //! (`cargo xtask rootfs`, instant when the recipe is unchanged); run every unit and
 //! integration test natively (this host's cgroup layout); then the integration tests again
-//! in the cgroup v2 VM (`cargo xtask vm-test`), so both layouts are proven on every change.
+//! in every VM lane (`cargo xtask vm-test --lane all`: pure v2 on 6.12 with every suite,
+//! Debian 12's 6.1, pure cgroup v1 and Debian 11's 5.10 without landlock with a subset), so
+//! the kernels and layouts users run are proven on every change.
 
 use std::process::Command;
 
@@ -15,14 +17,18 @@ use crate::host::{install_missing, Recommends, Runner};
 /// Installs the Debian packages the tests use inside the sandbox (procps, python3, nodejs)
 /// when missing, builds the default image (cargo xtask rootfs), runs the unit and
 /// integration tests of the workspace (cargo nextest when installed, else cargo test), then
-/// the integration tests in the cgroup v2 VM (cargo xtask vm-test; skipped with
-/// --native-only). Must run as root: the tests build real sandboxes.
+/// the integration tests in every VM lane (cargo xtask vm-test --lane all; --lane picks
+/// some, --native-only none), with a summary per lane and the support matrix. Must run as
+/// root: the tests build real sandboxes.
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// Skip the run in the cgroup v2 VM
-    #[arg(long)]
+    /// Skip the runs in the VM lanes
+    #[arg(long, conflicts_with = "lanes")]
     native_only: bool,
+    /// Run these VM lanes only (repeatable; default: all)
+    #[arg(long = "lane", value_name = "NAME", value_parser = crate::vm::lanes::parse_lane)]
+    lanes: Vec<String>,
     /// Passed on to cargo nextest run (or cargo test)
     #[arg(last = true, value_name = "NEXTEST-ARGS")]
     nextest_args: Vec<String>,
@@ -50,6 +56,7 @@ pub fn test(args: &Args) -> Result<i32> {
     if built != 0 {
         bail!("the default image could not be built (cargo xtask rootfs exited {built})");
     }
+    let mcp_python = mcp_client()?;
     let nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .output()
@@ -62,19 +69,75 @@ pub fn test(args: &Args) -> Result<i32> {
         cmd.args(["test", "--workspace", "--no-fail-fast"]);
     }
     cmd.args(&args.nextest_args);
+    cmd.env("CODECAGE_MCP_PYTHON", &mcp_python);
     eprintln!("xtask: {cmd:?}");
+    let native_start = std::time::Instant::now();
     let native = cmd.status().context("running cargo")?.code().unwrap_or(1);
+    let native_time = native_start.elapsed();
     if args.native_only {
         return Ok(native);
     }
-    // The image lives on this host, not in the VM: its tests run natively only; so do the
-    // server's (its clients, curl among them, are the host's).
-    eprintln!("xtask: the integration tests in the cgroup v2 VM (cargo xtask vm-test)");
-    let skips = ["--skip", "image::", "--skip", "server::"];
-    let vm_args = crate::vm::lane::TestArgs::new(skips.map(String::from).into());
-    let vm = crate::vm::lane::vm_test(&vm_args)?;
-    eprintln!("xtask: native tests exited {native}, VM tests exited {vm}");
+    // Each lane skips image::, server:: and the files:: tests that use the image or curl
+    // (the image lives on this host, not in the VM, and the server's clients, curl among
+    // them, are the host's: their tests run natively only; see vm/lanes.rs).
+    let lanes = if args.lanes.is_empty() {
+        vec!["all".to_string()]
+    } else {
+        args.lanes.clone()
+    };
+    eprintln!(
+        "xtask: the integration tests in the VM lanes (cargo xtask vm-test --lane {})",
+        lanes.join(" --lane ")
+    );
+    let vm_start = std::time::Instant::now();
+    let vm = crate::vm::lane::vm_test(&crate::vm::lane::TestArgs::new(lanes))?;
+    eprintln!(
+        "xtask: native tests exited {native} in {}, VM lanes exited {vm} in {}",
+        crate::host::secs(native_time),
+        crate::host::secs(vm_start.elapsed())
+    );
     Ok(if native != 0 { native } else { vm })
+}
+
+/// The MCP tests' client: the official MCP Python SDK, pinned, in a venv of Debian's
+/// python3 under /var/cache/codecage (made once; python3-venv installed when missing).
+/// Returns its python.
+fn mcp_client() -> Result<std::path::PathBuf> {
+    const PACKAGE: &str = "mcp==2.3.0";
+    let venv = std::path::Path::new("/var/cache/codecage/mcp-client");
+    let python = venv.join("bin/python");
+    let stamp = venv.join("codecage-installed");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == PACKAGE) {
+        return Ok(python);
+    }
+    eprintln!("xtask: the MCP client ({PACKAGE}) in {}", venv.display());
+    let make = || {
+        let _ = std::fs::remove_dir_all(venv);
+        Command::new("/usr/bin/python3")
+            .args(["-m", "venv"])
+            .arg(venv)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !make() {
+        // Debian's python3 makes venvs only with python3-venv (ensurepip).
+        crate::host::debian::apt_install(&Runner::terminal(), &["python3-venv"], Recommends::Skip)?;
+        if !make() {
+            bail!(
+                "python3 -m venv {} failed even with python3-venv installed",
+                venv.display()
+            );
+        }
+    }
+    let pip = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check", PACKAGE])
+        .status()
+        .context("running pip")?;
+    if !pip.success() {
+        bail!("pip install {PACKAGE} failed: the MCP tests need it (PyPI must be reachable)");
+    }
+    std::fs::write(&stamp, PACKAGE)?;
+    Ok(python)
 }
 
 #[cfg(test)]
@@ -91,7 +154,13 @@ mod tests {
         let Ok(Task::Test(a)) = parse(&["test"]) else {
             panic!()
         };
-        assert!(!a.native_only && a.nextest_args.is_empty());
+        assert!(!a.native_only && a.nextest_args.is_empty() && a.lanes.is_empty());
+        let Ok(Task::Test(a)) = parse(&["test", "--lane", "v1", "--lane", "no-landlock"]) else {
+            panic!()
+        };
+        assert_eq!(a.lanes, ["v1", "no-landlock"]);
+        assert!(parse(&["test", "--native-only", "--lane", "v1"]).is_err());
+        assert!(parse(&["test", "--lane", "nosuch"]).is_err());
         assert!(parse(&["test", "extra"]).is_err());
         assert!(parse(&["test", "--bogus"]).is_err());
     }

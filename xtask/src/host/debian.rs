@@ -18,7 +18,7 @@ pub enum Recommends {
 /// `apt-get install -y` of `packages` (nothing when there are none), with an
 /// `apt-get update` and a second try when the first fails: the package lists may be
 /// missing or stale on a fresh machine.
-fn apt_install(runner: &Runner, packages: &[&str], recommends: Recommends) -> Result<()> {
+pub fn apt_install(runner: &Runner, packages: &[&str], recommends: Recommends) -> Result<()> {
     if packages.is_empty() {
         return Ok(());
     }

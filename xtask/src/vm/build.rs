@@ -2,7 +2,8 @@
 //!
 //! The image is three files in `<cache>/<recipe hash>/`:
 //!
-//! * `vmlinux`: bookworm's `linux-image-amd64` kernel, decompressed from its
+//! * `vmlinux`: the `linux-image-amd64` kernel of the lane's kernel suite
+//!   (bookworm-backports, bookworm or bullseye; see `lanes.rs`), decompressed from its
 //!   bzImage. QEMU boots an ELF vmlinux through its PVH entry point, which
 //!   skips the in-guest decompression: under TCG that is 3 s to the root
 //!   mount instead of 9 s.
@@ -15,8 +16,8 @@
 //!   need pivot_root.
 //!
 //! The directory name is a hash of everything that determines the image (the
-//! asset files under `xtask/vm/` that go into it, the package list, and this
-//! source file), so changing the recipe rebuilds and an unchanged recipe is
+//! kernel suite, the asset files under `xtask/vm/` that go into it, the package list,
+//! and this source file), so changing the recipe rebuilds and an unchanged recipe is
 //! instant. The per-run guest init (`guest-init.sh`) and the runner are *not*
 //! part of the image (the image's PID 1 is a stub that runs the init from the
 //! control share), so they can change without a rebuild.
@@ -41,19 +42,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// The environment variables of the VM lane, for `vm-build --help`.
+/// The environment variables of the VM lanes, for `vm-build --help`.
 pub const ENVIRONMENT: &str = "\
 Environment:
   CODECAGE_VM_CACHE   image cache directory (default /var/cache/codecage/vm)
   CODECAGE_VM_MIRROR  mmdebstrap mirror argument(s), one per line (default: the
                       host's bookworm sources, else deb.debian.org)
   CODECAGE_VM_KERNEL_SUITE
-                      where the guest kernel comes from: bookworm-backports (default,
-                      6.12, Landlock ABI 6) or bookworm (6.1, ABI 2). Each has its own
-                      image; set it for vm-run/vm-test too.
+                      without --lane: the suite the default lane's kernel comes
+                      from instead of bookworm-backports (e.g. bookworm for 6.1)
   CODECAGE_VM_KERNEL_MIRROR
                       mirror for a kernel suite other than bookworm
-                      (default http://deb.debian.org/debian)";
+                      (default http://deb.debian.org/debian)
+
+Each lane's kernel suite has its own image; lanes with the same kernel share one.";
 
 /// The line of `image.txt` naming the kernel suite (pruning keeps the
 /// images of other kernel suites).
@@ -76,21 +78,6 @@ pub const COMPLETE_MARKER: &str = "complete";
 
 /// The Debian release of the guest's root filesystem (and, by default, kernel).
 const SUITE: &str = "bookworm";
-
-/// The default kernel suite: bookworm-backports' 6.12, whose landlock ABI 6
-/// codecage requires by default (bookworm's own 6.1 has ABI 2), and which has
-/// the newer cgroup files such as `pids.peak`.
-const DEFAULT_KERNEL_SUITE: &str = "bookworm-backports";
-
-/// Where the guest kernel comes from: `$CODECAGE_VM_KERNEL_SUITE`, default
-/// [`DEFAULT_KERNEL_SUITE`]; `bookworm` gives 6.1 (Landlock ABI 2). Part of the
-/// recipe hash, so each choice has its own image; vm-run must see the same value.
-pub fn kernel_suite() -> String {
-    std::env::var("CODECAGE_VM_KERNEL_SUITE")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| DEFAULT_KERNEL_SUITE.to_string())
-}
 
 const PACKAGES: &str = include_str!("../../vm/packages.txt");
 const HOST_PACKAGES: &str = include_str!("../../vm/host-packages.txt");
@@ -140,12 +127,11 @@ const DISK_SLACK: u64 = 1536 << 20;
 /// The recipe hash naming the image directory: the first 16 hex digits of a SHA-256
 /// over the names and contents of everything that goes into the image, each
 /// length-prefixed so that no two recipes feed the same bytes.
-pub fn recipe_hash() -> String {
+pub fn recipe_hash(kernel_suite: &str) -> String {
     let mut h = Sha256::new();
-    let kernel_suite = kernel_suite();
     for (name, content) in [
         ("suite", SUITE),
-        ("kernel-suite", kernel_suite.as_str()),
+        ("kernel-suite", kernel_suite),
         ("packages.txt", PACKAGES),
         ("fetch-kernel.sh", FETCH_KERNEL_SH),
         ("initramfs-init.sh", INITRAMFS_INIT_SH),
@@ -167,10 +153,11 @@ fn guest_packages() -> Vec<&'static str> {
     debian::list_lines(PACKAGES).collect()
 }
 
-/// Build the image for the current recipe unless it exists already.
-pub fn build() -> Result<Image> {
+/// Build the image of the current recipe with the kernel of `kernel_suite` unless it
+/// exists already.
+pub fn build(kernel_suite: &str) -> Result<Image> {
     let start = Instant::now();
-    if let Some(image) = Image::current() {
+    if let Some(image) = Image::current(kernel_suite) {
         status(
             "Fresh",
             format!(
@@ -185,7 +172,7 @@ pub fn build() -> Result<Image> {
         is_root(),
         "vm-build needs root (apt-get, mmdebstrap, chroot): run `sudo cargo xtask vm-build`"
     );
-    let hash = recipe_hash();
+    let hash = recipe_hash(kernel_suite);
     let cache = super::cache_root();
     fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
     for stale in orphans(&cache, build_pid) {
@@ -194,7 +181,7 @@ pub fn build() -> Result<Image> {
     let tmp = TempTree::create_in(&cache, &format!("{BUILD_PREFIX}{hash}-"))?;
     let dir = tmp.path().to_path_buf();
     let mut steps = Steps::new(
-        &format!("VM image {hash}"),
+        &format!("VM image {hash} (kernel from {kernel_suite})"),
         7,
         dir.join(BUILD_LOG),
         false,
@@ -213,7 +200,7 @@ pub fn build() -> Result<Image> {
     let kernel = dir.join("kernel");
     steps.run(
         &format!("root filesystem: mmdebstrap {SUITE} + kernel package"),
-        |r| mmdebstrap(r, &dir, &rootfs, &kernel),
+        |r| mmdebstrap(r, &dir, &rootfs, &kernel, kernel_suite),
     )?;
 
     let release = steps.run("kernel: vmlinux from the bzImage", |r| {
@@ -242,9 +229,9 @@ pub fn build() -> Result<Image> {
         remove_tree(&rootfs)?;
         fs::remove_file(dir.join("fetch-kernel.sh"))?;
         let manifest = format!(
-            "codecage cgroup-v2 VM image\nrecipe: {hash}\nsuite: {SUITE}\n{KERNEL_SUITE_KEY}{}\n\
+            "codecage VM image\nrecipe: {hash}\nsuite: {SUITE}\n{KERNEL_SUITE_KEY}{}\n\
              kernel: {release}\npackages: {}\nbuilt in: {}\n",
-            kernel_suite(),
+            kernel_suite,
             guest_packages().join(" "),
             secs(start.elapsed())
         );
@@ -262,9 +249,9 @@ pub fn build() -> Result<Image> {
         Ok(())
     })?;
     drop(tmp);
-    remove_other_images(&cache, &hash);
+    remove_other_images(&cache, &hash, kernel_suite);
 
-    let image = Image::current().context("image vanished right after the build")?;
+    let image = Image::current(kernel_suite).context("image vanished right after the build")?;
     status(
         "Finished",
         format!(
@@ -306,7 +293,13 @@ fn install_host_tools(r: &Runner) -> Result<()> {
 
 /// Bootstrap the guest root filesystem, and fetch and unpack the kernel
 /// package from inside it (see `fetch-kernel.sh`).
-fn mmdebstrap(r: &Runner, dir: &Path, rootfs: &Path, kernel: &Path) -> Result<()> {
+fn mmdebstrap(
+    r: &Runner,
+    dir: &Path,
+    rootfs: &Path,
+    kernel: &Path,
+    kernel_suite: &str,
+) -> Result<()> {
     let hook = dir.join("fetch-kernel.sh");
     fs::write(&hook, FETCH_KERNEL_SH)?;
     let kernel_mirror = std::env::var("CODECAGE_VM_KERNEL_MIRROR")
@@ -336,7 +329,7 @@ fn mmdebstrap(r: &Runner, dir: &Path, rootfs: &Path, kernel: &Path) -> Result<()
             "--customize-hook=sh {} \"$1\" {} {} {}",
             shell_quote(&hook),
             shell_quote(kernel),
-            shell_quote(kernel_suite()),
+            shell_quote(kernel_suite),
             shell_quote(kernel_mirror)
         ))
         .arg(SUITE)
@@ -659,11 +652,11 @@ fn tree_size(dir: &Path) -> Result<u64> {
 /// After a successful build: remove complete images of older recipes for
 /// the same kernel suite (each is ~0.5 GB). A VM still running from one keeps
 /// its open files.
-fn remove_other_images(cache: &Path, keep: &str) {
+fn remove_other_images(cache: &Path, keep: &str, kernel_suite: &str) {
     let Ok(entries) = fs::read_dir(cache) else {
         return;
     };
-    let suite_line = format!("{KERNEL_SUITE_KEY}{}", kernel_suite());
+    let suite_line = format!("{KERNEL_SUITE_KEY}{kernel_suite}");
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();

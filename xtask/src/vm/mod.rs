@@ -1,24 +1,28 @@
-//! The cgroup-v2 VM test lane.
+//! The VM test lanes.
 //!
 //! Build machines of this project run a *hybrid* cgroup layout (v1
-//! controllers, a controller-less cgroup2 mount), and a kernel binds each
-//! controller to one hierarchy for its whole life, so codecage's cgroup v2
-//! backend cannot be exercised there. Instead we boot a small Debian bookworm
-//! VM under QEMU whose kernel runs with `cgroup_no_v1=all`, mount a pure
-//! cgroup2 hierarchy the way systemd does, and run the project's integration
-//! tests inside it, in one boot.
+//! controllers, a controller-less cgroup2 mount) on a recent kernel, and a kernel binds
+//! each controller to one hierarchy for its whole life, so neither codecage's pure v2 and
+//! pure v1 backends nor older kernels can be exercised there. Instead we boot a small
+//! Debian bookworm VM under QEMU, with the kernel and the cgroup layout of a *lane*
+//! ([`lanes`]: pure v2 on 6.12, Debian 12's 6.1, pure v1, Debian 11's 5.10 without
+//! landlock), and run the project's integration tests inside it, in one boot per lane.
 //!
+//! * [`lanes`]: the lanes, as data.
 //! * [`build`]: `cargo xtask vm-build`, the image (kernel, initramfs, ext4
 //!   root disk) in a cache directory keyed by a hash of the recipe.
 //! * [`run`]: `cargo xtask vm-run`, boot, run one command with the project
 //!   directory shared at the same absolute path, stream its output, return
 //!   its exit status; [`qemu`]: the machine it boots.
-//! * [`lane`]: `cargo xtask vm-test` and `cargo xtask vm-check`.
+//! * [`lane`]: `cargo xtask vm-test`, `vm-check` and `vm-build`'s lanes;
+//!   [`matrix`]: the probe each lane runs and the support matrix (`vm-matrix`).
 //!
 //! The recipe and its measurements are in `xtask/vm/README.md`.
 
 pub mod build;
 pub mod lane;
+pub mod lanes;
+pub mod matrix;
 mod qemu;
 pub mod run;
 
@@ -48,9 +52,10 @@ pub struct Image {
 }
 
 impl Image {
-    /// The image for the current recipe, if it was built completely.
-    pub fn current() -> Option<Image> {
-        let dir = cache_root().join(build::recipe_hash());
+    /// The image of the current recipe with the kernel of `kernel_suite`, if it was built
+    /// completely.
+    pub fn current(kernel_suite: &str) -> Option<Image> {
+        let dir = cache_root().join(build::recipe_hash(kernel_suite));
         dir.join(build::COMPLETE_MARKER).is_file().then(|| Image {
             vmlinux: dir.join("vmlinux"),
             initrd: dir.join("initrd.cpio"),
@@ -60,12 +65,13 @@ impl Image {
     }
 }
 
-/// The image for the current recipe, built first if needed (which needs root).
-pub fn ensure_image() -> Result<Image> {
-    if let Some(image) = Image::current() {
+/// The image of the current recipe with the kernel of `kernel_suite`, built first if
+/// needed (which needs root).
+pub fn ensure_image(kernel_suite: &str) -> Result<Image> {
+    if let Some(image) = Image::current(kernel_suite) {
         run::require_qemu()?;
         return Ok(image);
     }
-    eprintln!("[vm] no image for the current recipe yet: building it first");
-    build::build()
+    eprintln!("[vm] no image for the current recipe with the {kernel_suite} kernel yet: building it first");
+    build::build(kernel_suite)
 }

@@ -1,6 +1,7 @@
 //! The QEMU machine one boot runs: its size, accelerator and kernel command line (from
 //! the `CODECAGE_VM_*` variables), and the command line that starts it.
 
+use super::lanes::Cgroups;
 use super::run::ControlDir;
 use super::Image;
 use crate::host::own_group_and_die_with_parent;
@@ -18,10 +19,11 @@ const MAX_DEFAULT_CPUS: u64 = 4;
 /// otherwise (boots take 4-9 s under TCG; see `xtask/vm/README.md`).
 const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The kernel command line (`CODECAGE_VM_APPEND` is added). `cgroup_no_v1=all` is what
-/// the lane is for; `panic=-1` with QEMU's `-no-reboot` ends QEMU on a guest panic.
+/// The kernel command line, to which the lane's cgroup layout adds its arguments
+/// (`cgroup_no_v1=all` for pure v2) and `CODECAGE_VM_APPEND` its own. `panic=-1` with
+/// QEMU's `-no-reboot` ends QEMU on a guest panic.
 const KERNEL_CMDLINE: &str = "console=ttyS0 panic=-1 oops=panic quiet loglevel=3 \
-                              mitigations=off cgroup_no_v1=all random.trust_cpu=on";
+                              mitigations=off random.trust_cpu=on";
 
 /// The 9p tags of the control share and of the project share (see `guest-init.sh`).
 pub const CONTROL_TAG: &str = "codecage.ctl";
@@ -41,7 +43,8 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn from_env() -> Machine {
+    /// The machine for a guest with the `cgroups` layout.
+    pub fn from_env(cgroups: Cgroups) -> Machine {
         let (accel, accel_args) = accel_args();
         let host_cpus = std::thread::available_parallelism().map_or(2, |n| n.get() as u64);
         Machine {
@@ -53,7 +56,11 @@ impl Machine {
                 "CODECAGE_VM_BOOT_TIMEOUT",
                 DEFAULT_BOOT_TIMEOUT.as_secs(),
             )),
-            append: std::env::var("CODECAGE_VM_APPEND").unwrap_or_default(),
+            append: format!(
+                "{} {}",
+                cgroups.kernel_args(),
+                std::env::var("CODECAGE_VM_APPEND").unwrap_or_default()
+            ),
         }
     }
 }

@@ -18,8 +18,9 @@
 //! before the job could report one. A boot that dies before the job started
 //! is retried (up to twice); once the job has started it is never run again.
 
+use super::lanes::{self, Cgroups, Lane};
 use super::qemu::{self, Machine};
-use super::{Image, EXIT_TIMEOUT, EXIT_VM_FAILED};
+use super::{ensure_image, Image, EXIT_TIMEOUT, EXIT_VM_FAILED};
 use crate::host::{
     find_command, interrupted, orphans, remove_tree, secs, shell_quote, signal_group,
     workspace_root, TempTree,
@@ -55,16 +56,20 @@ const QEMU_TAIL_LINES: usize = 20;
 
 /// Run a command in the VM
 ///
-/// Boots the cgroup v2 VM (building its image first if needed), runs CMD as root in the
-/// current directory when that is inside the share (else in the share), with its output
-/// streamed to stdout, and exits with CMD's status (124: timeout, 125: the VM failed).
-/// The share is mounted at the same absolute path in the guest.
+/// Boots the VM of a lane (default: v2-6.12, pure cgroup v2 on Linux 6.12), building its
+/// image first if needed, runs CMD as root in the current directory when that is inside
+/// the share (else in the share), with its output streamed to stdout, and exits with CMD's
+/// status (124: timeout, 125: the VM failed). The share is mounted at the same absolute
+/// path in the guest.
 #[derive(clap::Args, Debug, Clone)]
 #[command(
     verbatim_doc_comment,
     override_usage = "cargo xtask vm-run [OPTIONS] [--] CMD [ARGS...]"
 )]
 pub struct RunOptions {
+    /// The lane whose kernel and cgroup layout to boot (default: v2-6.12)
+    #[arg(long, value_name = "NAME", value_parser = lanes::parse_lane)]
+    pub lane: Option<String>,
     /// Time limit of the command in whole seconds (boot time not included)
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT_SECS, value_parser = parse_timeout)]
     pub timeout: u64,
@@ -91,6 +96,7 @@ impl RunOptions {
     /// The defaults of `vm-run` for `command`.
     pub fn new(command: Vec<String>) -> RunOptions {
         RunOptions {
+            lane: None,
             timeout: DEFAULT_TIMEOUT_SECS,
             share: workspace_root(),
             env: Vec::new(),
@@ -137,8 +143,22 @@ pub fn require_qemu() -> Result<PathBuf> {
     )
 }
 
-/// Run the command in the VM and return its exit status (see module docs).
-pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
+/// `cargo xtask vm-run`: the command in the VM of the lane `--lane` names.
+pub fn vm_run(opts: &RunOptions) -> Result<i32> {
+    let lane = match &opts.lane {
+        Some(name) if name == "all" => {
+            anyhow::bail!("vm-run boots one lane: name it (`all` is for vm-test and vm-check)")
+        }
+        Some(name) => *Lane::named(name)?,
+        None => Lane::default_from_env(),
+    };
+    let image = ensure_image(lane.kernel_suite)?;
+    run(&lane, &image, opts)
+}
+
+/// Run the command in the VM of `lane` booted from `image` and return its exit status
+/// (see module docs).
+pub fn run(lane: &Lane, image: &Image, opts: &RunOptions) -> Result<i32> {
     let qemu = require_qemu()?;
     let share = check_share(&opts.share)?;
     let cwd = if opts.cwd.as_os_str().is_empty() {
@@ -151,7 +171,7 @@ pub fn run(image: &Image, opts: &RunOptions) -> Result<i32> {
     };
     remove_stale_control_dirs();
     for attempt in 1..=BOOT_ATTEMPTS {
-        match boot(&qemu, image, opts, &share, &cwd, attempt)? {
+        match boot(&qemu, lane, image, opts, &share, &cwd, attempt)? {
             Outcome::Status(rc) => return Ok(rc),
             Outcome::NotStarted(why) => {
                 eprintln!(
@@ -255,18 +275,20 @@ fn job_script(opts: &RunOptions, cwd: &Path) -> String {
 /// One boot of the VM: the control directory, QEMU, its supervision, the verdict.
 fn boot(
     qemu: &Path,
+    lane: &Lane,
     image: &Image,
     opts: &RunOptions,
     share: &Path,
     cwd: &Path,
     attempt: u32,
 ) -> Result<Outcome> {
-    let ctl = ControlDir::write(opts, share, cwd)?;
-    let machine = Machine::from_env();
+    let ctl = ControlDir::write(opts, share, cwd, lane.cgroups)?;
+    let machine = Machine::from_env(lane.cgroups);
     let mut output = OutputPump::open(&ctl.output)?;
     let mut cmd = qemu::command(qemu, image, &machine, &ctl, share)?;
     eprintln!(
-        "[vm] boot {attempt}: {}, {} vCPUs, {} MiB; share {}; timeout {}s",
+        "[vm] lane {}: boot {attempt}: {}, {} vCPUs, {} MiB; share {}; timeout {}s",
+        lane.name,
         machine.accel,
         machine.cpus,
         machine.mem_mib,
@@ -300,17 +322,18 @@ pub(super) struct ControlDir {
 }
 
 impl ControlDir {
-    fn write(opts: &RunOptions, share: &Path, cwd: &Path) -> Result<ControlDir> {
+    fn write(opts: &RunOptions, share: &Path, cwd: &Path, cgroups: Cgroups) -> Result<ControlDir> {
         let dir = TempTree::create_in(&std::env::temp_dir(), CONTROL_DIR_PREFIX)?;
         let path = dir.path();
         fs::write(path.join("guest-init.sh"), GUEST_INIT_SH)?;
         fs::write(
             path.join("config"),
             format!(
-                "SHARE={}\nTIMEOUT={}\nOUT_PORT={}\nDEBUG={}\n",
+                "SHARE={}\nTIMEOUT={}\nOUT_PORT={}\nCGROUP={}\nDEBUG={}\n",
                 shell_quote(share),
                 opts.timeout,
                 qemu::OUT_PORT,
+                cgroups.name(),
                 if debug() { "1" } else { "" }
             ),
         )?;

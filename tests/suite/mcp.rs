@@ -1,0 +1,510 @@
+//! The MCP server driven by the official MCP Python SDK client (the `mcp` package, in the
+//! venv `cargo xtask test` makes): `codecage mcp` over stdio, and `/mcp` on `codecage
+//! serve` over streamable HTTP. Each plan runs in one client connection; the host is
+//! checked after each test (the stdio server closes its sessions when the client goes).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use super::common::*;
+use super::image::image_test;
+use super::server::Server;
+
+/// The venv's python with the `mcp` package, or why there is none.
+fn mcp_python() -> Result<PathBuf, String> {
+    let path = std::env::var_os("CODECAGE_MCP_PYTHON").map_or_else(
+        || PathBuf::from("/var/cache/codecage/mcp-client/bin/python"),
+        PathBuf::from,
+    );
+    let ok = Command::new(&path)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the MCP Python SDK client ({} with the `mcp` package; `cargo xtask test` installs it)",
+            path.display()
+        ))
+    }
+}
+
+/// An MCP test: root, the built image (the tools run pandas, matplotlib, TypeScript) and
+/// the SDK client.
+fn mcp_test(test: impl FnOnce(&PathBuf)) {
+    image_test(|_| match mcp_python() {
+        Ok(python) => test(&python),
+        Err(why) => unavailable(&why),
+    });
+}
+
+/// Runs `steps` in one connection; one JSON value per step.
+fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
+    let dir = TempDir::new("mcp");
+    let plan = dir.path().join("plan.json");
+    let pidfile = dir.path().join("server.pid");
+    if transport.get("stdio").is_some() {
+        transport["env"] = json!({"PIDFILE": pidfile});
+    }
+    std::fs::write(
+        &plan,
+        json!({"transport": transport, "steps": steps}).to_string(),
+    )
+    .unwrap();
+    let driver = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/suite/scripts/mcp_driver.py"
+    );
+    let out = Command::new(python).arg(driver).arg(&plan).launch_output();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the MCP client failed: {stderr}\n{stdout}"
+    );
+    if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+        super::host::note_launcher(pid.trim().parse().unwrap());
+    }
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// `codecage mcp ARGS` as the client starts it; the server's pid goes to a file the
+/// harness reads (its cgroups are named after it).
+fn stdio(args: &[&str]) -> Value {
+    let command = format!(
+        "echo $$ > \"$PIDFILE\"; exec {} mcp {}",
+        env!("CARGO_BIN_EXE_codecage"),
+        args.join(" ")
+    );
+    json!({"stdio": ["bash", "-c", command]})
+}
+
+fn text(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "text")
+        .map(|b| b["text"].as_str().unwrap_or_default())
+        .collect()
+}
+
+fn is_error(result: &Value) -> bool {
+    result["isError"] == true
+}
+
+fn blocks<'a>(result: &'a Value, kind: &str) -> Vec<&'a Value> {
+    result["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == kind)
+        .collect()
+}
+
+/// The width and height in a PNG's header.
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    let be = |i: usize| u32::from_be_bytes([png[i], png[i + 1], png[i + 2], png[i + 3]]);
+    (be(16), be(20))
+}
+
+fn tool(name: &str, args: Value) -> Value {
+    json!({"tool": name, "args": args})
+}
+
+#[test]
+fn over_stdio_the_tools_keep_state_and_return_what_a_model_can_use() {
+    mcp_test(|python| {
+        let steps = json!([
+            {"list_tools": true},
+            tool("execute_python", json!({"code": "x = 1"})),
+            tool("execute_python", json!({"code": "x + 1"})),
+            tool("reset_repl", json!({})),
+            tool("execute_python", json!({"code": "x"})),
+            tool("execute_python", json!({"code": "import matplotlib.pyplot as plt\nplt.figure(figsize=(8, 4))\nplt.plot([1, 3, 2])\nplt.show()"})),
+            tool("execute_shell", json!({"command": "cd /tmp && printf 'b\\na\\nb\\n' | sort | uniq -c | sort -rn | head -1"})),
+            tool("execute_shell", json!({"command": "pwd; false"})),
+            tool("execute_node", json!({"code": "const greeting: string = 'hi'; let n = 41"})),
+            tool("execute_node", json!({"code": "`${greeting} ${n + 1}`"})),
+            tool("execute_python", json!({"code": "print('x' * 40000)"})),
+            tool("execute_python", json!({"code": "1/0"})),
+        ]);
+        let results = drive(python, stdio(&["--image-max-edge", "300"]), steps);
+        // The tools, with their schemas and descriptions that give the limits.
+        let tools = results[0]["tools"].as_array().unwrap();
+        let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+        for name in [
+            "execute_python",
+            "execute_node",
+            "execute_shell",
+            "reset_repl",
+            "list_files",
+            "read_file",
+            "write_file",
+            "create_session",
+            "close_session",
+        ] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+        for t in tools {
+            assert!(t.get("outputSchema").is_none(), "{t}");
+            assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+        }
+        let python_tool = tools
+            .iter()
+            .find(|t| t["name"] == "execute_python")
+            .unwrap();
+        assert_eq!(python_tool["inputSchema"]["required"], json!(["code"]));
+        let description = python_tool["description"].as_str().unwrap();
+        assert!(
+            description.contains("30s") && description.contains("persist"),
+            "{description}"
+        );
+        let shell_tool = tools.iter().find(|t| t["name"] == "execute_shell").unwrap();
+        assert_eq!(shell_tool["inputSchema"]["required"], json!(["command"]));
+        // State, reset.
+        assert!(!is_error(&results[1]), "{}", results[1]);
+        assert_eq!(text(&results[2]), "[result]\n2\n", "{}", results[2]);
+        assert!(!is_error(&results[3]), "{}", results[3]);
+        assert!(
+            is_error(&results[4]) && text(&results[4]).contains("NameError"),
+            "{}",
+            results[4]
+        );
+        // The figure: an image block, a PNG downscaled to the edge.
+        let images = blocks(&results[5], "image");
+        assert_eq!(images.len(), 1, "{}", results[5]);
+        assert_eq!(images[0]["mimeType"], "image/png");
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(images[0]["data"].as_str().unwrap())
+            .unwrap();
+        let (w, h) = png_size(&png);
+        assert!(w.max(h) <= 300 && w == 300, "{w}x{h}");
+        assert!(results[5].get("structuredContent").is_none());
+        // The shell: a pipeline, cd kept, a failing status is an error.
+        assert_eq!(text(&results[6]).trim(), "2 b", "{}", results[6]);
+        assert!(text(&results[7]).starts_with("/tmp\n"), "{}", results[7]);
+        assert!(is_error(&results[7]) && text(&results[7]).contains("[exit status 1]"));
+        // Node with TypeScript keeps its variables.
+        assert!(!is_error(&results[8]), "{}", results[8]);
+        assert!(text(&results[9]).contains("hi 42"), "{}", results[9]);
+        // Long output: head and tail in the text, all of it behind a resource link.
+        let long = text(&results[10]);
+        assert!(
+            long.len() < 25_000 && long.contains("bytes cut"),
+            "{}",
+            long.len()
+        );
+        let links = blocks(&results[10], "resource_link");
+        assert_eq!(links.len(), 2, "{}", results[10]);
+        // An exception: the name, value and traceback, isError.
+        let e = text(&results[11]);
+        assert!(is_error(&results[11]));
+        assert!(
+            e.contains("ZeroDivisionError: division by zero") && e.contains("Traceback"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn timeouts_oom_cancellation_and_progress() {
+    mcp_test(|python| {
+        let steps = json!([
+            tool("execute_python", json!({"code": "kept = 'yes'"})),
+            tool("execute_python", json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout": 1})),
+            tool("execute_python", json!({"code": "kept"})),
+            tool("execute_python", json!({"code": "x = bytearray(2 << 30)"})),
+            tool("execute_python", json!({"code": "kept = 'again'\nprint('after', 6 * 7)"})),
+            {"tool": "execute_python", "args": {"code": "import time\nfor i in range(30):\n    print('tick', i, flush=True)\n    time.sleep(0.1)"}, "progress": true},
+            {"tool": "execute_python", "args": {"code": "import time\nwhile True: time.sleep(0.1)"}, "cancel_after": 1.5},
+            tool("execute_python", json!({"code": "kept"})),
+            tool("execute_python", json!({"code": "1", "timeout": 100000})),
+        ]);
+        let results = drive(python, stdio(&[]), steps);
+        // A timeout: the output so far, isError, and the state kept.
+        let t = text(&results[1]);
+        assert!(is_error(&results[1]), "{}", results[1]);
+        assert!(
+            t.contains("started") && t.contains("[error: timeout]"),
+            "{t}"
+        );
+        assert!(t.contains("[state: preserved"), "{t}");
+        assert!(text(&results[2]).contains("'yes'"), "{}", results[2]);
+        // A memory bomb: oom, and the next call works.
+        assert!(is_error(&results[3]), "{}", results[3]);
+        assert!(text(&results[3]).contains("[error: oom]"), "{}", results[3]);
+        assert!(text(&results[3]).contains("restarted"), "{}", results[3]);
+        assert_eq!(text(&results[4]), "after 42\n", "{}", results[4]);
+        // Progress while a call runs, with the output so far.
+        let progress = results[5]["progress"].as_array().unwrap();
+        assert!(progress.len() >= 2, "{}", results[5]);
+        assert!(
+            progress
+                .iter()
+                .any(|p| p["message"].as_str().unwrap_or("").contains("tick")),
+            "{progress:?}"
+        );
+        // Cancelled by the client: interrupted like a timeout, the state kept.
+        assert_eq!(results[6]["cancelled"], true, "{}", results[6]);
+        assert!(text(&results[7]).contains("'again'"), "{}", results[7]);
+        // Above the profile's maximum: a policy error, as a tool result.
+        assert!(
+            is_error(&results[8]) && text(&results[8]).contains("[policy]"),
+            "{}",
+            results[8]
+        );
+    });
+}
+
+#[test]
+fn files_go_in_and_come_back_as_images_text_and_links() {
+    mcp_test(|python| {
+        let csv = "city,temp\nOslo,4\nLima,19\n";
+        let steps = json!([
+            tool(
+                "write_file",
+                json!({"path": "data/temps.csv", "content": csv})
+            ),
+            tool(
+                "write_file",
+                json!({"path": "/work/raw.bin", "content": "AAEC", "encoding": "base64"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "import os, pandas as pd\nos.makedirs('out', exist_ok=True)\ndf = pd.read_csv('data/temps.csv')\ndf['f'] = df.temp * 9 / 5 + 32\ndf.to_csv('out/temps_f.csv', index=False)\nimport matplotlib.pyplot as plt\nplt.bar(df.city, df.temp); plt.savefig('out/bars.png')\nlen(df)"})
+            ),
+            tool("list_files", json!({"path": "out"})),
+            tool("read_file", json!({"path": "out/temps_f.csv"})),
+            tool("read_file", json!({"path": "out/bars.png"})),
+            tool("read_file", json!({"path": "raw.bin"})),
+            tool("read_file", json!({"path": "../etc/passwd"})),
+            tool(
+                "execute_python",
+                json!({"code": "1", "session_id": "0123456789abcdef"})
+            ),
+        ]);
+        let results = drive(python, stdio(&[]), steps);
+        assert!(
+            !is_error(&results[0]) && !is_error(&results[1]),
+            "{results:?}"
+        );
+        let call = &results[2];
+        assert!(text(call).contains("[result]\n2\n"), "{call}");
+        let links: Vec<&str> = blocks(call, "resource_link")
+            .iter()
+            .map(|l| l["uri"].as_str().unwrap())
+            .collect();
+        assert_eq!(links.len(), 2, "{call}");
+        assert!(
+            links.iter().any(|u| u.ends_with("/files/out/temps_f.csv")),
+            "{links:?}"
+        );
+        let listing = text(&results[3]);
+        assert!(
+            listing.contains("bars.png") && listing.contains("temps_f.csv"),
+            "{listing}"
+        );
+        assert_eq!(
+            text(&results[4]),
+            "city,temp,f\nOslo,4,39.2\nLima,19,66.2\n",
+            "{}",
+            results[4]
+        );
+        let image = blocks(&results[5], "image");
+        assert_eq!(image.len(), 1, "{}", results[5]);
+        let resource = blocks(&results[6], "resource");
+        assert_eq!(resource.len(), 1, "{}", results[6]);
+        assert_eq!(resource[0]["resource"]["blob"], "AAEC");
+        assert!(
+            is_error(&results[7]) && text(&results[7]).contains(".."),
+            "{}",
+            results[7]
+        );
+        // An unknown session id is a tool error that says so.
+        assert!(is_error(&results[8]), "{}", results[8]);
+        assert!(
+            text(&results[8]).contains("create_session"),
+            "{}",
+            results[8]
+        );
+    });
+}
+
+#[test]
+fn over_http_sessions_are_explicit_and_the_token_is_needed() {
+    mcp_test(|python| {
+        let server = Server::start("", true);
+        let address = server.tcp_address();
+        let url = format!("http://{address}/mcp");
+        // Without the token: refused before anything runs.
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-X",
+                "POST",
+                "-H",
+            ])
+            .arg("Content-Type: application/json")
+            .args(["-d", r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#])
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
+        let results = drive(
+            python,
+            json!({"http": url, "token": null}),
+            json!([tool("execute_python", json!({"code": "1"}))]),
+        );
+        assert!(
+            results.is_empty() || results[0].get("exception").is_some(),
+            "{results:?}"
+        );
+        let token = super::server::TOKEN;
+        let results = drive(
+            python,
+            json!({"http": url, "token": token}),
+            json!([
+                tool("execute_python", json!({"code": "y = 5\nprint(y)"})),
+                tool("execute_python", json!({"code": "y"})),
+                tool("create_session", json!({"language": "python"})),
+            ]),
+        );
+        // Without a session: a fresh sandbox each call.
+        assert_eq!(text(&results[0]), "5\n", "{}", results[0]);
+        assert!(
+            is_error(&results[1]) && text(&results[1]).contains("NameError"),
+            "{}",
+            results[1]
+        );
+        let created = text(&results[2]);
+        let id = created
+            .lines()
+            .find_map(|l| l.strip_prefix("session_id: "))
+            .unwrap_or_else(|| panic!("{created}"))
+            .to_string();
+        // The session lives across connections (requests), by id.
+        let results = drive(
+            python,
+            json!({"http": url, "token": token}),
+            json!([
+                tool("execute_python", json!({"code": "z = 6", "session_id": id})),
+                tool("execute_python", json!({"code": "z * 7", "session_id": id})),
+                tool(
+                    "write_file",
+                    json!({"path": "n.txt", "content": "7", "session_id": id})
+                ),
+                tool("read_file", json!({"path": "n.txt", "session_id": id})),
+                tool("list_files", json!({})),
+                tool("close_session", json!({"session_id": id})),
+                tool("execute_python", json!({"code": "z", "session_id": id})),
+            ]),
+        );
+        assert_eq!(text(&results[1]), "[result]\n42\n", "{}", results[1]);
+        assert_eq!(text(&results[3]), "7", "{}", results[3]);
+        assert!(
+            is_error(&results[4]) && text(&results[4]).contains("session_id"),
+            "{}",
+            results[4]
+        );
+        assert!(!is_error(&results[5]), "{}", results[5]);
+        assert!(is_error(&results[6]), "{}", results[6]);
+        let gone = text(&results[6]);
+        assert!(
+            gone.contains(&id) && gone.contains("create_session"),
+            "{gone}"
+        );
+        server.stop();
+    });
+}
+
+/// A dozen calls as a model would issue them for one task: look around, load data,
+/// compute, plot, check with the shell, fix an error, read the result back.
+#[test]
+fn a_scripted_agent_loop_runs_end_to_end() {
+    mcp_test(|python| {
+        let steps = json!([
+            tool(
+                "execute_shell",
+                json!({"command": "ls -la /work && python3 --version"})
+            ),
+            tool(
+                "write_file",
+                json!({"path": "sales.csv", "content": "month,units\n1,10\n2,14\n3,9\n4,21\n"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.describe()"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "df['units'].sum() / len(df.month)"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "df.plot(x='month', y='unit')"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "import matplotlib.pyplot as plt\nax = df.plot(x='month', y='units')\nplt.show()"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "import os\nos.makedirs('out', exist_ok=True)\ndf.assign(cum=df.units.cumsum()).to_csv('out/cum.csv', index=False)"})
+            ),
+            tool(
+                "execute_shell",
+                json!({"command": "wc -l < /work/sales.csv"})
+            ),
+            tool("list_files", json!({"path": "out"})),
+            tool("read_file", json!({"path": "out/cum.csv"})),
+            tool(
+                "execute_node",
+                json!({"code": "const rows = [10, 14, 9, 21]; rows.reduce((a, b) => a + b, 0)"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "print(f'total {df.units.sum()}')"})
+            ),
+        ]);
+        let results = drive(python, stdio(&[]), steps);
+        assert_eq!(results.len(), 12);
+        assert!(text(&results[0]).contains("Python 3"), "{}", results[0]);
+        assert!(text(&results[2]).contains("mean"), "{}", results[2]);
+        assert!(text(&results[3]).contains("13.5"), "{}", results[3]);
+        assert!(
+            is_error(&results[4]) && text(&results[4]).contains("KeyError"),
+            "{}",
+            results[4]
+        );
+        assert_eq!(blocks(&results[5], "image").len(), 1, "{}", results[5]);
+        assert_eq!(
+            blocks(&results[6], "resource_link").len(),
+            1,
+            "{}",
+            results[6]
+        );
+        // The shell's /work is its own sandbox's: the file is not there.
+        assert!(is_error(&results[7]), "{}", results[7]);
+        assert!(text(&results[8]).contains("cum.csv"));
+        assert!(
+            text(&results[9]).starts_with("month,units,cum\n1,10,10\n"),
+            "{}",
+            results[9]
+        );
+        assert!(text(&results[10]).contains("54"), "{}", results[10]);
+        assert_eq!(text(&results[11]), "total 54\n");
+    });
+}
