@@ -503,8 +503,9 @@ const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 /// A detached, read-only, nosuid, nodev, private copy of the mount tree at the directory
 /// `dir` (open_tree with OPEN_TREE_CLONE and AT_RECURSIVE, Linux 5.2, then mount_setattr
 /// on every mount of it, Linux 5.12). Closing the fd unmounts the copy unless
-/// [`move_mount_here`] attached it somewhere first.
-pub fn clone_tree_readonly(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+/// [`move_mount_here`] attached it somewhere first. Before 5.12 the copy is returned as it
+/// is (the second value is false), and whoever attaches it must make it read-only.
+pub fn clone_tree_readonly(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, bool)> {
     // SAFETY: an empty path with AT_EMPTY_PATH names `dir` itself; the result is checked.
     let ret = unsafe {
         libc::syscall(
@@ -540,9 +541,13 @@ pub fn clone_tree_readonly(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         )
     };
     if ret < 0 {
-        return Err(io::Error::last_os_error());
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOSYS) {
+            return Ok((tree, false));
+        }
+        return Err(err);
     }
-    Ok(tree)
+    Ok((tree, true))
 }
 
 /// Attaches the detached mount tree `tree` at `target` (move_mount, Linux 5.2).

@@ -533,7 +533,11 @@ fn open_volumes(spec: &SandboxSpec) -> Result<Vec<OwnedFd>, String> {
                 None => crate::caller::open_dir(&volume.source),
             }
             .map_err(failed)?;
-            sys::clone_tree_readonly(dir.as_fd()).map_err(failed)
+            // Read-only here where the kernel has mount_setattr (5.12); the init makes every
+            // mount of an attached tree read-only again in any case.
+            sys::clone_tree_readonly(dir.as_fd())
+                .map(|(tree, _)| tree)
+                .map_err(failed)
         })
         .collect()
 }

@@ -432,7 +432,7 @@ pub(super) fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
 /// remount with MS_BIND|MS_REMOUNT applies them (mount(2)). Flags the kernel locked when it copied the host's
 /// mount into our user namespace must be kept, or the remount fails with EPERM
 /// (mount_namespaces(7), "locked mounts"); atime flags are preserved by a remount anyway.
-fn remount_readonly(path: &Path) -> nix::Result<()> {
+pub(super) fn remount_readonly(path: &Path) -> nix::Result<()> {
     let current = statvfs(path)?.flags();
     let mut flags = MsFlags::MS_BIND
         | MsFlags::MS_REMOUNT

@@ -6,9 +6,10 @@
 //! detached tree to the init with the spec. The init then, on /work's tmpfs, before
 //! pivot_root:
 //!
-//! - `:ro`: attaches the tree at the target (move_mount). Its mounts belong to the
-//!   launcher's user namespace and were made read-only there, so neither the payload nor
-//!   anything in the sandbox can make them writable; the payload cannot mount anyway.
+//! - `:ro`: attaches the tree at the target (move_mount), makes it private, and remounts
+//!   every mount of it read-only, nosuid and nodev (the launcher made them so already with
+//!   mount_setattr where the kernel has it, 5.12; before that this is what holds). The
+//!   payload cannot mount, so nothing in the sandbox makes them writable again.
 //! - `:copy`: copies the tree into the target, walking it with openat and O_NOFOLLOW from
 //!   the tree's own fd, so no symlink is ever followed on the host's side: a symlink is
 //!   copied as a link, which resolves inside the sandbox. Regular files keep their
@@ -25,7 +26,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -55,15 +56,13 @@ pub fn apply(
             SetupError::io(step, &e, format!("creating {}", volume.target.display()))
         })?;
         match volume.mode {
-            VolumeMode::ReadOnly => {
-                crate::sys::move_mount_here(tree.as_fd(), &target).map_err(|e| {
-                    SetupError::io(
-                        step,
-                        &e,
-                        format!("attaching the volume {} read-only", volume.target.display()),
-                    )
-                })?
-            }
+            VolumeMode::ReadOnly => attach_readonly(tree, &target).map_err(|e| {
+                SetupError::io(
+                    step,
+                    &e,
+                    format!("attaching the volume {} read-only", volume.target.display()),
+                )
+            })?,
             VolumeMode::Copy => copy_dir(tree.as_fd(), &target, Path::new("")).map_err(|e| {
                 let (errno, path, err) = (e.error.raw_os_error(), e.path, e.error);
                 let shown = volume.target.join(&path);
@@ -90,6 +89,62 @@ pub fn apply(
         }
     }
     Ok(())
+}
+
+/// Attaches a volume's tree at `target`, then makes it private and every mount of it
+/// read-only, nosuid and nodev from here too: the launcher did so already where the kernel
+/// has mount_setattr (5.12), and this holds on older kernels.
+fn attach_readonly(tree: OwnedFd, target: &Path) -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    crate::sys::move_mount_here(tree.as_fd(), target)?;
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    for mount_point in mounts_at_or_under(target)? {
+        super::mount::remount_readonly(&mount_point)?;
+    }
+    Ok(())
+}
+
+/// The mount points at `dir` or below it, from /proc/self/mountinfo (parents first).
+fn mounts_at_or_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let table = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut points: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape_mountinfo(field)))
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| p.components().count());
+    points.dedup();
+    Ok(points)
+}
+
+/// mountinfo writes space, tab, newline and backslash in a path as `\ooo` (octal).
+fn unescape_mountinfo(field: &str) -> std::ffi::OsString {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    std::ffi::OsString::from_vec(out)
 }
 
 /// Creates the directories of `rel` under `work` that do not exist yet, for the sandbox
@@ -214,4 +269,21 @@ fn finish(path: &Path, st: &FileStat) -> io::Result<()> {
         nix::sys::stat::UtimensatFlags::NoFollowSymlink,
     )
     .map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(
+            unescape_mountinfo(r"/tmp/a\040b\011c\134d"),
+            std::ffi::OsString::from("/tmp/a b\tc\\d")
+        );
+        assert_eq!(
+            unescape_mountinfo(r"/x\04"),
+            std::ffi::OsString::from(r"/x\04")
+        );
+    }
 }

@@ -456,3 +456,37 @@ fn a_sparse_file_may_be_larger_than_its_tmpfs() {
         );
     });
 }
+
+/// A mount inside a read-only volume is read-only too (the launcher's recursive
+/// mount_setattr, and the init's remount of every mount of the tree on kernels without it).
+#[test]
+fn mounts_inside_a_read_only_volume_are_read_only_too() {
+    as_root(|| {
+        use nix::mount::{mount, umount2, MntFlags, MsFlags};
+        let project = TempDir::new("nested");
+        let inner = project.path().join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        mount(
+            Some("tmpfs"),
+            &inner,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("size=1m,mode=0777"),
+        )
+        .unwrap();
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = umount2(self.0, MntFlags::MNT_DETACH);
+            }
+        }
+        let _unmount = Unmount(&inner);
+        let volume = format!("{}:/work/src", project.path().display());
+        let run = bash(
+            &["-v", &volume],
+            "touch /work/src/inner/x 2>&1 | sed 's/.*: //'; grep -c ' /work/src/inner ro,' /proc/self/mountinfo",
+        );
+        assert_eq!(run.stdout(), "Read-only file system\n1\n", "{}", run.json);
+        assert!(!inner.join("x").exists());
+    });
+}
