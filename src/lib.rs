@@ -22,6 +22,7 @@ mod drivers;
 mod ids;
 pub mod knobs;
 pub mod launcher;
+pub mod network;
 pub mod outcome;
 pub mod profile;
 #[cfg(test)]

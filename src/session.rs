@@ -269,6 +269,7 @@ impl Session {
         }
         self.conclude(call_state, timeout, &mut result);
         result.outcome.duration = start.elapsed();
+        result.outcome.network = self.sandbox.take_network();
         result
     }
 

@@ -162,6 +162,9 @@ pub struct RunRequest {
     /// Environment variables to add (not PATH or LD_*).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The network mode: none, restricted or full, no looser than the profile's.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub network: Option<codecage::network::Mode>,
     /// The limits, as in the profile: timeout, memory, cpus, pids, output_limit,
     /// tmp_size, work_size (a number, or a string with a unit: "30s", "256M").
     #[serde(flatten)]
@@ -179,6 +182,9 @@ pub struct SessionRequest {
     pub profile: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The network mode, as in `POST /v1/run`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub network: Option<codecage::network::Mode>,
     /// The limits, as in `POST /v1/run`; `timeout` and `output_limit` are each call's.
     #[serde(flatten)]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
@@ -345,8 +351,10 @@ async fn run(
         knobs,
         rootfs: None,
         env: body.env.into_iter().collect(),
+        network: body.network,
     };
     let mut spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
+    network_allowed(&state, spec.sandbox.network.mode)?;
     spec.exec.stdin = body.stdin.map(String::into_bytes);
     let _permit = room(&state.sandboxes, &state, "sandboxes").await?;
     let canceller = state.canceller.clone();
@@ -359,6 +367,12 @@ async fn run(
     outcome.phases = None;
     log_call(&caller, "run", body.language, None, &outcome);
     Ok(Json(outcome))
+}
+
+/// Network mode `full` only where the server's config enables it: 403 otherwise.
+fn network_allowed(state: &Shared, mode: codecage::network::Mode) -> Result<(), ApiError> {
+    crate::gateway::Gateway::check_mode(&state.config.network, mode)
+        .map_err(|m| ApiError::new(StatusCode::FORBIDDEN, "policy", m))
 }
 
 fn new_id() -> String {
@@ -403,9 +417,11 @@ async fn create_session(
         argv: Some(vec!["true".into()]),
         knobs,
         env: body.env.into_iter().collect(),
+        network: body.network,
         ..PolicyRequest::default()
     };
     let spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
+    network_allowed(&state, spec.sandbox.network.mode)?;
     let session_spec = SessionSpec {
         sandbox: spec.sandbox,
         lang: body.language,

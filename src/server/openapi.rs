@@ -317,6 +317,7 @@ const OUTCOME_FIELDS: &[(&str, Type, bool, &str)] = &[
     ("oom_kills", Type::Integer, false, "processes the OOM killer killed"),
     ("landlock_abi", Type::Integer, true, "the kernel's landlock ABI"),
     ("skipped_layers", Type::Array, false, "hardening not applied: {layer, feature, reason, covered_by}"),
+    ("network", Type::Array, false, "connections through the network gateway, allowed and denied: {protocol, host, port, verdict (allowed, denied, failed), reason, count, bytes_out, bytes_in}"),
 ];
 
 const CALL_FIELDS: &[(&str, Type, bool, &str)] = &[

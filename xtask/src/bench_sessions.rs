@@ -195,9 +195,7 @@ pub fn table(codecage: &str, work: &Path, density: usize, out: &mut String) -> R
     let cli_python = cli(&python, "1+1")?;
     let cli_bash = cli(&bash, "true")?;
     let bare = median_ms(time_process(
-        &["/usr/bin/python3", "-c", "pass"]
-            .map(String::from)
-            .to_vec(),
+        &["/usr/bin/python3", "-c", "pass"].map(String::from),
         CALLS / 2,
     )?);
     // An idle session's memory: what its cgroup adds, created alone.
