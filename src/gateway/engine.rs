@@ -35,7 +35,7 @@ use super::upstream::Upstream;
 /// How long the gateway waits for the first bytes that name the destination.
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a DNS flow is kept waiting for another question.
-const DNS_IDLE: Duration = Duration::from_secs(2);
+const DNS_IDLE: Duration = Duration::from_millis(500);
 /// The TTL of the gateway's answers (the mapping never changes during a sandbox's life).
 const DNS_TTL: u32 = 300;
 
@@ -114,6 +114,9 @@ impl Engine {
         let mut tcp = ipstack::TcpConfig::default();
         // The stack's own idle timeout only backs up ours.
         tcp.timeout = self.inner.limits.idle + Duration::from_secs(5);
+        // The link is local and loses nothing: no stray segment can come late, so a closed
+        // connection need not linger (and hold its place under max_connections).
+        tcp.two_msl = Duration::from_millis(100);
         tcp.max_unacked_bytes = 1 << 20;
         tcp.read_buffer_size = 256 * 1024;
         config.with_tcp_config(tcp);
@@ -262,7 +265,8 @@ impl Inner {
         if refused {
             // The stack has completed the handshake already; a FIN tells the program at
             // once (dropping the stream alone would leave it waiting for its timeout).
-            let _ = tokio::time::timeout(Duration::from_secs(1), flow.shutdown()).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), forward::shutdown(&mut flow)).await;
         }
     }
 
@@ -464,7 +468,7 @@ impl Inner {
         }
         loop {
             let mut len = [0u8; 2];
-            let read = tokio::time::timeout(DNS_IDLE * 5, flow.read_exact(&mut len)).await;
+            let read = tokio::time::timeout(DNS_IDLE * 20, flow.read_exact(&mut len)).await;
             if !matches!(read, Ok(Ok(_))) {
                 return true;
             }

@@ -120,18 +120,32 @@ where
         let n = match from.read(&mut buf).await {
             Ok(n) => n,
             Err(e) => {
-                let _ = to.shutdown().await;
+                shutdown(to).await;
                 return Err(e);
             }
         };
         if n == 0 {
-            let _ = to.shutdown().await;
+            shutdown(to).await;
             return Ok(());
         }
         bucket.spend(n).await;
         to.write_all(&buf[..n]).await?;
         counter.fetch_add(n as u64, Ordering::Relaxed);
         touch();
+    }
+}
+
+/// Closes `to`'s sending side, polling again until it is done: the stack sends its FIN
+/// only once everything written is acknowledged, and does not wake a shutdown that was
+/// polled before that (ipstack 1.0), so each poll is a new attempt.
+pub async fn shutdown<W: AsyncWrite + Unpin>(to: &mut W) {
+    for _ in 0..400 {
+        if tokio::time::timeout(Duration::from_millis(25), to.shutdown())
+            .await
+            .is_ok()
+        {
+            return;
+        }
     }
 }
 

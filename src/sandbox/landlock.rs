@@ -4,11 +4,11 @@
 //!
 //! - read and execute everywhere under `/`;
 //! - read and write in `/tmp`, `/work` and `/dev/shm`, and on the harmless devices;
-//! - TCP (ABI 4): in network mode `none`, no bind or connect at all; in `restricted`,
-//!   connect only to the ports the gateway serves for the profile (its allowed ports, the
-//!   ports of `host:port` rules, DNS, the package indexes), bind anywhere (nothing can reach
-//!   a listener: the gateway carries only connections the sandbox opens); in `full`, not
-//!   handled (the gateway decides every connection);
+//! - TCP (ABI 4): in network mode `none`, no bind or connect; in `restricted`, connect only to the
+//!   ports the gateway serves for the profile (its allowed ports, the ports of `host:port`
+//!   rules, DNS, the package indexes), bind anywhere (nothing can reach a listener: the
+//!   gateway carries only connections the sandbox opens); in `full`, not handled (the
+//!   gateway decides every connection);
 //! - no abstract unix sockets or signals beyond the sandbox's own domain (ABI 6).
 //!
 //! Each ABI after the first adds a feature another layer already covers ([`FEATURES`]), so

@@ -12,6 +12,7 @@ mod isolation;
 mod kmem;
 mod library;
 mod limits;
+mod network;
 mod portability;
 mod profiles;
 mod server;
