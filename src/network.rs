@@ -149,6 +149,20 @@ impl NetworkSpec {
             .collect()
     }
 
+    /// The environment that points package managers at the gateway's index, when the
+    /// profile lists packages.
+    pub fn package_env(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if self.mode.has_gateway() && !self.python_packages.is_empty() {
+            env.push((
+                "PIP_INDEX_URL".into(),
+                format!("http://{GATEWAY_ADDR}/simple/"),
+            ));
+            env.push(("PIP_TRUSTED_HOST".into(), GATEWAY_ADDR.to_string()));
+        }
+        env
+    }
+
     /// The TCP ports landlock lets the payload connect to: in `restricted`, the allowed
     /// ports, the ports of `host:port` rules, DNS over TCP and the package indexes; in
     /// `none` and `full`, None (not handled: the namespace, or the gateway, decides).

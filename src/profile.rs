@@ -589,6 +589,9 @@ pub fn resolve(
         }
         spec.sandbox.network.mode = mode;
     }
+    for (key, value) in spec.sandbox.network.package_env() {
+        spec.set_env(&key, &value);
+    }
     spec.sandbox.landlock = profile.hardening.landlock;
     spec.sandbox.seccomp = profile.hardening.seccomp;
     spec.sandbox.cgroup = profile.hardening.cgroup;

@@ -23,23 +23,13 @@ pub struct GatewayConfig {
     /// The package index (PEP 503 simple API) that the gateway's index forwards allowed
     /// Python packages from. Default https://pypi.org/simple/.
     pub python_index: Option<String>,
-    /// The npm registry the gateway's registry forwards allowed packages from. Default
-    /// https://registry.npmjs.org/.
-    pub npm_registry: Option<String>,
 }
 
-#[allow(dead_code)] // Used by the package indexes.
 impl GatewayConfig {
     pub fn python_index(&self) -> &str {
         self.python_index
             .as_deref()
             .unwrap_or("https://pypi.org/simple/")
-    }
-
-    pub fn npm_registry(&self) -> &str {
-        self.npm_registry
-            .as_deref()
-            .unwrap_or("https://registry.npmjs.org/")
     }
 }
 

@@ -28,6 +28,7 @@ use super::config::GatewayConfig;
 use super::dns::{self, Answer};
 use super::forward::{self, Bucket, Limits};
 use super::log::Log;
+use super::packages::Index;
 use super::sniff::{self, Sniffed};
 use super::tun::TunDevice;
 use super::upstream::Upstream;
@@ -54,6 +55,8 @@ struct Inner {
     names: Mutex<Names>,
     limits: Limits,
     connections: Arc<Semaphore>,
+    /// The package index on the gateway's port 80, when the profile lists packages.
+    index: Option<Arc<Index>>,
 }
 
 /// The names the gateway's DNS has answered: each with the address it handed out and the
@@ -86,7 +89,16 @@ impl Engine {
         log: Arc<Log>,
     ) -> Engine {
         let idle = Duration::from_millis(spec.connection_idle_timeout_ms.max(1000));
+        let index = (!spec.python_packages.is_empty()).then(|| {
+            Arc::new(Index::new(
+                &spec.python_packages,
+                config.python_index(),
+                upstream.clone(),
+                log.clone(),
+            ))
+        });
         let inner = Inner {
+            index,
             rules: spec.host_rules(),
             ranges: spec.ranges(),
             limits: Limits {
@@ -261,6 +273,10 @@ impl Inner {
     }
 
     async fn tcp(&self, mut flow: IpStackTcpStream) {
+        let dst = flow.peer_addr();
+        if let (Some(index), true) = (&self.index, dst == SocketAddr::from((GATEWAY_ADDR, 80))) {
+            return index.clone().serve(flow).await;
+        }
         let refused = self.tcp_inner(&mut flow).await;
         if refused {
             // The stack has completed the handshake already; a FIN tells the program at

@@ -12,6 +12,7 @@ mod dns;
 mod engine;
 mod forward;
 mod log;
+mod packages;
 mod sniff;
 mod tun;
 mod upstream;

@@ -75,7 +75,7 @@ impl Internet {
         std::fs::write(
             d.join("config.toml"),
             format!(
-                "[network]\nhosts_file = {:?}\ndial_netns = {:?}\n",
+                "[network]\nhosts_file = {:?}\ndial_netns = {:?}\npython_index = \"http://{B}/simple/\"\n",
                 d.join("hosts"),
                 net.netns()
             ),
@@ -288,6 +288,37 @@ while True:
     data, peer = s.recvfrom(65536)
     with open(sys.argv[3], "ab") as f: f.write(data + b"\n")
     s.sendto(b"pong", peer)
+"#;
+
+/// Builds a PEP 503 index under DIR: tinyok (needing tinydep), tinydep, tinybad.
+const MAKE_INDEX: &str = r#"
+import base64, hashlib, os, sys, zipfile
+root = sys.argv[1]
+def wheel(name, deps=()):
+    fn = f"{name}-1.0-py3-none-any.whl"
+    os.makedirs(f"{root}/packages", exist_ok=True)
+    path = f"{root}/packages/{fn}"
+    meta = "Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n%s" % (name, "".join(f"Requires-Dist: {d}\n" for d in deps))
+    files = {
+        f"{name}/__init__.py": f"VALUE = {name!r}\n",
+        f"{name}-1.0.dist-info/METADATA": meta,
+        f"{name}-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for n, c in files.items():
+            z.writestr(n, c)
+            h = base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{n},sha256={h},{len(c)}")
+        record.append(f"{name}-1.0.dist-info/RECORD,,")
+        z.writestr(f"{name}-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    os.makedirs(f"{root}/simple/{name}", exist_ok=True)
+    with open(f"{root}/simple/{name}/index.html", "w") as f:
+        f.write(f'<!DOCTYPE html><html><body><a href="../../packages/{fn}#sha256={digest}">{fn}</a></body></html>\n')
+wheel("tinydep")
+wheel("tinyok", ["tinydep"])
+wheel("tinybad")
 "#;
 
 /// The network entries of a run for `host`.
@@ -720,5 +751,54 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
         );
         let status = server.wait().unwrap();
         assert!(status.success(), "{status}");
+    });
+}
+
+#[test]
+fn pip_installs_allowed_packages_from_the_gateways_index_and_nothing_else() {
+    as_root(|| {
+        let net = Internet::new();
+        sh(Command::new("/usr/bin/python3")
+            .args(["-c", MAKE_INDEX])
+            .arg(net.dir.path().join("b")));
+        let profile = net.profile("pip", "python_packages = [\"TinyOK\", \"tinydep\"]\n");
+        let script = format!(
+            "env | grep ^PIP_; \
+             /usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/ok tinyok >/dev/null 2>&1; \
+             PYTHONPATH=/tmp/ok /usr/bin/python3 -c 'import tinyok, tinydep; print(\"installed\", tinyok.VALUE, tinydep.VALUE)'; \
+             /usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/bad tinybad 2>&1 | grep -o 'No matching distribution found for tinybad'; \
+             echo direct $(curl -s -o /dev/null -w '%{{http_code}}' http://{B}/packages/tinybad-1.0-py3-none-any.whl); \
+             echo guessed $(curl -s -o /dev/null -w '%{{http_code}}' http://198.18.0.1/files/99/tinybad-1.0-py3-none-any.whl)"
+        );
+        let run = net.run(&profile, &["--timeout", "100s"], &["bash", "-c", &script]);
+        let out = run.stdout();
+        assert!(
+            out.contains("PIP_INDEX_URL=http://198.18.0.1/simple/"),
+            "{out}"
+        );
+        assert!(
+            out.contains("installed tinyok tinydep"),
+            "{out}\n{}",
+            run.json
+        );
+        assert!(
+            out.contains("No matching distribution found for tinybad"),
+            "{out}"
+        );
+        assert!(out.contains("direct 000"), "{out}");
+        assert!(out.contains("guessed 404"), "{out}");
+        let denied = entries(&run, "tinybad");
+        assert!(
+            denied.iter().any(|e| e["protocol"] == "pip"
+                && e["verdict"] == "denied"
+                && e["reason"].as_str().unwrap().contains("python_packages")),
+            "{}",
+            run.json["network"]
+        );
+        assert!(
+            !net.log("b.log").contains("tinybad"),
+            "{}",
+            net.log("b.log")
+        );
     });
 }
