@@ -34,6 +34,21 @@ impl Caller {
         Some(Caller { uid, gid, groups })
     }
 
+    /// Runs `f` on a thread of its own with this user's file-system credentials.
+    pub fn as_user<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        let caller = self.clone();
+        std::thread::spawn(move || {
+            crate::sys::become_fs_user(caller.uid, caller.gid, &caller.groups)
+                .map_err(|e| format!("cannot take the caller's credentials: {e}"))?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the thread acting for the caller panicked".into()))
+    }
+
     /// Reads `path` with this user's file-system credentials (on a thread of its own, whose
     /// credentials change alone), so a file the user cannot read is refused as it would be
     /// to them.

@@ -42,12 +42,20 @@ pub struct Answer {
     pub body: Vec<u8>,
 }
 
+/// What a request carries.
+pub enum Body {
+    None,
+    Json(serde_json::Value),
+    /// Raw bytes (a file upload), sent as application/octet-stream.
+    Bytes(Vec<u8>),
+}
+
 /// Sends one request and reads the whole answer. `token` goes in `Authorization: Bearer`.
 pub async fn request(
     server: &Server,
     method: &str,
     path: &str,
-    body: Option<&serde_json::Value>,
+    body: Body,
     token: Option<&str>,
 ) -> Result<Answer, String> {
     let unreachable = |e: &dyn std::fmt::Display| {
@@ -60,15 +68,19 @@ pub async fn request(
              --server / $CODECAGE_SERVER"
         )
     };
+    let (content_type, bytes) = match body {
+        Body::None => ("application/json", Vec::new()),
+        Body::Json(value) => ("application/json", value.to_string().into_bytes()),
+        Body::Bytes(bytes) => ("application/octet-stream", bytes),
+    };
     let mut builder = Request::builder()
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, "codecage")
-        .header(hyper::header::CONTENT_TYPE, "application/json");
+        .header(hyper::header::CONTENT_TYPE, content_type);
     if let Some(token) = token {
         builder = builder.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
     let request = builder
         .body(Full::new(Bytes::from(bytes)))
         .map_err(|e| e.to_string())?;

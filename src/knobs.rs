@@ -24,6 +24,10 @@ pub enum Knob {
     TmpSize,
     WorkSize,
     OutputFileSize,
+    OutputTotalSize,
+    OutputFiles,
+    InputFiles,
+    InputTotalSize,
     IdleTimeout,
     MaxDuration,
     MaxBandwidth,
@@ -49,6 +53,7 @@ pub enum Unit {
 pub enum Section {
     Limits,
     Filesystem,
+    Inputs,
     Outputs,
     Session,
     Network,
@@ -59,6 +64,7 @@ impl Section {
         match self {
             Section::Limits => "limits",
             Section::Filesystem => "filesystem",
+            Section::Inputs => "inputs",
             Section::Outputs => "outputs",
             Section::Session => "session",
             Section::Network => "network",
@@ -215,9 +221,57 @@ pub const KNOBS: &[Definition] = &[
         default: 5 * MIB,
         headroom: Headroom::ProfileOnly,
         min: 1,
+        max: 64 * MIB,
+        range_reason: "from 1 byte to 64M",
+        help: "Largest output file an agent may take back",
+    },
+    Definition {
+        knob: Knob::OutputTotalSize,
+        key: "max_total_size",
+        section: Section::Outputs,
+        unit: Unit::Size,
+        default: 50 * MIB,
+        headroom: Headroom::ProfileOnly,
+        min: 1,
         max: GIB,
         range_reason: "from 1 byte to 1G",
-        help: "Largest output file an agent may take back",
+        help: "Output files an agent may take back from one run or call, in all",
+    },
+    Definition {
+        knob: Knob::OutputFiles,
+        key: "max_files",
+        section: Section::Outputs,
+        unit: Unit::Count,
+        default: 1000,
+        headroom: Headroom::ProfileOnly,
+        min: 1,
+        max: 100_000,
+        range_reason: "from 1 to 100000",
+        help: "Output files taken back from one run or call, at most",
+    },
+    Definition {
+        knob: Knob::InputFiles,
+        key: "max_files",
+        section: Section::Inputs,
+        unit: Unit::Count,
+        default: 1000,
+        headroom: Headroom::ProfileOnly,
+        min: 1,
+        max: 100_000,
+        range_reason: "from 1 to 100000",
+        help: "Files a run or call may bring into /work, at most",
+    },
+    Definition {
+        knob: Knob::InputTotalSize,
+        key: "max_total_size",
+        section: Section::Inputs,
+        unit: Unit::Size,
+        default: 50 * MIB,
+        headroom: Headroom::ProfileOnly,
+        min: 1,
+        max: GIB,
+        range_reason: "from 1 byte to 1G",
+        help: "Files a run or call may bring into /work, in all",
     },
     Definition {
         knob: Knob::IdleTimeout,
@@ -304,9 +358,22 @@ impl Knob {
         matches!(self.def().headroom, Headroom::UpToMax(_)).then(|| format!("max_{}", self.key()))
     }
 
-    /// The knob whose profile key (or API field) is `key`.
+    /// The limit a request may set whose API field is `key` (keys of requestable knobs
+    /// are unique; other sections may reuse a key, see [`Knob::in_section_by_key`]).
     pub fn from_key(key: &str) -> Option<Knob> {
-        KNOBS.iter().find(|s| s.key == key).map(|s| s.knob)
+        KNOBS
+            .iter()
+            .find(|s| s.key == key && s.headroom != Headroom::ProfileOnly)
+            .or_else(|| KNOBS.iter().find(|s| s.key == key))
+            .map(|s| s.knob)
+    }
+
+    /// The knob of profile section `section` whose key is `key`.
+    pub fn in_section_by_key(section: Section, key: &str) -> Option<Knob> {
+        KNOBS
+            .iter()
+            .find(|s| s.section == section && s.key == key)
+            .map(|s| s.knob)
     }
 
     /// Whether a request may set it at all.
@@ -459,8 +526,15 @@ mod tests {
     #[test]
     fn every_knob_is_declared_once_with_a_default_in_range() {
         let mut seen = std::collections::BTreeSet::new();
+        let mut keys = std::collections::BTreeSet::new();
         for s in KNOBS {
             assert!(seen.insert(s.knob), "{:?} declared twice", s.knob);
+            assert!(
+                keys.insert((s.section.name(), s.key)),
+                "{} twice in [{}]",
+                s.key,
+                s.section.name()
+            );
             assert_eq!(s.knob.def().key, s.key);
             assert!(s.knob.check(s.default).is_ok(), "{}", s.key);
             if let Headroom::UpToMax(max) = s.headroom {

@@ -19,6 +19,7 @@ pub mod caller;
 mod cgroup;
 pub mod doctor;
 mod drivers;
+pub mod files;
 mod ids;
 pub mod knobs;
 pub mod launcher;

@@ -89,6 +89,10 @@ pub struct Outcome {
     /// and denied, by destination: `{protocol, host, port, verdict, reason, count,
     /// bytes_out, bytes_in}`. Empty in network mode `none`.
     pub network: Vec<crate::network::Connection>,
+    /// Output files taken back from the output directory.
+    pub files: Vec<crate::files::OutputFile>,
+    /// Files of the output directory not taken, and why.
+    pub files_skipped: Vec<crate::files::SkippedFile>,
     /// The init died without a word (killed from outside the sandbox's code): the launcher
     /// decides with the cgroup's counters whether the OOM killer did it.
     #[serde(skip)]

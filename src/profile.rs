@@ -34,8 +34,10 @@ pub struct Profile {
     pub maxes: Values,
     pub network: NetworkSection,
     pub env: BTreeMap<String, String>,
-    /// Extensions of the files under /work an agent may take back.
+    /// Extensions of the files an agent may take back.
     pub output_types: Vec<String>,
+    /// Where they are taken from: a directory under /work (`outputs.dir`).
+    pub output_dir: String,
     pub hardening: HardeningSection,
 }
 
@@ -147,7 +149,12 @@ pub struct HardeningSection {
     pub cgroup: LayerMode,
 }
 
-const DEFAULT_OUTPUT_TYPES: &[&str] = &["png", "jpg", "svg", "csv", "json", "txt", "md", "html"];
+const DEFAULT_OUTPUT_TYPES: &[&str] = &[
+    "png", "jpg", "jpeg", "gif", "svg", "csv", "tsv", "json", "txt", "md", "html", "pdf",
+    "parquet", "xlsx",
+];
+/// Where output files are taken from, by default.
+pub const DEFAULT_OUTPUT_DIR: &str = "/work/out";
 
 impl Default for Profile {
     fn default() -> Self {
@@ -161,6 +168,7 @@ impl Default for Profile {
             network: NetworkSection::default(),
             env: BTreeMap::new(),
             output_types: DEFAULT_OUTPUT_TYPES.iter().map(|t| t.to_string()).collect(),
+            output_dir: DEFAULT_OUTPUT_DIR.to_string(),
             hardening: HardeningSection::default(),
         }
     }
@@ -176,6 +184,7 @@ struct RawProfile {
     rootfs: Option<String>,
     limits: BTreeMap<String, Raw>,
     filesystem: BTreeMap<String, Raw>,
+    inputs: BTreeMap<String, Raw>,
     network: RawNetwork,
     env: BTreeMap<String, String>,
     outputs: BTreeMap<String, OutputsEntry>,
@@ -183,7 +192,7 @@ struct RawProfile {
     hardening: HardeningSection,
 }
 
-/// `[outputs]` holds a knob (`max_size`) and a list (`types`).
+/// `[outputs]` holds knobs (`max_size`, ...), a list (`types`) and a path (`dir`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 enum OutputsEntry {
@@ -204,6 +213,8 @@ impl From<Profile> for RawProfile {
         };
         raw.outputs
             .insert("types".into(), OutputsEntry::Types(p.output_types));
+        raw.outputs
+            .insert("dir".into(), OutputsEntry::Knob(Raw::Text(p.output_dir)));
         for knob in Knob::all() {
             let def = knob.def();
             let mut entries = vec![(knob.key().to_string(), p.values[&knob])];
@@ -215,6 +226,7 @@ impl From<Profile> for RawProfile {
                 match def.section {
                     Section::Limits => drop(raw.limits.insert(key, value)),
                     Section::Filesystem => drop(raw.filesystem.insert(key, value)),
+                    Section::Inputs => drop(raw.inputs.insert(key, value)),
                     Section::Session => drop(raw.session.insert(key, value)),
                     Section::Network => drop(raw.network.insert(
                         key,
@@ -247,6 +259,10 @@ impl RawProfile {
         for (key, entry) in self.outputs {
             match (key.as_str(), entry) {
                 ("types", OutputsEntry::Types(types)) => profile.output_types = types,
+                ("dir", OutputsEntry::Knob(Raw::Text(dir))) => profile.output_dir = dir,
+                ("dir", _) => {
+                    return Err("outputs.dir must be a path under /work, e.g. \"/work/out\"".into())
+                }
                 ("types", OutputsEntry::Knob(_)) => {
                     return Err(
                         "outputs.types must be a list of file extensions, e.g. [\"png\", \"csv\"]"
@@ -257,7 +273,7 @@ impl RawProfile {
                 (_, OutputsEntry::Types(_)) => {
                     return Err(format!(
                         "outputs.{key} is not a list: {}",
-                        section_keys(Section::Outputs, &["types"])
+                        section_keys(Section::Outputs, &["types", "dir"])
                     ))
                 }
             }
@@ -265,6 +281,7 @@ impl RawProfile {
         for (section, table) in [
             (Section::Limits, self.limits),
             (Section::Filesystem, self.filesystem),
+            (Section::Inputs, self.inputs),
             (Section::Outputs, outputs),
             (Section::Session, self.session),
             (Section::Network, network_knobs),
@@ -283,15 +300,16 @@ fn read_section(
     table: BTreeMap<String, Raw>,
 ) -> Result<(), String> {
     for (key, raw) in table {
-        let (knob, is_max) = match Knob::from_key(&key) {
-            Some(knob) if knob.def().section == section => (knob, false),
-            _ => match key.strip_prefix("max_").and_then(Knob::from_key) {
-                Some(knob) if knob.def().section == section && knob.max_key().is_some() => {
-                    (knob, true)
-                }
+        let (knob, is_max) = match Knob::in_section_by_key(section, &key) {
+            Some(knob) => (knob, false),
+            _ => match key
+                .strip_prefix("max_")
+                .and_then(|k| Knob::in_section_by_key(section, k))
+            {
+                Some(knob) if knob.max_key().is_some() => (knob, true),
                 _ => {
                     let extra: &[&str] = match section {
-                        Section::Outputs => &["types"],
+                        Section::Outputs => &["types", "dir"],
                         Section::Network => NETWORK_KEYS,
                         _ => &[],
                     };
@@ -377,6 +395,25 @@ impl Profile {
         }
     }
 
+    /// What may be taken back from runs and calls under this profile.
+    pub fn output_rules(&self) -> crate::files::OutputRules {
+        crate::files::OutputRules {
+            dir: self
+                .output_dir
+                .trim_start_matches("/work")
+                .trim_start_matches('/')
+                .to_string(),
+            types: self
+                .output_types
+                .iter()
+                .map(|t| t.to_ascii_lowercase())
+                .collect(),
+            max_file: self.value(Knob::OutputFileSize),
+            max_total: self.value(Knob::OutputTotalSize),
+            max_files: self.value(Knob::OutputFiles),
+        }
+    }
+
     /// A knob's value in this profile.
     pub fn value(&self, knob: Knob) -> u64 {
         self.values[&knob]
@@ -425,6 +462,26 @@ impl Profile {
             }
         }
         self.network_spec().validate()?;
+        let dir = std::path::Path::new(&self.output_dir);
+        let under_work = dir.strip_prefix("/work").is_ok_and(|rest| {
+            rest.components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        });
+        if !under_work || self.output_dir.contains('\0') {
+            return Err(format!(
+                "outputs.dir = {:?} is not a directory under /work: use e.g. \"/work/out\" (no \"..\")",
+                self.output_dir
+            ));
+        }
+        if let Some(t) = self
+            .output_types
+            .iter()
+            .find(|t| t.is_empty() || t.len() > 16 || !t.bytes().all(|b| b.is_ascii_alphanumeric()))
+        {
+            return Err(format!(
+                "outputs.types has {t:?}: give file extensions without the dot, e.g. \"png\""
+            ));
+        }
         if self.rootfs.is_empty() {
             return Err(
                 "rootfs is empty: use \"default\" (the built image), \"host\", or an absolute path"
@@ -482,6 +539,8 @@ pub struct Request {
     pub argv: Option<Vec<String>>,
     /// Knobs the request sets (each within its range; policy decides if it is allowed).
     pub knobs: Values,
+    /// Files to place in /work before the code runs.
+    pub files: Vec<crate::files::InputFile>,
     pub rootfs: Option<String>,
     pub env: Vec<(String, String)>,
     /// A network mode no looser than the profile's.
@@ -543,7 +602,25 @@ pub fn resolve(
         }
     };
     let mut spec = Spec::new(argv);
+    crate::files::check_inputs(
+        &request.files,
+        profile.value(Knob::InputFiles),
+        profile.value(Knob::InputTotalSize),
+    )
+    .map_err(PolicyError::Invalid)?;
+    if let Some(clash) = request
+        .files
+        .iter()
+        .find(|f| files.iter().any(|c| c.path == f.path))
+    {
+        return Err(PolicyError::Invalid(format!(
+            "file {:?}: that is where the code goes; give the file another name",
+            clash.path
+        )));
+    }
     spec.exec.files = files;
+    spec.exec.files.extend(request.files.iter().cloned());
+    spec.exec.outputs = Some(profile.output_rules());
     for knob in Knob::all() {
         let value = match request.knobs.get(&knob) {
             None => profile.value(knob),

@@ -128,4 +128,38 @@ proptest! {
         }
         prop_assert_eq!(got, sent);
     }
+
+    #[test]
+    fn an_accepted_file_path_stays_under_its_directory(
+        path in prop_oneof![
+            "[a-z./]{1,20}",
+            "(\\.\\./|/|\\./|[a-z]{1,3}/){0,5}[a-z.]{0,4}",
+            ".{0,30}",
+        ],
+    ) {
+        if crate::files::check_input_path(&path).is_ok() {
+            // Lexically under the directory: every component a plain name.
+            prop_assert!(!path.starts_with('/'));
+            for component in path.split('/') {
+                prop_assert!(!component.is_empty() && component != "." && component != "..");
+                prop_assert!(!component.chars().any(char::is_control));
+            }
+            // And written there, whatever it is: nothing appears beside the directory.
+            let base = std::env::temp_dir().join(format!("codecage-prop-{}", std::process::id()));
+            let dir = base.join("in");
+            let file = crate::files::OutputFile {
+                path: path.clone(),
+                size: 1,
+                media_type: String::new(),
+                sha256: String::new(),
+                data: Some(b"x".to_vec()),
+            };
+            let written = crate::files::save_under(&dir, &[file]);
+            let beside: Vec<_> = std::fs::read_dir(&base).unwrap().flatten().map(|e| e.file_name()).collect();
+            let _ = std::fs::remove_dir_all(&base);
+            prop_assert_eq!(beside, vec![std::ffi::OsString::from("in")]);
+            let written = written.map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(written[0].starts_with(&dir));
+        }
+    }
 }

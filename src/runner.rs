@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::WorkFile;
+use crate::files::InputFile;
 
 /// A language codecage runs code in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,7 +53,7 @@ impl Lang {
     }
 
     /// The program to run `code` with, and the file it is written to in /work.
-    pub fn program(self, code: &str) -> (Vec<String>, Vec<WorkFile>) {
+    pub fn program(self, code: &str) -> (Vec<String>, Vec<InputFile>) {
         let (file, argv): (&str, &[&str]) = match self {
             Lang::Python => ("main.py", &["python3", "main.py"]),
             // Node 18/20 decide CommonJS or ES module by the file name, not the content.
@@ -62,10 +62,7 @@ impl Lang {
             Lang::Typescript => ("main.ts", &["tsx", "main.ts"]),
             Lang::Bash => ("main.sh", &["bash", "main.sh"]),
         };
-        let files = vec![WorkFile {
-            name: file.into(),
-            contents: code.to_string(),
-        }];
+        let files = vec![InputFile::new(file, code.as_bytes())];
         (argv.iter().map(|s| s.to_string()).collect(), files)
     }
 }
@@ -103,7 +100,7 @@ mod tests {
     fn each_language_writes_a_file_and_runs_it() {
         let (argv, files) = Lang::Python.program("print(1)");
         assert_eq!(argv, ["python3", "main.py"]);
-        assert_eq!(files[0].name, "main.py");
+        assert_eq!(files[0].path, "main.py");
         assert_eq!(
             Lang::Node.program("export default 1").0,
             ["node", "main.mjs"]

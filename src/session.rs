@@ -29,12 +29,17 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::Usage;
+use crate::files::{InputFile, OutputRules};
 use crate::launcher::{ExecStreams, OutputPipes, Sandbox, StartError, Stream};
 use crate::outcome::{ErrorKind, Outcome};
 use crate::protocol::FromSandbox;
+use crate::protocol::ToSandbox;
 use crate::runner::Lang;
 use crate::spec::{Exec, SandboxSpec};
 use crate::units::{format_duration, format_size};
+
+/// How long a file request (write, collect, list, read) may take.
+const FILE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long an interrupted driver has to answer before every process is killed.
 pub const GRACE: Duration = Duration::from_secs(2);
@@ -59,6 +64,8 @@ pub struct SessionSpec {
     pub env: Vec<(String, String)>,
     pub timeout: Duration,
     pub output_limit: u64,
+    /// Output files to take back after each call (new or changed during it).
+    pub outputs: Option<OutputRules>,
 }
 
 /// One call.
@@ -69,6 +76,9 @@ pub struct Call {
     pub stdin: Option<String>,
     /// This call's limit (the session's default if None).
     pub timeout: Option<Duration>,
+    /// Files placed in /work before the code runs (checked by the front end against the
+    /// profile's caps).
+    pub files: Vec<InputFile>,
 }
 
 /// A MIME bundle: type -> content (text, or base64 for binary types).
@@ -256,6 +266,13 @@ impl Session {
             self.last_usage = Some(cgroup_usage);
         }
         self.sandbox.reset_peak_memory();
+        if !call.files.is_empty() {
+            if let Err(message) = self.write_files(&call.files) {
+                result.outcome = Outcome::failed(ErrorKind::InvalidRequest, message);
+                return result;
+            }
+        }
+        let marked = self.mark_outputs();
         let request = self.request(call);
         let sent = self
             .driver
@@ -268,9 +285,103 @@ impl Session {
             self.supervise(&mut call_state);
         }
         self.conclude(call_state, timeout, &mut result);
+        if self.lost.is_none() {
+            self.collect_outputs(marked, &mut result.outcome);
+        }
         result.outcome.duration = start.elapsed();
         result.outcome.network = self.sandbox.take_network();
         result
+    }
+
+    /// Writes files into /work (the session must not be running a call).
+    pub fn write_files(&mut self, files: &[InputFile]) -> Result<(), String> {
+        let answers = self.sandbox.file_request(
+            &ToSandbox::WriteFiles {
+                files: files.to_vec(),
+            },
+            FILE_TIMEOUT,
+        )?;
+        match answers.last() {
+            Some(FromSandbox::FilesWritten) => Ok(()),
+            Some(FromSandbox::FileError { message }) => Err(message.clone()),
+            _ => Err("the sandbox did not confirm the files".into()),
+        }
+    }
+
+    /// Lists a directory under /work.
+    pub fn list_files(&mut self, path: &str) -> Result<Vec<crate::sandbox::DirEntry>, String> {
+        let answers = self
+            .sandbox
+            .file_request(&ToSandbox::ListDir { path: path.into() }, FILE_TIMEOUT)?;
+        match answers.into_iter().last() {
+            Some(FromSandbox::Listing { entries }) => Ok(entries),
+            Some(FromSandbox::FileError { message }) => Err(message),
+            _ => Err("the sandbox did not list the directory".into()),
+        }
+    }
+
+    /// Reads a file under /work, at most `max` bytes.
+    pub fn read_file(&mut self, path: &str, max: u64) -> Result<Vec<u8>, String> {
+        let answers = self.sandbox.file_request(
+            &ToSandbox::ReadFile {
+                path: path.into(),
+                max,
+            },
+            FILE_TIMEOUT,
+        )?;
+        match answers.into_iter().last() {
+            Some(FromSandbox::FileData { data }) => Ok(data),
+            Some(FromSandbox::FileError { message }) => Err(message),
+            _ => Err("the sandbox did not send the file".into()),
+        }
+    }
+
+    /// Notes the output directory before a call; whether the init did.
+    fn mark_outputs(&mut self) -> bool {
+        let Some(rules) = self.spec.outputs.clone() else {
+            return false;
+        };
+        let answers = self
+            .sandbox
+            .file_request(&ToSandbox::MarkOutputs { rules }, FILE_TIMEOUT);
+        matches!(answers.as_deref(), Ok([.., FromSandbox::OutputsMarked]))
+    }
+
+    /// Takes the output files new or changed since the call began (all of them if the
+    /// directory could not be noted then).
+    fn collect_outputs(&mut self, marked: bool, outcome: &mut Outcome) {
+        let Some(rules) = self.spec.outputs.clone() else {
+            return;
+        };
+        let request = ToSandbox::CollectOutputs {
+            rules: rules.clone(),
+            changed: marked,
+        };
+        match self.sandbox.file_request(&request, FILE_TIMEOUT) {
+            Ok(answers) => {
+                let mut total = 0;
+                for answer in answers {
+                    match answer {
+                        FromSandbox::OutputFile { path, data } => {
+                            crate::launcher::take_output_file(
+                                outcome, &rules, &mut total, path, data,
+                            )
+                        }
+                        FromSandbox::OutputsDone { skipped } => {
+                            outcome.files_skipped.extend(skipped)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Err(e) => {
+                let note = format!("the output files could not be taken: {e}");
+                outcome.message = Some(match outcome.message.take() {
+                    Some(m) => format!("{m}; {note}"),
+                    None => note,
+                });
+            }
+        }
     }
 
     /// The request line (and, for bash, the raw code and stdin after it).

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::{InputFile, OutputRules};
 use crate::knobs::Knob;
 use crate::network::NetworkSpec;
 
@@ -87,15 +88,6 @@ pub enum LandlockMode {
     BestEffort,
     /// Not applied (for measuring what the layer costs).
     Off,
-}
-
-/// A file the init writes into /work before the payload starts (the code of a language
-/// runner), owned by the sandbox user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkFile {
-    /// A plain file name: no `/`, not `.` or `..`.
-    pub name: String,
-    pub contents: String,
 }
 
 /// How sandbox ids map to host ids. Each live sandbox holds a slot (see `ids.rs`: a lock on
@@ -203,8 +195,10 @@ pub struct Exec {
     pub argv: Vec<String>,
     /// The payload's whole environment (nothing is inherited).
     pub env: Vec<(String, String)>,
-    /// Files written into /work before the payload starts.
-    pub files: Vec<WorkFile>,
+    /// Files written into /work before the payload starts (a runner's code file, inputs).
+    pub files: Vec<InputFile>,
+    /// Output files to take back when the payload has ended (one-shot runs).
+    pub outputs: Option<OutputRules>,
     /// What the payload reads on stdin; none is /dev/null.
     pub stdin: Option<Vec<u8>>,
     /// Wall-clock limit from start to the end of the last process.
@@ -332,6 +326,7 @@ impl Exec {
             argv,
             env: base_env(),
             files: Vec::new(),
+            outputs: None,
             stdin: None,
             timeout: Duration::ZERO,
             output_limit: 0,
@@ -386,27 +381,17 @@ impl Exec {
                 return Err(format!("environment variable {key} contains a NUL byte"));
             }
         }
-        let code_bytes: u64 = self.files.iter().map(|f| f.contents.len() as u64).sum();
+        let code_bytes: u64 = self.files.iter().map(|f| f.data.len() as u64).sum();
         if code_bytes > sandbox.work_size {
             return Err(format!(
-                "the code is {} bytes, more than /work holds ({}): send less code, or use a profile with a \
-                 larger work_size",
+                "the code and files are {} bytes, more than /work holds ({}): send less, or use a profile \
+                 with a larger work_size",
                 code_bytes,
                 crate::units::format_size(sandbox.work_size)
             ));
         }
         for file in &self.files {
-            let name = &file.name;
-            if name.is_empty()
-                || name.contains('/')
-                || name.contains('\0')
-                || name == "."
-                || name == ".."
-            {
-                return Err(format!(
-                    "work file name {name:?} is invalid: use a plain file name"
-                ));
-            }
+            crate::files::check_input_path(&file.path)?;
         }
         for knob in Knob::all() {
             if let Some(value) = self.get(knob) {

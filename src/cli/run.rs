@@ -56,6 +56,12 @@ pub struct RunArgs {
     /// Set an environment variable (K=V). Repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
+    /// Place the host file SRC at /work/DEST before the code runs. Repeatable.
+    #[arg(long = "file", value_name = "DEST=SRC")]
+    files: Vec<String>,
+    /// Write the output files (the profile's outputs.dir, default /work/out) under DIR.
+    #[arg(long, value_name = "DIR")]
+    out_dir: Option<PathBuf>,
     /// Print one JSON object with the outcome instead of passing output through.
     #[arg(long)]
     json: bool,
@@ -67,6 +73,8 @@ pub struct RunArgs {
 
 pub fn main(args: RunArgs) -> i32 {
     let (json, timings) = (args.json, args.timings);
+    let out_dir = args.out_dir.clone();
+    let caller = Caller::from_sudo();
     let spec = match build_spec(args) {
         Ok(spec) => spec,
         Err(outcome) => return report(&outcome, json),
@@ -117,7 +125,73 @@ pub fn main(args: RunArgs) -> i32 {
             eprintln!("codecage: phases (ms) {phases}");
         }
     }
+    if let Some(dir) = &out_dir {
+        save_outputs(
+            &mut outcome,
+            dir,
+            caller.as_ref(),
+            spec.exec.outputs.as_ref(),
+            json,
+        );
+    } else if !json {
+        for file in &outcome.files {
+            eprintln!(
+                "codecage: output file {} ({} bytes, {}) was not saved: give --out-dir DIR",
+                file.path, file.size, file.media_type
+            );
+        }
+    }
     report(&outcome, json)
+}
+
+/// Writes the output files under `dir` (as the caller, through sudo), lists them on stderr
+/// (with `--json`, in the object only, names without bytes).
+fn save_outputs(
+    outcome: &mut Outcome,
+    dir: &std::path::Path,
+    caller: Option<&Caller>,
+    rules: Option<&codecage::files::OutputRules>,
+    json: bool,
+) {
+    let files = outcome.files.clone();
+    let target = dir.to_path_buf();
+    let saved = match caller {
+        Some(c) => c.as_user(move || codecage::files::save_under(&target, &files)),
+        None => codecage::files::save_under(&target, &files),
+    };
+    match saved {
+        Ok(paths) if !json => {
+            for (file, path) in outcome.files.iter().zip(&paths) {
+                eprintln!(
+                    "codecage: wrote {} ({} bytes, {}, sha256 {})",
+                    path.display(),
+                    file.size,
+                    file.media_type,
+                    &file.sha256[..16]
+                );
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let note = format!("the output files could not be saved: {e}");
+            outcome.message = Some(match outcome.message.take() {
+                Some(m) => format!("{m}; {note}"),
+                None => note,
+            });
+        }
+    }
+    if !json {
+        for skipped in &outcome.files_skipped {
+            eprintln!(
+                "codecage: skipped output {}: {}",
+                skipped.path,
+                skipped.reason.describe(rules)
+            );
+        }
+    }
+    for file in &mut outcome.files {
+        file.data = None;
+    }
 }
 
 fn report(outcome: &Outcome, json: bool) -> i32 {
@@ -184,6 +258,11 @@ fn build_spec(args: RunArgs) -> Result<Spec, Box<Outcome>> {
             )));
         };
         request.env.push((key.to_string(), value.to_string()));
+    }
+    for item in &args.files {
+        request
+            .files
+            .push(read_input(item, caller.as_ref()).map_err(invalid)?);
     }
     if let Some(caller) = &caller {
         refuse_paths_for(caller, args.profile.as_deref(), request.rootfs.as_deref())
@@ -263,6 +342,29 @@ impl clap::Args for KnobFlags {
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
         Self::augment_args(cmd)
     }
+}
+
+/// `--file DEST=SRC`: the host file SRC (read as the caller, through sudo) for /work/DEST.
+/// DEST is checked here so the message names the flag; the profile's caps are checked when
+/// the request resolves.
+pub(crate) fn read_input(
+    item: &str,
+    caller: Option<&Caller>,
+) -> Result<codecage::files::InputFile, String> {
+    let Some((dest, src)) = item.split_once('=') else {
+        return Err(format!(
+            "--file {item}: give DEST=SRC, a path under /work and a host file (--file data.csv=./data.csv)"
+        ));
+    };
+    let dest = dest.strip_prefix("/work/").unwrap_or(dest);
+    codecage::files::check_input_path(dest).map_err(|e| format!("--file {item}: {e}"))?;
+    let src = std::path::Path::new(src);
+    let bytes = match caller {
+        Some(caller) => caller.read(src),
+        None => std::fs::read(src),
+    }
+    .map_err(|e| format!("--file {item}: cannot read {}: {e}", src.display()))?;
+    Ok(codecage::files::InputFile::new(dest, bytes))
 }
 
 /// Reads the code of FILE, with the invoking user's credentials when codecage runs for

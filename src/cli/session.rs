@@ -44,6 +44,33 @@ enum SessionCommand {
         /// Text the code reads on stdin.
         #[arg(long)]
         stdin: Option<String>,
+        /// Place the host file SRC at /work/DEST before the code runs. Repeatable.
+        #[arg(long = "file", value_name = "DEST=SRC")]
+        files: Vec<String>,
+        /// Write the call's output files (new or changed under the profile's outputs.dir)
+        /// under DIR.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Upload the host file SRC to /work/DEST in the session (DEST defaults to SRC's name).
+    Put {
+        id: String,
+        src: std::path::PathBuf,
+        dest: Option<String>,
+    },
+    /// Download /work/PATH from the session to DEST (default: standard output).
+    Get {
+        id: String,
+        path: String,
+        dest: Option<std::path::PathBuf>,
+    },
+    /// List a directory under /work in the session (default: /work itself).
+    Ls {
+        id: String,
+        #[arg(default_value = "")]
+        path: String,
         #[arg(long)]
         json: bool,
     },
@@ -80,14 +107,22 @@ pub fn main(args: SessionArgs) -> i32 {
             return 125;
         }
     };
-    let call = |method: &str, path: String, body: Option<Value>| {
+    let caller = codecage::caller::Caller::from_sudo();
+    let send = |method: &str, path: String, body: client::Body| {
         runtime.block_on(client::request(
             &server,
             method,
             &path,
-            body.as_ref(),
+            body,
             token.as_deref(),
         ))
+    };
+    let call = |method: &str, path: String, body: Option<Value>| {
+        send(
+            method,
+            path,
+            body.map_or(client::Body::None, client::Body::Json),
+        )
     };
     let result = match args.command {
         SessionCommand::Create {
@@ -115,6 +150,8 @@ pub fn main(args: SessionArgs) -> i32 {
             code,
             timeout,
             stdin,
+            files,
+            out_dir,
             json,
         } => {
             let mut body = json!({ "code": code });
@@ -124,14 +161,125 @@ pub fn main(args: SessionArgs) -> i32 {
             if let Some(s) = stdin {
                 body["stdin"] = json!(s);
             }
+            let mut inputs = Vec::new();
+            for item in &files {
+                match super::run::read_input(item, caller.as_ref()) {
+                    Ok(file) => inputs.push(file),
+                    Err(e) => {
+                        eprintln!("codecage: {e}");
+                        return 125;
+                    }
+                }
+            }
+            if !inputs.is_empty() {
+                body["files"] = json!(inputs);
+            }
+            if out_dir.is_none() {
+                body["file_data"] = json!(false);
+            }
             call("POST", format!("/v1/sessions/{id}/execute"), Some(body)).map(|answer| {
                 ok_or_report(answer.status, &answer.body, |v| {
+                    let mut v = v.clone();
+                    if let Some(dir) = &out_dir {
+                        save_call_outputs(&mut v, dir, caller.as_ref());
+                    }
                     if json {
                         println!("{v}");
                     } else {
-                        print_call(v);
+                        print_call(&v);
                     }
-                    exit_status(v)
+                    exit_status(&v)
+                })
+            })
+        }
+        SessionCommand::Put { id, src, dest } => {
+            let dest =
+                match dest.or_else(|| src.file_name().map(|n| n.to_string_lossy().into_owned())) {
+                    Some(d) => d,
+                    None => {
+                        eprintln!("codecage: {} has no file name: give DEST", src.display());
+                        return 125;
+                    }
+                };
+            let read = match &caller {
+                Some(c) => c.read(&src),
+                None => std::fs::read(&src),
+            };
+            let bytes = match read {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("codecage: cannot read {}: {e}", src.display());
+                    return 125;
+                }
+            };
+            let dest = dest.trim_start_matches("/work/").to_string();
+            send(
+                "PUT",
+                format!("/v1/sessions/{id}/files/{}", encode_path(&dest)),
+                client::Body::Bytes(bytes),
+            )
+            .map(|a| ok_or_report(a.status, &a.body, |_| 0))
+        }
+        SessionCommand::Get { id, path, dest } => {
+            let path = path.trim_start_matches("/work/").to_string();
+            send(
+                "GET",
+                format!("/v1/sessions/{id}/files/{}", encode_path(&path)),
+                client::Body::None,
+            )
+            .map(|answer| {
+                if !(200..300).contains(&answer.status) {
+                    return ok_or_report(answer.status, &answer.body, |_| 0);
+                }
+                let written = match dest {
+                    None => std::io::stdout()
+                        .write_all(&answer.body)
+                        .map_err(|e| e.to_string()),
+                    Some(dest) => {
+                        let bytes = answer.body;
+                        let target = dest.clone();
+                        let write = move || {
+                            std::fs::write(&target, &bytes)
+                                .map_err(|e| format!("cannot write {}: {e}", target.display()))
+                        };
+                        match &caller {
+                            Some(c) => c.as_user(write),
+                            None => write(),
+                        }
+                    }
+                };
+                match written {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("codecage: {e}");
+                        125
+                    }
+                }
+            })
+        }
+        SessionCommand::Ls { id, path, json } => {
+            let path = path.trim_start_matches("/work").trim_start_matches('/');
+            send(
+                "GET",
+                format!("/v1/sessions/{id}/files?path={}", encode_path(path)),
+                client::Body::None,
+            )
+            .map(|answer| {
+                ok_or_report(answer.status, &answer.body, |v| {
+                    if json {
+                        println!("{v}");
+                        return 0;
+                    }
+                    for entry in v.as_array().into_iter().flatten() {
+                        println!(
+                            "{:<9} {:>10}  {}  {}",
+                            entry["type"].as_str().unwrap_or("?"),
+                            entry["size"].as_u64().unwrap_or(0),
+                            entry["mtime"].as_str().unwrap_or(""),
+                            entry["name"].as_str().unwrap_or("")
+                        );
+                    }
+                    0
                 })
             })
         }
@@ -155,6 +303,58 @@ pub fn main(args: SessionArgs) -> i32 {
         Err(e) => {
             eprintln!("codecage: {e}");
             125
+        }
+    }
+}
+
+/// Percent-encodes a path for a URL, keeping its `/` separators.
+fn encode_path(path: &str) -> String {
+    let mut out = String::new();
+    for byte in path.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                out.push(byte as char)
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+/// `exec --out-dir DIR`: writes the call's output files under DIR (as the caller, through
+/// sudo), lists them on stderr, and drops their bytes from the printed object.
+fn save_call_outputs(
+    v: &mut Value,
+    dir: &std::path::Path,
+    caller: Option<&codecage::caller::Caller>,
+) {
+    let files: Vec<codecage::files::OutputFile> =
+        serde_json::from_value(v["files"].clone()).unwrap_or_default();
+    let target = dir.to_path_buf();
+    let listed = files.clone();
+    let saved = match caller {
+        Some(c) => c.as_user(move || codecage::files::save_under(&target, &listed)),
+        None => codecage::files::save_under(&target, &listed),
+    };
+    match saved {
+        Ok(paths) => {
+            for (file, path) in files.iter().zip(&paths) {
+                eprintln!(
+                    "codecage: wrote {} ({} bytes, {})",
+                    path.display(),
+                    file.size,
+                    file.media_type
+                );
+            }
+        }
+        Err(e) => eprintln!("codecage: the output files could not be saved: {e}"),
+    }
+    for skipped in v["files_skipped"].as_array().into_iter().flatten() {
+        eprintln!("codecage: skipped output {skipped}");
+    }
+    for file in v["files"].as_array_mut().into_iter().flatten() {
+        if let Some(f) = file.as_object_mut() {
+            f.remove("data");
         }
     }
 }

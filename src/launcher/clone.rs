@@ -160,6 +160,15 @@ fn open_fds(spec: &SandboxSpec) -> Result<(ChildFds, UnixStream), String> {
         .map_err(|e| format!("cannot open /dev/null for the init's stdio: {e}"))?;
     let (channel, channel_child) =
         UnixStream::pair().map_err(|e| format!("cannot create the sandbox channel: {e}"))?;
+    // What the init may have in flight towards the launcher: the default (208 KiB) makes a
+    // 5 MiB output file cost some 25 wakeups of the launcher's poll loop. Bounded and
+    // small (the launcher reads the channel all the time); FORCE because the host's
+    // wmem_max may be lower. Best effort: only the speed depends on it.
+    let _ = nix::sys::socket::setsockopt(
+        &channel_child,
+        nix::sys::socket::sockopt::SndBufForce,
+        &(1 << 20),
+    );
     let child = ChildFds {
         devnull: above_stdio(devnull)?,
         channel: above_stdio(OwnedFd::from(channel_child))?,

@@ -21,7 +21,7 @@ mod clone;
 mod link;
 mod supervise;
 
-pub(crate) use supervise::set_nonblocking;
+pub(crate) use supervise::{set_nonblocking, take_output_file};
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -143,6 +143,8 @@ pub struct Sandbox {
     pidfd: OwnedFd,
     channel: UnixStream,
     frames: FrameReader,
+    /// Where `read_channel` receives into (kept: a file of megabytes arrives in many reads).
+    recv_buf: Vec<u8>,
     /// Messages read from the channel and not consumed yet.
     inbox: VecDeque<FromSandbox>,
     cgroup: Option<RunCgroup>,
@@ -223,6 +225,7 @@ impl Sandbox {
             pidfd: started.pidfd,
             channel: started.channel,
             frames: FrameReader::default(),
+            recv_buf: vec![0; 256 * 1024],
             inbox: VecDeque::new(),
             cgroup,
             _slot: started.slot,
@@ -282,9 +285,60 @@ impl Sandbox {
             files: exec.files.clone(),
             fds: fds.len() as u8,
             last,
+            outputs: if last { exec.outputs.clone() } else { None },
         };
         self.send(&message, &fds)?;
         Ok(id)
+    }
+
+    /// Sends a file request (write, collect, list, read) and waits up to `timeout` for its
+    /// answer: the answers in order, up to and including the one that ends it. Other
+    /// messages that arrive meanwhile stay queued for [`Sandbox::next_message`].
+    pub fn file_request(
+        &mut self,
+        message: &ToSandbox,
+        timeout: Duration,
+    ) -> Result<Vec<FromSandbox>, String> {
+        self.send(message, &[])
+            .map_err(|e| format!("cannot reach the sandbox's init: {e}"))?;
+        let end = Instant::now() + timeout;
+        let mut answers = Vec::new();
+        let mut others = VecDeque::new();
+        loop {
+            while let Some(m) = self.inbox.pop_front() {
+                match m {
+                    FromSandbox::FilesWritten
+                    | FromSandbox::OutputsMarked
+                    | FromSandbox::FileError { .. }
+                    | FromSandbox::OutputsDone { .. }
+                    | FromSandbox::Listing { .. }
+                    | FromSandbox::FileData { .. } => {
+                        answers.push(m);
+                        others.extend(self.inbox.drain(..));
+                        self.inbox = others;
+                        return Ok(answers);
+                    }
+                    FromSandbox::OutputFile { .. } => answers.push(m),
+                    other => others.push_back(other),
+                }
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.inbox = others;
+                return Err("the sandbox's init did not answer a file request in time".into());
+            }
+            let timeout = nix::poll::PollTimeout::try_from(left.as_millis() as i32 + 1)
+                .unwrap_or(nix::poll::PollTimeout::MAX);
+            let mut fds = [
+                nix::poll::PollFd::new(self.channel.as_fd(), nix::poll::PollFlags::POLLIN),
+                nix::poll::PollFd::new(self.pidfd.as_fd(), nix::poll::PollFlags::POLLIN),
+            ];
+            let _ = nix::poll::poll(&mut fds, timeout);
+            if !self.read_channel() && self.inbox.is_empty() {
+                self.inbox = others;
+                return Err("the sandbox's init is gone".into());
+            }
+        }
     }
 
     /// Sends `signal` to payload `id`'s process group.
@@ -317,11 +371,14 @@ impl Sandbox {
     pub fn read_channel(&mut self) -> bool {
         use nix::errno::Errno;
         use nix::sys::socket::{recv, MsgFlags};
-        let mut buf = [0u8; 16 * 1024];
         while self.channel_open {
-            match recv(self.channel.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            match recv(
+                self.channel.as_raw_fd(),
+                &mut self.recv_buf,
+                MsgFlags::MSG_DONTWAIT,
+            ) {
                 Ok(0) => self.channel_open = false,
-                Ok(n) => self.frames.feed(&buf[..n]),
+                Ok(n) => self.frames.feed(&self.recv_buf[..n]),
                 Err(Errno::EAGAIN) => break,
                 Err(Errno::EINTR) => continue,
                 Err(_) => self.channel_open = false,

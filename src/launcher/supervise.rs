@@ -251,6 +251,7 @@ fn verdict(
     poll_error: Option<String>,
 ) {
     let mut report = None;
+    let mut output_total = 0;
     while let Some(message) = sandbox.next_message() {
         match message {
             FromSandbox::Hardened {
@@ -262,17 +263,19 @@ fn verdict(
                 outcome.skipped_layers = skipped;
             }
             // A setup failure stays the answer even if an exit report follows it.
-            FromSandbox::SetupFailed { error, .. } => {
-                if !matches!(report, Some(FromSandbox::SetupFailed { .. })) {
-                    report = Some(FromSandbox::SetupFailed { id: None, error });
+            FromSandbox::SetupFailed { error, .. }
+                if !matches!(report, Some(FromSandbox::SetupFailed { .. })) =>
+            {
+                report = Some(FromSandbox::SetupFailed { id: None, error });
+            }
+            message @ FromSandbox::Exited { .. } if report.is_none() => report = Some(message),
+            FromSandbox::OutputFile { path, data } => {
+                if let Some(rules) = &exec.outputs {
+                    take_output_file(outcome, rules, &mut output_total, path, data);
                 }
             }
-            message @ FromSandbox::Exited { .. } => {
-                if report.is_none() {
-                    report = Some(message);
-                }
-            }
-            FromSandbox::Mark { .. } | FromSandbox::AllKilled => {}
+            FromSandbox::OutputsDone { skipped } => outcome.files_skipped.extend(skipped),
+            _ => {}
         }
     }
     match (killed_for, report) {
@@ -330,6 +333,43 @@ fn verdict(
             outcome.message = Some(message);
         }
     }
+}
+
+/// An output file from the init, kept if it is within the rules (the launcher checks again
+/// what the init checked: it does not trust it more than it must). `total` is the size of
+/// the files taken so far.
+pub(crate) fn take_output_file(
+    outcome: &mut Outcome,
+    rules: &crate::files::OutputRules,
+    total: &mut u64,
+    path: String,
+    data: Vec<u8>,
+) {
+    use crate::files::{SkipReason, SkippedFile};
+    let size = data.len() as u64;
+    let reason = if crate::files::check_input_path(&path).is_err() {
+        Some(SkipReason::BadName)
+    } else if size > rules.max_file {
+        Some(SkipReason::Size)
+    } else if outcome.files.len() as u64 >= rules.max_files {
+        Some(SkipReason::CountCap)
+    } else if *total + size > rules.max_total {
+        Some(SkipReason::TotalCap)
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        outcome.files_skipped.push(SkippedFile { path, reason });
+        return;
+    }
+    *total += size;
+    outcome.files.push(crate::files::OutputFile {
+        media_type: crate::files::media_type(&path).to_string(),
+        sha256: crate::files::sha256(&data),
+        size,
+        path,
+        data: Some(data),
+    });
 }
 
 /// Polls the fds that are still open for up to `timeout` (EINTR counts as nothing ready)

@@ -18,8 +18,10 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use super::files;
 use super::payload::{self, Launch};
 use super::seccomp::{self, Filters};
+use crate::files::OutputRules;
 use crate::protocol::{self, FromSandbox, Inbox, Phase, SetupError, Step, ToSandbox};
 use crate::spec::{LayerMode, SandboxSpec};
 use crate::sys::{self, ForkedInit};
@@ -35,13 +37,18 @@ const FORWARDED: &[Signal] = &[
     Signal::SIGWINCH,
 ];
 
+/// A directory listing has at most this many entries.
+const MAX_LISTING: usize = 10_000;
+
 struct Init<'a> {
     spec: &'a SandboxSpec,
     channel: &'a UnixStream,
     filters: Option<Filters>,
-    /// Live payloads: pid -> (id, last).
-    payloads: BTreeMap<Pid, (u64, bool)>,
+    /// Live payloads: pid -> (id, last, the output files to send when it ends).
+    payloads: BTreeMap<Pid, (u64, bool, Option<OutputRules>)>,
     newest: Option<Pid>,
+    /// The output directory as a session call began (`MarkOutputs`).
+    marked: Option<files::Marks>,
 }
 
 /// Serves the launcher until it says to stop, goes away, or the last payload ends.
@@ -52,6 +59,7 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
         filters: None,
         payloads: BTreeMap::new(),
         newest: None,
+        marked: None,
     };
     let signals = match init.prepare() {
         Ok(signals) => signals,
@@ -122,6 +130,7 @@ impl Init<'_> {
                 env,
                 files,
                 last,
+                outputs,
                 ..
             } => {
                 if let Err(error) = super::write_work_files(&files) {
@@ -141,7 +150,7 @@ impl Init<'_> {
                         // The parent's copies of the payload's fds go now, or the launcher
                         // would never see EOF on its pipes.
                         drop(launch);
-                        self.payloads.insert(pid, (id, last));
+                        self.payloads.insert(pid, (id, last, outputs));
                         self.newest = Some(pid);
                     }
                     Err(e) => {
@@ -151,7 +160,7 @@ impl Init<'_> {
                 }
             }
             ToSandbox::Signal { id, signal } => {
-                let target = self.payloads.iter().find(|(_, (i, _))| *i == id);
+                let target = self.payloads.iter().find(|(_, (i, _, _))| *i == id);
                 if let (Some((pid, _)), Ok(signal)) = (target, Signal::try_from(signal)) {
                     signal_group(*pid, signal);
                 }
@@ -161,7 +170,36 @@ impl Init<'_> {
                 self.send(&FromSandbox::AllKilled);
             }
             ToSandbox::Shutdown => self.exit(0),
+            ToSandbox::WriteFiles { files } => match files::write_inputs(&files) {
+                Ok(()) => self.send(&FromSandbox::FilesWritten),
+                Err(message) => self.send(&FromSandbox::FileError { message }),
+            },
+            ToSandbox::MarkOutputs { rules } => {
+                self.marked = Some(files::mark(&rules));
+                self.send(&FromSandbox::OutputsMarked);
+            }
+            ToSandbox::CollectOutputs { rules, changed } => {
+                let before = if changed { self.marked.take() } else { None };
+                self.send_outputs(&rules, before.as_ref());
+            }
+            ToSandbox::ListDir { path } => match files::list(&path, MAX_LISTING) {
+                Ok(entries) => self.send(&FromSandbox::Listing { entries }),
+                Err(message) => self.send(&FromSandbox::FileError { message }),
+            },
+            ToSandbox::ReadFile { path, max } => match files::read(&path, max) {
+                Ok(data) => self.send_file(protocol::FILE_DATA, "", &data),
+                Err(message) => self.send(&FromSandbox::FileError { message }),
+            },
         }
+    }
+
+    /// The output directory's files, one message each, then the skipped ones.
+    fn send_outputs(&self, rules: &OutputRules, before: Option<&files::Marks>) {
+        let (taken, skipped) = files::collect(rules, before);
+        for file in taken {
+            self.send_file(protocol::FILE_OUTPUT, &file.path, &file.data);
+        }
+        self.send(&FromSandbox::OutputsDone { skipped });
     }
 
     /// A payload that never started: reported, and for a one-shot run the end.
@@ -186,12 +224,16 @@ impl Init<'_> {
                 Ok(_) | Err(Errno::EINTR) => continue,
                 Err(_) => return,
             };
-            if let Some((id, last)) = self.payloads.remove(&pid) {
+            if let Some((id, last, outputs)) = self.payloads.remove(&pid) {
                 if last {
                     // From pid 1, kill(-1) reaches every other process of the namespace:
-                    // nothing the payload started outlives it, double-forked or not.
+                    // nothing the payload started outlives it, double-forked or not. The
+                    // output files are taken after, from a /work nothing writes to any more.
                     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
                     protocol::mark(self.channel, Phase::PayloadExited);
+                    if let Some(rules) = &outputs {
+                        self.send_outputs(rules, None);
+                    }
                 }
                 self.send(&FromSandbox::Exited { id, code, signal });
                 if last {
@@ -218,7 +260,7 @@ impl Init<'_> {
     }
 
     fn killed(&mut self, pid: Pid, code: Option<i32>, signal: Option<i32>) {
-        if let Some((id, _)) = self.payloads.remove(&pid) {
+        if let Some((id, _, _)) = self.payloads.remove(&pid) {
             self.send(&FromSandbox::Exited { id, code, signal });
         }
     }
@@ -232,6 +274,10 @@ impl Init<'_> {
     fn send(&self, message: &FromSandbox) {
         // A launcher that is gone is handled by the loop (EOF on the channel).
         let _ = protocol::write_message(&mut &*self.channel, message, protocol::MAX_FRAME);
+    }
+
+    fn send_file(&self, kind: u8, path: &str, data: &[u8]) {
+        let _ = protocol::write_file_frame(&mut &*self.channel, kind, path, data);
     }
 
     fn fail_and_exit(&mut self, id: Option<u64>, error: SetupError) -> ! {

@@ -4,6 +4,7 @@
 //! The setup reads as a script (`build`): each step is a function, and its name is what a
 //! setup error reports. The order matters, and each step says why it stands where it does.
 
+mod files;
 mod init;
 pub(crate) mod landlock;
 mod mount;
@@ -17,7 +18,9 @@ use std::os::unix::net::UnixStream;
 use nix::sched::{unshare, CloneFlags};
 
 use crate::protocol::{self, FromSandbox, Phase, SetupError, Step, CHANNEL_FD, INIT_ARG};
-use crate::spec::{SandboxSpec, WorkFile};
+use crate::spec::SandboxSpec;
+
+pub use files::Entry as DirEntry;
 
 /// Compiles this architecture's seccomp policy, for `doctor`. Returns the architecture.
 pub fn seccomp_policy_check() -> Result<&'static str, String> {
@@ -128,33 +131,10 @@ fn enter_cgroup_namespace() -> Result<(), SetupError> {
         .map_err(|e| SetupError::errno(Step::EnterCgroupNamespace, e, "unshare(CLONE_NEWCGROUP)"))
 }
 
-/// A runner's code file, owned by the sandbox user so the payload may change it. An
-/// existing file of the same name (a session's earlier call) is replaced, never followed:
-/// the payload may have planted a symlink there.
-pub(crate) fn write_work_files(files: &[WorkFile]) -> Result<(), SetupError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let id = Some(crate::spec::SANDBOX_UID);
-    for file in files {
-        let path = std::path::Path::new("/work").join(&file.name);
-        let detail = || format!("writing {}", path.display());
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(SetupError::io(Step::WriteWorkFiles, &e, detail()))
-            }
-            _ => {}
-        }
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&path)
-            .map_err(|e| SetupError::io(Step::WriteWorkFiles, &e, detail()))?;
-        std::io::Write::write_all(&mut out, file.contents.as_bytes())
-            .map_err(|e| SetupError::io(Step::WriteWorkFiles, &e, detail()))?;
-        std::os::unix::fs::fchown(&out, id, id)
-            .map_err(|e| SetupError::io(Step::WriteWorkFiles, &e, detail()))?;
-    }
-    Ok(())
+/// A runner's code file and the run's input files, under /work, owned by the sandbox
+/// user (see files.rs: no symlink is ever followed).
+pub(crate) fn write_work_files(files: &[crate::files::InputFile]) -> Result<(), SetupError> {
+    files::write_inputs(files).map_err(|e| SetupError::refused(Step::WriteWorkFiles, e))
 }
 
 fn set_hostname(name: &str) -> Result<(), SetupError> {

@@ -24,7 +24,7 @@ use codecage::runner::Lang;
 use codecage::session::{Call, CallOutcome, Event, Session, SessionSpec};
 use codecage::Stream;
 
-use super::registry::{self, Entry, Missing};
+use super::registry::{self, Entry, FileCaps, Missing};
 use super::{Caller, Shared};
 
 /// The routes, on whatever listener.
@@ -39,6 +39,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/sessions/{id}/execute", post(execute))
         .route("/v1/sessions/{id}/reset", post(reset))
         .route("/v1/sessions/{id}/interrupt", post(interrupt))
+        .route("/v1/sessions/{id}/files", get(list_files))
+        .route("/v1/sessions/{id}/files/{*path}", get(download).put(upload))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
@@ -165,6 +167,13 @@ pub struct RunRequest {
     /// The network mode: none, restricted or full, no looser than the profile's.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub network: Option<codecage::network::Mode>,
+    /// Files placed in /work before the code runs: `{"path": "data/in.csv", "data":
+    /// BASE64}` (within the profile's inputs caps).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
+    pub files: Vec<codecage::files::InputFile>,
+    /// Whether the output files come back with their bytes (default) or by name only.
+    pub file_data: Option<bool>,
     /// The limits, as in the profile: timeout, memory, cpus, pids, output_limit,
     /// tmp_size, work_size (a number, or a string with a unit: "30s", "256M").
     #[serde(flatten)]
@@ -197,6 +206,12 @@ pub struct SessionRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecuteRequest {
     pub code: String,
+    /// Files placed in /work before the call, as in `POST /v1/run`.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
+    pub files: Vec<codecage::files::InputFile>,
+    /// Whether the call's output files come back with their bytes (default) or by name.
+    pub file_data: Option<bool>,
     /// This call's time limit (default: the session's), e.g. "10s".
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub timeout: Option<Raw>,
@@ -344,11 +359,18 @@ async fn run(
             )),
         };
     let profile = load_profile(&state, &profile_name)?;
+    codecage::files::check_inputs(
+        &body.files,
+        profile.value(Knob::InputFiles),
+        profile.value(Knob::InputTotalSize),
+    )
+    .map_err(|e| ApiError::invalid(format!("field `files`: {e}")))?;
     let request = PolicyRequest {
         code: body.code,
         lang: body.language,
         argv: body.argv,
         knobs,
+        files: body.files,
         rootfs: None,
         env: body.env.into_iter().collect(),
         network: body.network,
@@ -365,6 +387,9 @@ async fn run(
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
     let mut outcome = outcome;
     outcome.phases = None;
+    if body.file_data == Some(false) {
+        outcome.files.iter_mut().for_each(|f| f.data = None);
+    }
     log_call(&caller, "run", body.language, None, &outcome);
     Ok(Json(outcome))
 }
@@ -428,6 +453,12 @@ async fn create_session(
         env: spec.exec.env,
         timeout: spec.exec.timeout,
         output_limit: spec.exec.output_limit,
+        outputs: Some(profile.output_rules()),
+    };
+    let files_caps = FileCaps {
+        input_files: profile.value(Knob::InputFiles),
+        input_total: profile.value(Knob::InputTotalSize),
+        read_max: profile.value(Knob::OutputFileSize),
     };
     let session_permit = room(&state.session_slots, &state, "sessions").await?;
     let sandbox_permit = room(&state.sandboxes, &state, "sandboxes").await?;
@@ -450,6 +481,7 @@ async fn create_session(
         session,
         idle,
         max,
+        files_caps,
         (session_permit, sandbox_permit),
     );
     let entry = state.sessions.insert(entry);
@@ -546,11 +578,19 @@ async fn execute(
             Some(Duration::from_millis(ms))
         }
     };
+    codecage::files::check_inputs(
+        &body.files,
+        entry.files.input_files,
+        entry.files.input_total,
+    )
+    .map_err(|e| ApiError::invalid(format!("field `files`: {e}")))?;
     let call = Call {
         code: body.code,
         stdin: body.stdin,
         timeout,
+        files: body.files,
     };
+    let names_only = body.file_data == Some(false);
     let claim = entry.claim().ok_or_else(|| busy(&id))?;
     let streaming = headers
         .get(header::ACCEPT)
@@ -583,7 +623,10 @@ async fn execute(
             };
             let _ = events.blocking_send(event);
         };
-        let outcome = session.execute(&call, &mut forward);
+        let mut outcome = session.execute(&call, &mut forward);
+        if names_only {
+            outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
+        }
         worker_entry
             .executions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -649,6 +692,119 @@ async fn interrupt(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     lookup(&state, &id)?.interrupter.interrupt();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sessions/{id}/files?path=DIR`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    path: String,
+}
+
+/// Runs `f` on the session (claimed: 409 while a call runs) on a blocking thread.
+async fn with_session<T: Send + 'static>(
+    state: &Shared,
+    id: &str,
+    f: impl FnOnce(&mut Session, &Entry) -> Result<T, String> + Send + 'static,
+) -> Result<T, ApiError> {
+    let entry = lookup(state, id)?;
+    let claim = entry.claim().ok_or_else(|| busy(id))?;
+    tokio::task::spawn_blocking(move || {
+        let _claim = claim;
+        let mut guard = entry.session.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_mut() {
+            Some(session) => f(session, &entry),
+            None => Err("the session is closed".to_string()),
+        }
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
+    .map_err(|e| {
+        if e.contains("does not exist") {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", e)
+        } else {
+            ApiError::invalid(e)
+        }
+    })
+}
+
+/// A path under /work as the API takes it: relative, or absolute under /work.
+fn relative(path: &str) -> &str {
+    match path.strip_prefix("/work") {
+        Some("") => "",
+        Some(rest) if rest.starts_with('/') => rest.trim_start_matches('/'),
+        _ => path,
+    }
+}
+
+/// One entry of `GET /v1/sessions/{id}/files`.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    /// When it last changed (RFC 3339).
+    pub mtime: String,
+}
+
+async fn list_files(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+    axum::extract::Query(query): axum::extract::Query<ListQuery>,
+) -> Result<Json<Vec<FileEntry>>, ApiError> {
+    let path = relative(&query.path).to_string();
+    if !path.is_empty() {
+        codecage::files::check_input_path(&path)
+            .map_err(|e| ApiError::invalid(format!("path: {e}")))?;
+    }
+    let entries = with_session(&state, &id, move |s, _| s.list_files(&path)).await?;
+    let entries = entries
+        .into_iter()
+        .map(|e| FileEntry {
+            name: e.name,
+            kind: e.kind,
+            size: e.size,
+            mtime: rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(e.mtime.max(0) as u64)),
+        })
+        .collect();
+    Ok(Json(entries))
+}
+
+async fn download(
+    State(state): State<Shared>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let path = relative(&path).to_string();
+    codecage::files::check_input_path(&path)
+        .map_err(|e| ApiError::invalid(format!("path: {e}")))?;
+    let media = codecage::files::media_type(&path);
+    let data = with_session(&state, &id, move |s, e| {
+        s.read_file(&path, e.files.read_max)
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, media)], data).into_response())
+}
+
+async fn upload(
+    State(state): State<Shared>,
+    Path((id, path)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let path = relative(&path).to_string();
+    let file = codecage::files::InputFile::new(path, body.to_vec());
+    with_session(&state, &id, move |s, e| {
+        codecage::files::check_inputs(
+            std::slice::from_ref(&file),
+            e.files.input_files,
+            e.files.input_total,
+        )?;
+        s.write_files(std::slice::from_ref(&file))
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

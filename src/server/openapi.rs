@@ -16,7 +16,7 @@ use utoipa::PartialSchema;
 
 use codecage::knobs::{Knob, Unit};
 
-use super::api::{ErrorBody, ExecuteRequest, RunRequest, SessionInfo, SessionRequest};
+use super::api::{ErrorBody, ExecuteRequest, FileEntry, RunRequest, SessionInfo, SessionRequest};
 
 /// The document, as JSON.
 pub fn document() -> String {
@@ -62,6 +62,16 @@ fn id_parameter() -> utoipa::openapi::path::Parameter {
         .parameter_in(ParameterIn::Path)
         .required(Required::True)
         .description(Some("the session's id, from POST /v1/sessions"))
+        .schema(Some(String::schema()))
+        .build()
+}
+
+fn path_parameter() -> utoipa::openapi::path::Parameter {
+    ParameterBuilder::new()
+        .name("path")
+        .parameter_in(ParameterIn::Path)
+        .required(Required::True)
+        .description(Some("the file, relative to /work (no `..`)"))
         .schema(Some(String::schema()))
         .build()
 }
@@ -199,6 +209,69 @@ fn build() -> utoipa::openapi::OpenApi {
             ),
         )
         .path(
+            "/v1/sessions/{id}/files",
+            PathItem::new(
+                HttpMethod::Get,
+                session_missing(
+                    OperationBuilder::new()
+                        .summary(Some("List a directory of the session's /work"))
+                        .parameter(
+                            ParameterBuilder::new()
+                                .name("path")
+                                .parameter_in(ParameterIn::Query)
+                                .required(Required::False)
+                                .description(Some("the directory, relative to /work (default: /work)"))
+                                .schema(Some(String::schema()))
+                                .build(),
+                        ),
+                )
+                .response(
+                    "200",
+                    ResponseBuilder::new()
+                        .description("the entries, sorted by name")
+                        .content(
+                            "application/json",
+                            ContentBuilder::new()
+                                .schema(Some(
+                                    ArrayBuilder::new().items(Ref::from_schema_name("FileEntry")),
+                                ))
+                                .build(),
+                        )
+                        .build(),
+                )
+                .response("409", error("the session is running a call"))
+                .build(),
+            ),
+        )
+        .path(
+            "/v1/sessions/{id}/files/{path}",
+            PathItemBuilder::new()
+                .operation(
+                    HttpMethod::Get,
+                    session_missing(
+                        OperationBuilder::new()
+                            .summary(Some("Download a file of the session's /work"))
+                            .parameter(path_parameter()),
+                    )
+                    .response("200", answer("the file's bytes, with its media type", None))
+                    .response("409", error("the session is running a call"))
+                    .build(),
+                )
+                .operation(
+                    HttpMethod::Put,
+                    session_missing(
+                        OperationBuilder::new()
+                            .summary(Some("Upload a file into the session's /work (the body is its bytes)"))
+                            .parameter(path_parameter()),
+                    )
+                    .response("204", answer("written", None))
+                    .response("400", error("a bad path, or over the profile's inputs caps"))
+                    .response("409", error("the session is running a call"))
+                    .build(),
+                )
+                .build(),
+        )
+        .path(
             "/healthz",
             PathItem::new(
                 HttpMethod::Get,
@@ -224,6 +297,7 @@ fn build() -> utoipa::openapi::OpenApi {
         .schema("SessionRequest", with_knobs(SessionRequest::schema(), true))
         .schema_from::<ExecuteRequest>()
         .schema_from::<SessionInfo>()
+        .schema_from::<FileEntry>()
         .schema_from::<ErrorBody>()
         .schema("Outcome", outcome_schema())
         .schema("CallOutcome", call_outcome_schema())
@@ -318,6 +392,8 @@ const OUTCOME_FIELDS: &[(&str, Type, bool, &str)] = &[
     ("landlock_abi", Type::Integer, true, "the kernel's landlock ABI"),
     ("skipped_layers", Type::Array, false, "hardening not applied: {layer, feature, reason, covered_by}"),
     ("network", Type::Array, false, "connections through the network gateway, allowed and denied: {protocol, host, port, verdict (allowed, denied, failed), reason, count, bytes_out, bytes_in}"),
+    ("files", Type::Array, false, "output files taken back: {path, size, media_type, sha256, data (base64)}"),
+    ("files_skipped", Type::Array, false, "output files not taken: {path, reason}"),
 ];
 
 const CALL_FIELDS: &[(&str, Type, bool, &str)] = &[

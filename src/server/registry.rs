@@ -17,6 +17,15 @@ use super::Shared;
 /// How many ended sessions' ids are remembered, to answer "expired" rather than "unknown".
 const REMEMBERED_EXPIRED: usize = 4096;
 
+/// What a session's file requests may carry, from its profile.
+#[derive(Debug, Clone, Copy)]
+pub struct FileCaps {
+    pub input_files: u64,
+    pub input_total: u64,
+    /// The largest file `GET .../files/{path}` sends.
+    pub read_max: u64,
+}
+
 /// One live session.
 pub struct Entry {
     pub id: String,
@@ -32,6 +41,7 @@ pub struct Entry {
     pub interrupter: Interrupter,
     busy: AtomicBool,
     pub executions: AtomicU64,
+    pub files: FileCaps,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
@@ -42,6 +52,7 @@ impl Entry {
         session: Session,
         idle_timeout: Duration,
         max_duration: Duration,
+        files: FileCaps,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     ) -> Entry {
         Entry {
@@ -57,6 +68,7 @@ impl Entry {
             session: Mutex::new(Some(session)),
             busy: AtomicBool::new(false),
             executions: AtomicU64::new(0),
+            files,
             _permits: permits,
         }
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use super::common::*;
 
 /// The default image's directory, or why there is none.
-fn image() -> Result<PathBuf, String> {
+pub(super) fn image() -> Result<PathBuf, String> {
     let data = std::env::var_os("CODECAGE_DATA_DIR")
         .map_or_else(|| PathBuf::from("/var/lib/codecage"), PathBuf::from);
     std::fs::canonicalize(data.join("rootfs/default")).map_err(|e| {
@@ -18,14 +18,14 @@ fn image() -> Result<PathBuf, String> {
 /// Runs a test of the default image, as root: it runs sandboxes from the image, or reads
 /// all of it. These tests prove the image, and a missing one proves nothing: it is
 /// [`unavailable`].
-fn image_test(test: impl FnOnce(&Path)) {
+pub(super) fn image_test(test: impl FnOnce(&Path)) {
     as_root(|| match image() {
         Ok(dir) => test(&dir),
         Err(why) => unavailable(&why),
     });
 }
 
-fn in_image(args: &[&str]) -> Run {
+pub(super) fn in_image(args: &[&str]) -> Run {
     let mut all = vec!["--rootfs", "default"];
     all.extend(args);
     run_json(&all)
@@ -143,6 +143,7 @@ fn image_session(lang: codecage::runner::Lang, dir: &Path) -> codecage::session:
         ],
         timeout: std::time::Duration::from_secs(60),
         output_limit: 1 << 20,
+        outputs: None,
     };
     codecage::session::Session::start(spec).unwrap_or_else(|e| panic!("no session: {e}"))
 }

@@ -5,6 +5,7 @@ mod basic;
 mod bombs;
 mod cleanup;
 mod escape;
+mod files;
 mod fs;
 mod hardening;
 mod image;

@@ -14,7 +14,7 @@ use super::common::*;
 const TOKEN: &str = "test-token-0123456789abcdef";
 
 /// A server of the test's own.
-struct Server {
+pub(super) struct Server {
     child: Option<Child>,
     dir: TempDir,
     socket: PathBuf,
@@ -24,7 +24,7 @@ struct Server {
 impl Server {
     /// Starts `codecage serve` with `config` (TOML, without listeners) on a socket in a
     /// temp dir, and on TCP when `tcp`.
-    fn start(config: &str, tcp: bool) -> Server {
+    pub(super) fn start(config: &str, tcp: bool) -> Server {
         let dir = TempDir::new("serve");
         let socket = dir.path().join("codecage.sock");
         let config_file = dir.path().join("server.toml");
@@ -71,7 +71,7 @@ impl Server {
     }
 
     /// curl over the socket; returns (HTTP status, body).
-    fn curl(&self, args: &[&str]) -> (u16, String) {
+    pub(super) fn curl(&self, args: &[&str]) -> (u16, String) {
         let out = Command::new("curl")
             .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--unix-socket"])
             .arg(&self.socket)
@@ -82,7 +82,7 @@ impl Server {
     }
 
     /// A JSON request over the socket.
-    fn request(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub(super) fn request(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let url = format!("http://codecage{path}");
         let mut args = vec!["-X", method, url.as_str()];
         let text = body.map(|b| b.to_string());
@@ -96,7 +96,7 @@ impl Server {
         )
     }
 
-    fn session_cli(&self, args: &[&str]) -> (i32, String, String) {
+    pub(super) fn session_cli(&self, args: &[&str]) -> (i32, String, String) {
         let out = codecage()
             .arg("session")
             .arg("--server")
@@ -111,7 +111,7 @@ impl Server {
     }
 
     /// SIGTERM, and the server must be gone with everything it made.
-    fn stop(mut self) -> String {
+    pub(super) fn stop(mut self) -> String {
         let child = self.child.take().unwrap();
         terminate(child, &self.socket)
     }

@@ -30,6 +30,7 @@ fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Session {
         env,
         timeout: Duration::from_secs(30 * slowdown()),
         output_limit: 1 << 20,
+        outputs: None,
     };
     Session::start(spec).unwrap_or_else(|e| panic!("the session did not start: {e}"))
 }
