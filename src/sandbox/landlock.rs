@@ -4,7 +4,11 @@
 //!
 //! - read and execute everywhere under `/`;
 //! - read and write in `/tmp`, `/work` and `/dev/shm`, and on the harmless devices;
-//! - no TCP bind or connect at all (ABI 4);
+//! - TCP (ABI 4): in network mode `none`, no bind or connect; in `restricted`, connect only to the
+//!   ports the gateway serves for the profile (its allowed ports, the ports of `host:port`
+//!   rules, DNS, the package indexes), bind anywhere (nothing can reach a listener: the
+//!   gateway carries only connections the sandbox opens); in `full`, not handled (the
+//!   gateway decides every connection);
 //! - no abstract unix sockets or signals beyond the sandbox's own domain (ABI 6).
 //!
 //! Each ABI after the first adds a feature another layer already covers ([`FEATURES`]), so
@@ -20,6 +24,9 @@ use landlock::{
     RulesetCreatedAttr, Scope, ABI,
 };
 
+use landlock::NetPort;
+
+use crate::network::{Mode as NetworkMode, NetworkSpec};
 use crate::outcome::Skipped;
 use crate::protocol::{SetupError, Step};
 use crate::spec::LandlockMode;
@@ -50,7 +57,7 @@ pub const FEATURES: &[Feature] = &[
     Feature {
         abi: 4,
         what: "TCP bind and connect rules (landlock ABI 4, Linux 6.7)",
-        covered_by: "the network namespace: only the sandbox's own loopback exists",
+        covered_by: "the network namespace (only the sandbox's own loopback exists) and, with a gateway, its check of every connection",
     },
     Feature {
         abi: 5,
@@ -73,7 +80,7 @@ pub struct Enforced {
 }
 
 /// Restricts this process and its future children.
-pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
+pub fn restrict(mode: LandlockMode, network: &NetworkSpec) -> Result<Enforced, SetupError> {
     if mode == LandlockMode::Off {
         return Ok(Enforced {
             abi: None,
@@ -115,7 +122,7 @@ pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
             ),
         ));
     }
-    build_and_restrict().map_err(|e| {
+    build_and_restrict(network).map_err(|e| {
         SetupError::from_error(
             Step::RestrictWithLandlock,
             &e,
@@ -157,13 +164,24 @@ fn no_landlock() -> String {
 
 /// Everything codecage asks for, at the kernel's ABI (the crate drops what it lacks: the
 /// features [`restrict`] has listed).
-fn build_and_restrict() -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
+fn build_and_restrict(
+    network: &NetworkSpec,
+) -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
     let read = AccessFs::from_read(TARGET);
     let all = AccessFs::from_all(TARGET);
-    Ruleset::default()
+    let (tcp, ports) = match (network.mode, network.landlock_connect_ports()) {
+        (NetworkMode::None, _) => (AccessNet::BindTcp | AccessNet::ConnectTcp, Vec::new()),
+        (_, Some(ports)) => (AccessNet::ConnectTcp.into(), ports),
+        (_, None) => (landlock::BitFlags::empty(), Vec::new()),
+    };
+    let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(all)?
-        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
+        .handle_access(all)?;
+    let ruleset = match tcp.is_empty() {
+        true => ruleset,
+        false => ruleset.handle_access(tcp)?,
+    };
+    ruleset
         .scope(Scope::AbstractUnixSocket | Scope::Signal)?
         .create()?
         .add_rules(path_beneath_rules(["/"], read))?
@@ -172,6 +190,9 @@ fn build_and_restrict() -> Result<landlock::RestrictionStatus, landlock::Ruleset
             ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"],
             AccessFs::from_file(TARGET),
         ))?
+        .add_rules(ports.into_iter().map(|port| {
+            Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
+        }))?
         .restrict_self()
 }
 
