@@ -30,6 +30,9 @@ pub enum Knob {
     InputTotalSize,
     IdleTimeout,
     MaxDuration,
+    MaxBandwidth,
+    MaxConnections,
+    ConnectionIdleTimeout,
 }
 
 /// How values of a knob are written, and the base unit it is stored in.
@@ -53,6 +56,7 @@ pub enum Section {
     Inputs,
     Outputs,
     Session,
+    Network,
 }
 
 impl Section {
@@ -63,6 +67,7 @@ impl Section {
             Section::Inputs => "inputs",
             Section::Outputs => "outputs",
             Section::Session => "session",
+            Section::Network => "network",
         }
     }
 }
@@ -294,6 +299,42 @@ pub const KNOBS: &[Definition] = &[
         max: 7 * 24 * 3600 * SEC,
         range_reason: "from 1s to 7 days",
         help: "A session is closed this long after it was created, used or not",
+    },
+    Definition {
+        knob: Knob::MaxBandwidth,
+        key: "max_bandwidth",
+        section: Section::Network,
+        unit: Unit::Size,
+        default: 100 * MIB,
+        headroom: Headroom::LowerOnly,
+        min: KIB,
+        max: 1 << 40,
+        range_reason: "from 1K to 1T bytes per second",
+        help: "Network bytes per second through the gateway, in each direction (10M)",
+    },
+    Definition {
+        knob: Knob::MaxConnections,
+        key: "max_connections",
+        section: Section::Network,
+        unit: Unit::Count,
+        default: 64,
+        headroom: Headroom::LowerOnly,
+        min: 1,
+        max: 65_536,
+        range_reason: "from 1 to 65536",
+        help: "TCP connections through the gateway open at once",
+    },
+    Definition {
+        knob: Knob::ConnectionIdleTimeout,
+        key: "connection_idle_timeout",
+        section: Section::Network,
+        unit: Unit::Duration,
+        default: 120 * SEC,
+        headroom: Headroom::LowerOnly,
+        min: SEC,
+        max: 24 * 3600 * SEC,
+        range_reason: "from 1s to 24h",
+        help: "A connection through the gateway with no traffic this long is closed",
     },
 ];
 

@@ -23,6 +23,7 @@ pub mod files;
 mod ids;
 pub mod knobs;
 pub mod launcher;
+pub mod network;
 pub mod outcome;
 pub mod profile;
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 mod cli;
 mod client;
+mod gateway;
 mod server;
 
 fn main() {

@@ -85,6 +85,10 @@ pub struct Outcome {
     /// Hardening that was not applied (the host lacks it, or the profile turned it off),
     /// each with what covers for it, if anything.
     pub skipped_layers: Vec<Skipped>,
+    /// The network connections (and DNS questions) of the run through the gateway, allowed
+    /// and denied, by destination: `{protocol, host, port, verdict, reason, count,
+    /// bytes_out, bytes_in}`. Empty in network mode `none`.
+    pub network: Vec<crate::network::Connection>,
     /// Output files taken back from the output directory.
     pub files: Vec<crate::files::OutputFile>,
     /// Files of the output directory not taken, and why.

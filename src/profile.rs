@@ -42,21 +42,103 @@ pub struct Profile {
     pub hardening: HardeningSection,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum NetworkMode {
-    /// Loopback only.
-    #[default]
-    None,
-    /// Only `allowed_hosts` (not available yet).
-    Restricted,
-}
+pub use crate::network::Mode as NetworkMode;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+/// `[network]`: the mode and the rules (its numeric settings, `max_bandwidth`,
+/// `max_connections` and `connection_idle_timeout`, are knobs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetworkSection {
     pub mode: NetworkMode,
+    /// `example.com`, `*.example.com` (subdomains, not the apex), `host:port` for one more
+    /// port passed through unchecked.
     pub allowed_hosts: Vec<String>,
+    /// Ports every allowed host may be reached on, TLS or HTTP checked (default 80, 443).
+    pub allowed_ports: Vec<u16>,
+    /// Address ranges a name may resolve to though they are not public (tests, internal
+    /// services).
+    pub allowed_ranges: Vec<String>,
+    /// Python packages `pip install` may fetch through the gateway's index.
+    pub python_packages: Vec<String>,
+    /// npm packages `npm install` may fetch through the gateway's registry.
+    pub npm_packages: Vec<String>,
+}
+
+impl Default for NetworkSection {
+    fn default() -> Self {
+        NetworkSection {
+            mode: NetworkMode::None,
+            allowed_hosts: Vec::new(),
+            allowed_ports: crate::network::DEFAULT_PORTS.to_vec(),
+            allowed_ranges: Vec::new(),
+            python_packages: Vec::new(),
+            npm_packages: Vec::new(),
+        }
+    }
+}
+
+/// The keys of `[network]` that are not knobs.
+const NETWORK_KEYS: &[&str] = &[
+    "mode",
+    "allowed_hosts",
+    "allowed_ports",
+    "allowed_ranges",
+    "python_packages",
+    "npm_packages",
+];
+
+/// `[network]` as the file holds it: its own keys beside the knobs, each read with its
+/// key in the error.
+type RawNetwork = BTreeMap<String, toml::Value>;
+
+fn read_network(raw: RawNetwork) -> Result<(NetworkSection, BTreeMap<String, Raw>), String> {
+    fn field<T: serde::de::DeserializeOwned>(key: &str, value: toml::Value) -> Result<T, String> {
+        value
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("network.{key}: {}", e.message()))
+    }
+    let mut section = NetworkSection::default();
+    let mut knobs = BTreeMap::new();
+    for (key, value) in raw {
+        match key.as_str() {
+            "mode" => section.mode = field(&key, value)?,
+            "allowed_hosts" => section.allowed_hosts = field(&key, value)?,
+            "allowed_ports" => section.allowed_ports = field(&key, value)?,
+            "allowed_ranges" => section.allowed_ranges = field(&key, value)?,
+            "python_packages" => section.python_packages = field(&key, value)?,
+            "npm_packages" => section.npm_packages = field(&key, value)?,
+            _ => drop(knobs.insert(key.clone(), field::<Raw>(&key, value)?)),
+        }
+    }
+    Ok((section, knobs))
+}
+
+fn write_network(section: NetworkSection) -> RawNetwork {
+    let mut raw = RawNetwork::new();
+    let mut put = |key: &str, value: Result<toml::Value, toml::ser::Error>| {
+        if let Ok(value) = value {
+            raw.insert(key.to_string(), value);
+        }
+    };
+    put("mode", toml::Value::try_from(section.mode));
+    put(
+        "allowed_hosts",
+        toml::Value::try_from(section.allowed_hosts),
+    );
+    put(
+        "allowed_ports",
+        toml::Value::try_from(section.allowed_ports),
+    );
+    put(
+        "allowed_ranges",
+        toml::Value::try_from(section.allowed_ranges),
+    );
+    put(
+        "python_packages",
+        toml::Value::try_from(section.python_packages),
+    );
+    put("npm_packages", toml::Value::try_from(section.npm_packages));
+    raw
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -104,7 +186,7 @@ struct RawProfile {
     limits: BTreeMap<String, Raw>,
     filesystem: BTreeMap<String, Raw>,
     inputs: BTreeMap<String, Raw>,
-    network: NetworkSection,
+    network: RawNetwork,
     env: BTreeMap<String, String>,
     outputs: BTreeMap<String, OutputsEntry>,
     session: BTreeMap<String, Raw>,
@@ -125,7 +207,7 @@ impl From<Profile> for RawProfile {
             description: p.description,
             language: p.language,
             rootfs: Some(p.rootfs),
-            network: p.network,
+            network: write_network(p.network),
             env: p.env,
             hardening: p.hardening,
             ..RawProfile::default()
@@ -147,6 +229,10 @@ impl From<Profile> for RawProfile {
                     Section::Filesystem => drop(raw.filesystem.insert(key, value)),
                     Section::Inputs => drop(raw.inputs.insert(key, value)),
                     Section::Session => drop(raw.session.insert(key, value)),
+                    Section::Network => drop(raw.network.insert(
+                        key,
+                        toml::Value::try_from(value).unwrap_or(toml::Value::Integer(0)),
+                    )),
                     Section::Outputs => drop(raw.outputs.insert(key, OutputsEntry::Knob(value))),
                 }
             }
@@ -158,10 +244,11 @@ impl From<Profile> for RawProfile {
 impl RawProfile {
     /// Checks every knob table against the declarations and builds the Profile.
     fn into_profile(self) -> Result<Profile, String> {
+        let (network, network_knobs) = read_network(self.network)?;
         let mut profile = Profile {
             description: self.description,
             language: self.language,
-            network: self.network,
+            network,
             env: self.env,
             hardening: self.hardening,
             ..Profile::default()
@@ -198,6 +285,7 @@ impl RawProfile {
             (Section::Inputs, self.inputs),
             (Section::Outputs, outputs),
             (Section::Session, self.session),
+            (Section::Network, network_knobs),
         ] {
             read_section(&mut profile, section, table)?;
         }
@@ -221,10 +309,10 @@ fn read_section(
             {
                 Some(knob) if knob.max_key().is_some() => (knob, true),
                 _ => {
-                    let extra: &[&str] = if section == Section::Outputs {
-                        &["types", "dir"]
-                    } else {
-                        &[]
+                    let extra: &[&str] = match section {
+                        Section::Outputs => &["types", "dir"],
+                        Section::Network => NETWORK_KEYS,
+                        _ => &[],
                     };
                     return Err(format!(
                         "{}.{key} is not a known key: {}",
@@ -340,6 +428,24 @@ impl Profile {
         }
     }
 
+    /// The network part of a sandbox built from this profile.
+    pub fn network_spec(&self) -> crate::network::NetworkSpec {
+        let n = &self.network;
+        let mut spec = crate::network::NetworkSpec {
+            mode: n.mode,
+            allowed_hosts: n.allowed_hosts.clone(),
+            allowed_ports: n.allowed_ports.clone(),
+            allowed_ranges: n.allowed_ranges.clone(),
+            python_packages: n.python_packages.clone(),
+            npm_packages: n.npm_packages.clone(),
+            ..Default::default()
+        };
+        spec.max_bandwidth = self.value(Knob::MaxBandwidth);
+        spec.max_connections = self.value(Knob::MaxConnections);
+        spec.connection_idle_timeout_ms = self.value(Knob::ConnectionIdleTimeout);
+        spec
+    }
+
     /// What the knob ranges do not say: a value above its own maximum, the network mode,
     /// the rootfs, the environment.
     fn validate(&self) -> Result<(), String> {
@@ -356,12 +462,7 @@ impl Profile {
                 ));
             }
         }
-        if self.network.mode == NetworkMode::Restricted {
-            return Err(
-                "network.mode = \"restricted\" is not available yet: use \"none\" (loopback only)"
-                    .into(),
-            );
-        }
+        self.network_spec().validate()?;
         let dir = std::path::Path::new(&self.output_dir);
         let under_work = dir.strip_prefix("/work").is_ok_and(|rest| {
             rest.components()
@@ -443,6 +544,8 @@ pub struct Request {
     pub files: Vec<crate::files::InputFile>,
     pub rootfs: Option<String>,
     pub env: Vec<(String, String)>,
+    /// A network mode no looser than the profile's.
+    pub network: Option<NetworkMode>,
 }
 
 /// Why a request cannot run under a profile.
@@ -544,6 +647,28 @@ pub fn resolve(
             }
         };
         spec.set(knob, value);
+    }
+    let network = spec.sandbox.network.clone();
+    spec.sandbox.network = crate::network::NetworkSpec {
+        max_bandwidth: network.max_bandwidth,
+        max_connections: network.max_connections,
+        connection_idle_timeout_ms: network.connection_idle_timeout_ms,
+        ..profile.network_spec()
+    };
+    if let Some(mode) = request.network {
+        if mode > profile.network.mode {
+            return Err(PolicyError::Forbidden(format!(
+                "network mode {} is looser than the profile {profile_name} allows ({}); ask for {} or less, or use \
+                 a profile whose [network] allows it",
+                mode.name(),
+                profile.network.mode.name(),
+                profile.network.mode.name()
+            )));
+        }
+        spec.sandbox.network.mode = mode;
+    }
+    for (key, value) in spec.sandbox.network.package_env() {
+        spec.set_env(&key, &value);
     }
     spec.sandbox.landlock = profile.hardening.landlock;
     spec.sandbox.seccomp = profile.hardening.seccomp;
@@ -691,8 +816,11 @@ mod tests {
         assert!(err("[limits]\npids = 0\n").contains("limits.pids"));
         assert!(err("[limits]\nmax_pids = 5000000\n").contains("4194304"));
         assert!(err("[limits]\nnofile = 1\n").contains("limits.nofile"));
-        assert!(err("[network]\nmode = \"restricted\"\n").contains("not available yet"));
         assert!(err("[network]\nmode = \"open\"\n").contains("mode"));
+        assert!(err("[network]\nallowed_hosts = [\"a b\"]\n").contains("allowed_hosts"));
+        assert!(err("[network]\nallowed_ranges = [\"10.0.0.0/40\"]\n").contains("allowed_ranges"));
+        assert!(err("[network]\nmax_bandwidth = \"1\"\n").contains("network.max_bandwidth"));
+        assert!(err("[network]\nmax_bandwith = \"1M\"\n").contains("max_connections"));
         assert!(err("[env]\nLD_PRELOAD = \"/x.so\"\n").contains("LD_PRELOAD may not be set"));
     }
 

@@ -289,6 +289,7 @@ impl Session {
             self.collect_outputs(marked, &mut result.outcome);
         }
         result.outcome.duration = start.elapsed();
+        result.outcome.network = self.sandbox.take_network();
         result
     }
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::files::{InputFile, OutputRules};
 use crate::knobs::Knob;
+use crate::network::NetworkSpec;
 
 /// The CFS period codecage uses, in microseconds.
 pub const CPU_PERIOD_US: u64 = 100_000;
@@ -348,6 +349,9 @@ pub struct SandboxSpec {
     /// Host directories the sandbox sees under /work, read-only or copied.
     #[serde(default)]
     pub volumes: Vec<Volume>,
+    /// The network: `none` (loopback only) by default, or a link to the front end's
+    /// gateway (see [`crate::network`]).
+    pub network: NetworkSpec,
     /// The binary to run as the sandbox's pid 1: a program whose `main` calls
     /// [`crate::dispatch_init`] first. `/proc/self/exe`, the default, is the running
     /// program itself, which is right for the `codecage` binary.
@@ -405,6 +409,10 @@ impl Default for SandboxSpec {
             ids: IdMapping::default(),
             drivers: false,
             volumes: Vec::new(),
+            network: NetworkSpec {
+                allowed_ports: crate::network::DEFAULT_PORTS.to_vec(),
+                ..NetworkSpec::default()
+            },
             init_exe: PathBuf::from("/proc/self/exe"),
         };
         for knob in Knob::all() {
@@ -428,6 +436,9 @@ impl SandboxSpec {
             Knob::Nofile => self.nofile = value,
             Knob::TmpSize => self.tmp_size = value,
             Knob::WorkSize => self.work_size = value,
+            Knob::MaxBandwidth => self.network.max_bandwidth = value,
+            Knob::MaxConnections => self.network.max_connections = value,
+            Knob::ConnectionIdleTimeout => self.network.connection_idle_timeout_ms = value,
             _ => {}
         }
     }
@@ -442,6 +453,9 @@ impl SandboxSpec {
             Knob::Nofile => Some(self.nofile),
             Knob::TmpSize => Some(self.tmp_size),
             Knob::WorkSize => Some(self.work_size),
+            Knob::MaxBandwidth => Some(self.network.max_bandwidth),
+            Knob::MaxConnections => Some(self.network.max_connections),
+            Knob::ConnectionIdleTimeout => Some(self.network.connection_idle_timeout_ms),
             _ => None,
         }
     }
@@ -461,6 +475,7 @@ impl SandboxSpec {
             }
         }
         self.ids.validate()?;
+        self.network.validate()?;
         for knob in Knob::all() {
             if let Some(value) = self.get(knob) {
                 knob.check(value).map_err(|e| format!("{knob}: {e}"))?;

@@ -315,19 +315,36 @@ pub fn wait4(pid: Pid) -> io::Result<(c_int, libc::rusage)> {
 /// Brings the loopback interface of the current network namespace up (SIOCSIFFLAGS), which
 /// a new network namespace starts with down.
 pub fn loopback_up() -> io::Result<()> {
-    let sock = nix::sys::socket::socket(
+    interface_up("lo")
+}
+
+fn ifreq(name: &str) -> io::Result<libc::ifreq> {
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: ifreq is plain old data; all-zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *dst = *src as c_char;
+    }
+    Ok(req)
+}
+
+fn inet_socket() -> io::Result<OwnedFd> {
+    Ok(nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Inet,
         nix::sys::socket::SockType::Datagram,
         nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         None,
-    )?;
-    // SAFETY: ifreq is plain old data; all-zero is valid.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as c_char;
-    }
-    // SAFETY: the fd is open and `req` is a valid ifreq naming "lo"; SIOCGIFFLAGS fills the
-    // flags member of the union.
+    )?)
+}
+
+/// Sets interface `name` of the current network namespace up and running.
+pub fn interface_up(name: &str) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let mut req = ifreq(name)?;
+    // SAFETY: the fd is open and `req` is a valid ifreq naming the interface; SIOCGIFFLAGS
+    // fills the flags member of the union.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -335,6 +352,91 @@ pub fn loopback_up() -> io::Result<()> {
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: as above; SIOCSIFFLAGS reads the flags member.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn sockaddr_in(addr: std::net::Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size (16 bytes) and sockaddr has no
+    // invalid bit patterns.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+/// Gives interface `name` an IPv4 address, netmask and MTU (SIOCSIFADDR, SIOCSIFNETMASK,
+/// SIOCSIFMTU).
+pub fn configure_interface(
+    name: &str,
+    addr: std::net::Ipv4Addr,
+    netmask: std::net::Ipv4Addr,
+    mtu: u16,
+) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let calls: [(libc::Ioctl, libc::ifreq); 3] = [
+        (libc::SIOCSIFADDR, {
+            let mut req = ifreq(name)?;
+            req.ifr_ifru.ifru_addr = sockaddr_in(addr);
+            req
+        }),
+        (libc::SIOCSIFNETMASK, {
+            let mut req = ifreq(name)?;
+            req.ifr_ifru.ifru_netmask = sockaddr_in(netmask);
+            req
+        }),
+        (libc::SIOCSIFMTU, {
+            let mut req = ifreq(name)?;
+            req.ifr_ifru.ifru_mtu = c_int::from(mtu);
+            req
+        }),
+    ];
+    for (request, req) in calls {
+        // SAFETY: the fd is open; `req` is a valid ifreq whose union member matches the
+        // request (an address, a netmask, an MTU).
+        if unsafe { libc::ioctl(sock.as_raw_fd(), request, &req) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Adds the default IPv4 route through interface `name` (SIOCADDRT, no gateway: the link is
+/// point-to-point).
+pub fn add_default_route(name: &str) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let dev =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: rtentry is plain old data; all-zero is valid.
+    let mut route: libc::rtentry = unsafe { std::mem::zeroed() };
+    route.rt_dst = sockaddr_in(std::net::Ipv4Addr::UNSPECIFIED);
+    route.rt_genmask = sockaddr_in(std::net::Ipv4Addr::UNSPECIFIED);
+    route.rt_gateway = sockaddr_in(std::net::Ipv4Addr::UNSPECIFIED);
+    route.rt_flags = libc::RTF_UP;
+    route.rt_dev = dev.as_ptr() as *mut c_char;
+    // SAFETY: the fd is open, `route` is a valid rtentry and `dev` outlives the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCADDRT, &route) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Attaches `tun` (an open /dev/net/tun) to a new layer-3 device `name` without packet
+/// information headers (TUNSETIFF with IFF_TUN | IFF_NO_PI), in the network namespace the
+/// fd was opened in.
+pub fn tun_set_iff(tun: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    // TUNSETIFF = _IOW('T', 202, int)
+    const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: the fd is an open tun queue and `req` a valid ifreq with the name and flags.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -49,6 +49,11 @@ pub struct RunArgs {
     /// `cargo xtask rootfs` (default), or an image directory.
     #[arg(long, value_name = "host|NAME|DIR")]
     rootfs: Option<String>,
+    /// Network: none (loopback only), restricted (the profile's allowed_hosts through
+    /// codecage's gateway) or full (where the host config enables it); no looser than the
+    /// profile's.
+    #[arg(long = "net", value_name = "none|restricted|full")]
+    net: Option<codecage::network::Mode>,
     /// Set an environment variable (K=V). Repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
@@ -85,6 +90,17 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(built) => built,
         Err(outcome) => return report(&outcome, json),
     };
+    // The gateway (and its runtime, only when a sandbox needs it) under the host's config.
+    if spec.sandbox.network.mode.has_gateway() {
+        let config = match crate::gateway::HostConfig::load() {
+            Ok(config) => config.network,
+            Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
+        };
+        if let Err(e) = crate::gateway::Gateway::check_mode(&config, spec.sandbox.network.mode) {
+            return report(&Outcome::failed(ErrorKind::Policy, e), json);
+        }
+        crate::gateway::Gateway::install(config);
+    }
     // SIGINT, SIGTERM and SIGHUP are forwarded to the payload rather than killing the
     // launcher (which would take the sandbox down with it, unannounced).
     let forwarded = forward_signals();
@@ -217,6 +233,7 @@ fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>), Box<Outcome>> {
         lang: args.lang,
         knobs: args.knobs.0,
         rootfs: args.rootfs,
+        network: args.net,
         ..Request::default()
     };
     match (args.code, args.file, args.argv.is_empty()) {

@@ -50,6 +50,7 @@ pub fn main(args: ServeArgs) -> i32 {
         Err(e) => return fail(format!("--listen {e}")),
     };
     init_logging();
+    crate::gateway::Gateway::install(config.network.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -35,6 +35,8 @@ pub struct Started {
     pub slot: Slot,
     /// When "go" was sent (CLOCK_MONOTONIC ns), for `Outcome.phases`.
     pub go_ns: u64,
+    /// The queue of the sandbox's link to its gateway (network modes other than `none`).
+    pub tun: Option<OwnedFd>,
 }
 
 /// The fds the raw child puts on 0..=3, and the init binary it execs.
@@ -117,6 +119,7 @@ pub fn start(
         channel,
         slot,
         go_ns: 0,
+        tun: None,
     };
     // In its cgroups before it may run: its limits hold from its first instruction, and its
     // cgroup namespace (created after "go") is rooted at its own cgroup.
@@ -124,6 +127,16 @@ pub fn start(
         if let Err(e) = cgroup.attach(pid.as_raw() as u32, born_inside, owner) {
             abort(&started);
             return Err(e.to_string());
+        }
+    }
+    // The link exists before "go": the init configures it while it builds the sandbox.
+    if spec.network.mode.has_gateway() {
+        match super::link::create_tun(started.pidfd.as_fd()) {
+            Ok(tun) => started.tun = Some(tun),
+            Err(message) => {
+                abort(&started);
+                return Err(message);
+            }
         }
     }
     if let Err(message) = handshake(spec, &mut started, &volumes) {

@@ -18,6 +18,7 @@
 //! a fresh codecage, every fd is CLOEXEC, and concurrent sandboxes share no files or ids.
 
 mod clone;
+mod link;
 mod supervise;
 
 pub(crate) use supervise::{set_nonblocking, take_output_file};
@@ -162,6 +163,8 @@ pub struct Sandbox {
     protocol_error: Option<String>,
     /// The init has been reaped.
     reaped: Option<std::io::Result<(i32, libc::rusage)>>,
+    /// The gateway serving the sandbox's link, in network modes other than `none`.
+    network: Option<Box<dyn crate::network::Attached>>,
 }
 
 impl Sandbox {
@@ -209,9 +212,22 @@ impl Sandbox {
             kind: ErrorKind::InvalidRequest,
             message,
         })?;
+        let gateway = match spec.network.mode.has_gateway() {
+            true => Some(crate::network::gateway().ok_or_else(|| StartError {
+                kind: ErrorKind::Setup,
+                message: format!(
+                    "network mode {} needs a gateway, and this program provides none (the codecage binary \
+                     does; a program using the library registers one with codecage::network::set_gateway); \
+                     the code did not run",
+                    spec.network.mode.name()
+                ),
+            })?),
+            false => None,
+        };
         let clone_ns = sys::monotonic_ns();
-        let started = clone::start(spec, cgroup.as_ref(), volumes).map_err(setup_failed)?;
-        Ok(Sandbox {
+        let mut started = clone::start(spec, cgroup.as_ref(), volumes).map_err(setup_failed)?;
+        let tun = started.tun.take();
+        let mut sandbox = Sandbox {
             pid: started.pid,
             pidfd: started.pidfd,
             channel: started.channel,
@@ -230,7 +246,25 @@ impl Sandbox {
             channel_open: true,
             protocol_error: None,
             reaped: None,
-        })
+            network: None,
+        };
+        if let (Some(gateway), Some(tun)) = (gateway, tun) {
+            // On failure the sandbox is dropped: its init killed and reaped.
+            sandbox.network = Some(
+                gateway
+                    .attach(tun, &spec.network)
+                    .map_err(|e| setup_failed(format!("the network gateway refused: {e}")))?,
+            );
+        }
+        Ok(sandbox)
+    }
+
+    /// The network connections since the last call (none without a gateway).
+    pub fn take_network(&mut self) -> Vec<crate::network::Connection> {
+        self.network
+            .as_mut()
+            .map(|n| n.take_connections())
+            .unwrap_or_default()
     }
 
     /// The spec the sandbox was built from.
@@ -473,6 +507,7 @@ impl Sandbox {
             }
         }
         outcome.phases = Some(self.phases(reaped_ns));
+        outcome.network = self.take_network();
     }
 
     /// The run's phases from the launcher's timestamps and the sandbox's marks; a phase

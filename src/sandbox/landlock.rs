@@ -5,14 +5,15 @@
 //! - read and execute everywhere under `/`;
 //! - read and write in `/tmp`, `/work`, `/dev/shm` and the sandbox's own `/dev/pts`, and on
 //!   the harmless devices;
+//! - TCP (ABI 4): in network mode `none`, not handled: the network namespace is the
+//!   boundary (it holds nothing but the sandbox's own loopback), test suites need servers
+//!   and clients on 127.0.0.1, and landlock cannot tell loopback from anywhere else, so it
+//!   could only forbid all TCP; in `restricted`, connect only to the ports the gateway
+//!   serves for the profile (its allowed ports, the ports of `host:port` rules, DNS, the
+//!   package indexes), bind anywhere (nothing can reach a listener: the gateway carries only
+//!   connections the sandbox opens); in `full`, not handled (the gateway decides every
+//!   connection);
 //! - no abstract unix sockets or signals beyond the sandbox's own domain (ABI 6).
-//!
-//! TCP is not handled (ABI 4's bind and connect rules): in network mode `none`, the only
-//! one, the network namespace is the boundary. It holds nothing but the sandbox's own
-//! loopback, so TCP on it reaches only the sandbox, and test suites need it (servers and
-//! clients on 127.0.0.1). Landlock cannot tell one address from another, so it could only
-//! forbid loopback TCP altogether. A network mode that shares a namespace with anything
-//! else must handle `AccessNet` again.
 //!
 //! Each ABI after the first adds a feature another layer already covers ([`FEATURES`]), so
 //! by default ([`LandlockMode::Required`]) a kernel with landlock runs whatever its ABI,
@@ -23,10 +24,13 @@
 //! `best-effort` or `off`; `strict` refuses anything below ABI 6.
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
     RulesetCreatedAttr, Scope, ABI,
 };
 
+use landlock::NetPort;
+
+use crate::network::{Mode as NetworkMode, NetworkSpec};
 use crate::outcome::Skipped;
 use crate::protocol::{SetupError, Step};
 use crate::spec::LandlockMode;
@@ -56,6 +60,11 @@ pub const FEATURES: &[Feature] = &[
         covered_by: "the read-only mounts and the tmpfs sizes",
     },
     Feature {
+        abi: 4,
+        what: "TCP bind and connect rules (landlock ABI 4, Linux 6.7)",
+        covered_by: "the network namespace (only the sandbox's own loopback exists) and, with a gateway, its check of every connection",
+    },
+    Feature {
         abi: 5,
         what: "device ioctls (landlock ABI 5, Linux 6.10)",
         covered_by: "the minimal /dev (null, zero, full, random, urandom, tty) and seccomp's TIOCSTI rule",
@@ -76,7 +85,7 @@ pub struct Enforced {
 }
 
 /// Restricts this process and its future children.
-pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
+pub fn restrict(mode: LandlockMode, network: &NetworkSpec) -> Result<Enforced, SetupError> {
     if mode == LandlockMode::Off {
         return Ok(Enforced {
             abi: None,
@@ -118,7 +127,7 @@ pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
             ),
         ));
     }
-    build_and_restrict().map_err(|e| {
+    build_and_restrict(network).map_err(|e| {
         SetupError::from_error(
             Step::RestrictWithLandlock,
             &e,
@@ -127,16 +136,21 @@ pub fn restrict(mode: LandlockMode) -> Result<Enforced, SetupError> {
     })?;
     Ok(Enforced {
         abi: Some(abi),
-        skipped: lacking(abi),
+        skipped: lacking(abi, tcp_rules(network)),
     })
 }
 
+/// Whether the ruleset has TCP rules for this network (only `restricted` mode's).
+fn tcp_rules(network: &NetworkSpec) -> bool {
+    network.mode != NetworkMode::None && network.landlock_connect_ports().is_some()
+}
+
 /// What a kernel of landlock ABI `abi` does not enforce of what codecage asks for, each
-/// with the layer that covers it.
-pub fn lacking(abi: u32) -> Vec<Skipped> {
+/// with the layer that covers it; ABI 4's TCP rules count only when they are asked for.
+pub fn lacking(abi: u32, tcp_rules: bool) -> Vec<Skipped> {
     FEATURES
         .iter()
-        .filter(|f| f.abi > abi)
+        .filter(|f| f.abi > abi && (tcp_rules || f.abi != 4))
         .map(|f| {
             Skipped::new(
                 "landlock",
@@ -160,12 +174,25 @@ fn no_landlock() -> String {
 
 /// Everything codecage asks for, at the kernel's ABI (the crate drops what it lacks: the
 /// features [`restrict`] has listed).
-fn build_and_restrict() -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
+fn build_and_restrict(
+    network: &NetworkSpec,
+) -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
     let read = AccessFs::from_read(TARGET);
     let all = AccessFs::from_all(TARGET);
-    Ruleset::default()
+    let (tcp, ports) = match (network.mode, network.landlock_connect_ports()) {
+        // The namespace is the boundary (see the module's comment).
+        (NetworkMode::None, _) => (landlock::BitFlags::empty(), Vec::new()),
+        (_, Some(ports)) => (AccessNet::ConnectTcp.into(), ports),
+        (_, None) => (landlock::BitFlags::empty(), Vec::new()),
+    };
+    let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(all)?
+        .handle_access(all)?;
+    let ruleset = match tcp.is_empty() {
+        true => ruleset,
+        false => ruleset.handle_access(tcp)?,
+    };
+    ruleset
         .scope(Scope::AbstractUnixSocket | Scope::Signal)?
         .create()?
         .add_rules(path_beneath_rules(["/"], read))?
@@ -177,6 +204,9 @@ fn build_and_restrict() -> Result<landlock::RestrictionStatus, landlock::Ruleset
             ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"],
             AccessFs::from_file(TARGET),
         ))?
+        .add_rules(ports.into_iter().map(|port| {
+            Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
+        }))?
         .restrict_self()
 }
 
@@ -187,9 +217,7 @@ mod tests {
     #[test]
     fn every_abi_after_the_first_is_covered_by_another_layer() {
         let abis: Vec<u32> = FEATURES.iter().map(|f| f.abi).collect();
-        // Every ABI up to the target but 4, whose TCP rules are not asked for.
-        assert_eq!(abis, [2, 3, 5, 6]);
-        assert_eq!(TARGET as u32, 6);
+        assert_eq!(abis, (2..=TARGET as u32).collect::<Vec<_>>());
         for f in FEATURES {
             assert!(f.what.contains(&format!("ABI {}", f.abi)));
             assert!(!f.covered_by.is_empty());

@@ -87,10 +87,13 @@ fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     // Mounts: a new root from tmpfs and read-only binds, then pivot_root (see mount.rs).
     // /proc/sys/net shows the reader's network namespace, whichever procfs it is read from;
     // the sandbox's own /proc/sys is read-only once built.
-    set_network_sysctls()?;
+    set_network_sysctls(spec.network.mode.has_gateway())?;
     mount::build_root(&spec, volumes)?;
     set_hostname(&spec.hostname)?;
     bring_up_loopback()?;
+    if spec.network.mode.has_gateway() {
+        configure_gateway_link()?;
+    }
     // pid 1 holds the host binary open; other uids may not inspect it (CVE-2019-5736).
     make_init_undumpable()?;
     protocol::mark(channel, Phase::SandboxBuilt);
@@ -199,6 +202,28 @@ fn bring_up_loopback() -> Result<(), SetupError> {
     })
 }
 
+/// tun0 (created by the launcher before "go") gets the sandbox's address, a large MTU,
+/// and the default route: every packet that leaves the sandbox goes to the gateway.
+fn configure_gateway_link() -> Result<(), SetupError> {
+    use crate::network::{LINK_MTU, SANDBOX_ADDR, TUN_NAME};
+    let fail = |e: std::io::Error, what: &str| {
+        SetupError::io(
+            Step::ConfigureGatewayLink,
+            &e,
+            format!("{what} of {TUN_NAME}"),
+        )
+    };
+    crate::sys::configure_interface(
+        TUN_NAME,
+        SANDBOX_ADDR,
+        std::net::Ipv4Addr::new(255, 255, 255, 255),
+        LINK_MTU,
+    )
+    .map_err(|e| fail(e, "setting the address and MTU"))?;
+    crate::sys::interface_up(TUN_NAME).map_err(|e| fail(e, "setting up"))?;
+    crate::sys::add_default_route(TUN_NAME).map_err(|e| fail(e, "adding the default route"))
+}
+
 /// The network namespace's own sysctls (its /proc/sys/net, writable by the sandbox's root
 /// before /proc/sys is made read-only). TCP Fast Open would let `sendto(MSG_FASTOPEN)` open
 /// a connection without connect(2), which landlock's connect rule does not see. The rest
@@ -207,8 +232,21 @@ fn bring_up_loopback() -> Result<(), SetupError> {
 /// the run's memory cgroup.
 const NETWORK_SYSCTLS: &[(&str, &str)] = &[("net/ipv4/tcp_fastopen", "0")];
 
-fn set_network_sysctls() -> Result<(), SetupError> {
-    for (key, value) in NETWORK_SYSCTLS {
+/// With a link to the gateway: no IPv6 on it (the gateway carries IPv4 only, so IPv6 is
+/// off rather than open), and no IPv6 on links created later. A kernel without IPv6 has
+/// nothing to turn off.
+const GATEWAY_SYSCTLS: &[(&str, &str)] = &[
+    ("net/ipv6/conf/tun0/disable_ipv6", "1"),
+    ("net/ipv6/conf/default/disable_ipv6", "1"),
+];
+
+fn set_network_sysctls(gateway: bool) -> Result<(), SetupError> {
+    let ipv6 = std::path::Path::new("/proc/sys/net/ipv6").exists();
+    let extra = match gateway && ipv6 {
+        true => GATEWAY_SYSCTLS,
+        false => &[],
+    };
+    for (key, value) in NETWORK_SYSCTLS.iter().chain(extra) {
         let path = std::path::Path::new("/proc/sys").join(key);
         std::fs::write(&path, value).map_err(|e| {
             SetupError::io(

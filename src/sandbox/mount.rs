@@ -16,7 +16,7 @@ use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
 
 use super::procfs;
-use super::rootfs::{synthesized_etc, HOST_ETC, HOST_TOP};
+use super::rootfs::{resolv_conf, synthesized_etc, HOST_ETC, HOST_TOP};
 use crate::protocol::{SetupError, Step};
 use crate::spec::{Rootfs, SandboxSpec};
 
@@ -48,7 +48,7 @@ pub fn build_root(spec: &SandboxSpec, volumes: Vec<std::os::fd::OwnedFd>) -> Don
         Rootfs::Host => {
             mount_root_tmpfs()?;
             bind_host_dirs()?;
-            write_etc(&spec.hostname)?;
+            write_etc(&spec.hostname, spec.network.mode.has_gateway())?;
             make_mount_points()?;
         }
         Rootfs::Dir(dir) => {
@@ -73,9 +73,38 @@ pub fn build_root(spec: &SandboxSpec, volumes: Vec<std::os::fd::OwnedFd>) -> Don
     procfs::mask_host_entries(&at("proc"), &at("dev/.codecage-empty"))?;
     // Staged on /dev's tmpfs, which is still writable, then unlinked.
     procfs::write_sandbox_files(&at("proc"), &at("dev/.codecage-proc"), spec)?;
+    if matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway() {
+        point_resolver_at_gateway()?;
+    }
     seal_dev()?;
     remount_root_readonly()?;
     enter_new_root()
+}
+
+/// An image's /etc is its own: its resolv.conf is covered by one naming the gateway's DNS,
+/// staged on /dev's tmpfs (still writable), bound read-only, and unlinked.
+fn point_resolver_at_gateway() -> Done {
+    let target = at("etc/resolv.conf");
+    let staged = at("dev/.codecage-resolv.conf");
+    let fail = |e: std::io::Error, what: &str| {
+        SetupError::io(Step::PointResolverAtGateway, &e, what.to_string())
+    };
+    if !target.is_file() {
+        return Err(SetupError::refused(
+            Step::PointResolverAtGateway,
+            "the image has no /etc/resolv.conf file to cover with the gateway's; rebuild it with `cargo xtask \
+             rootfs` (which creates one), or use the host rootfs",
+        ));
+    }
+    fs::write(&staged, resolv_conf(true)).map_err(|e| fail(e, "staging resolv.conf"))?;
+    bind_readonly(&staged, &target).map_err(|e| {
+        SetupError::errno(
+            Step::PointResolverAtGateway,
+            e,
+            "binding resolv.conf over the image's",
+        )
+    })?;
+    fs::remove_file(&staged).map_err(|e| fail(e, "removing the staged resolv.conf"))
 }
 
 fn stop_mount_propagation() -> Done {
@@ -124,11 +153,11 @@ fn bind_host_dirs() -> Done {
 }
 
 /// A synthesized /etc plus the harmless host entries (see rootfs.rs).
-fn write_etc(hostname: &str) -> Done {
+fn write_etc(hostname: &str, gateway: bool) -> Done {
     let etc = at("etc");
     mkdir(&etc, 0o755)
         .map_err(|e| SetupError::io(Step::WriteEtc, &e, format!("creating {}", etc.display())))?;
-    for (name, content) in synthesized_etc(hostname) {
+    for (name, content) in synthesized_etc(hostname, gateway) {
         let path = etc.join(name);
         fs::write(&path, content).map_err(|e| {
             SetupError::io(Step::WriteEtc, &e, format!("writing {}", path.display()))

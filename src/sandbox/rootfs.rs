@@ -34,8 +34,19 @@ pub const HOST_ETC: &[&str] = &[
     "os-release",
 ];
 
-/// The files written into the sandbox's /etc: (name, content).
-pub fn synthesized_etc(hostname: &str) -> Vec<(&'static str, String)> {
+/// The sandbox's resolv.conf: with a gateway, its DNS server; without, none (an empty file
+/// keeps resolvers from guessing).
+pub fn resolv_conf(gateway: bool) -> String {
+    match gateway {
+        true => format!("nameserver {}\n", crate::network::GATEWAY_ADDR),
+        false => String::new(),
+    }
+}
+
+/// The files written into the sandbox's /etc: (name, content). With a gateway, names are
+/// looked up in DNS too.
+pub fn synthesized_etc(hostname: &str, gateway: bool) -> Vec<(&'static str, String)> {
+    let hosts = if gateway { "files dns" } else { "files" };
     let uid = SANDBOX_UID;
     let user = SANDBOX_USER;
     vec![
@@ -53,9 +64,8 @@ pub fn synthesized_etc(hostname: &str) -> Vec<(&'static str, String)> {
             format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback {hostname}\n"),
         ),
         ("hostname", format!("{hostname}\n")),
-        ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\nprotocols: files\nservices: files\n".into()),
-        // No network, so no name servers; an empty file keeps resolvers from guessing.
-        ("resolv.conf", String::new()),
+        ("nsswitch.conf", format!("passwd: files\ngroup: files\nshadow: files\nhosts: {hosts}\nnetworks: files\nprotocols: files\nservices: files\n")),
+        ("resolv.conf", resolv_conf(gateway)),
         ("shells", "/bin/sh\n/bin/bash\n/usr/bin/sh\n/usr/bin/bash\n".into()),
     ]
 }
@@ -66,7 +76,7 @@ mod tests {
 
     #[test]
     fn etc_has_the_sandbox_user_and_no_host_secrets() {
-        let files = synthesized_etc("sandbox");
+        let files = synthesized_etc("sandbox", false);
         let passwd = &files.iter().find(|(n, _)| *n == "passwd").unwrap().1;
         assert!(passwd.contains("sandbox:x:1000:1000"));
         let names: Vec<_> = files.iter().map(|(n, _)| *n).collect();

@@ -173,6 +173,9 @@ pub struct RunRequest {
     /// Environment variables to add (not PATH or LD_*).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The network mode: none, restricted or full, no looser than the profile's.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub network: Option<codecage::network::Mode>,
     /// Files placed in /work before the code runs: `{"path": "data/in.csv", "data":
     /// BASE64}` (within the profile's inputs caps).
     #[serde(default)]
@@ -197,6 +200,9 @@ pub struct SessionRequest {
     pub profile: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The network mode, as in `POST /v1/run`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub network: Option<codecage::network::Mode>,
     /// The limits, as in `POST /v1/run`; `timeout` and `output_limit` are each call's.
     #[serde(flatten)]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
@@ -389,8 +395,10 @@ pub(super) async fn run_request(
         files: body.files,
         rootfs: None,
         env: body.env.into_iter().collect(),
+        network: body.network,
     };
     let mut spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
+    network_allowed(state, spec.sandbox.network.mode)?;
     spec.exec.stdin = body.stdin.map(String::into_bytes);
     let _permit = room(&state.sandboxes, state, "sandboxes").await?;
     let outcome = tokio::task::spawn_blocking(move || {
@@ -405,6 +413,12 @@ pub(super) async fn run_request(
     }
     log_call(caller, "run", body.language, None, &outcome);
     Ok(outcome)
+}
+
+/// Network mode `full` only where the server's config enables it: 403 otherwise.
+fn network_allowed(state: &Shared, mode: codecage::network::Mode) -> Result<(), ApiError> {
+    crate::gateway::Gateway::check_mode(&state.config.network, mode)
+        .map_err(|m| ApiError::new(StatusCode::FORBIDDEN, "policy", m))
 }
 
 fn new_id() -> String {
@@ -459,9 +473,11 @@ pub(super) async fn open_session(
         argv: Some(vec!["true".into()]),
         knobs,
         env: body.env.into_iter().collect(),
+        network: body.network,
         ..PolicyRequest::default()
     };
     let spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
+    network_allowed(state, spec.sandbox.network.mode)?;
     let session_spec = SessionSpec {
         sandbox: spec.sandbox,
         lang: body.language,

@@ -25,6 +25,8 @@ pub struct ServerConfig {
     /// /etc/codecage/profiles).
     pub profiles_dir: Option<PathBuf>,
     pub limits: Limits,
+    /// The network gateway: whether `full` is allowed, the package indexes.
+    pub network: crate::gateway::GatewayConfig,
     /// The MCP server (`codecage mcp`, and `/mcp` on the listeners).
     pub mcp: McpConfig,
 }

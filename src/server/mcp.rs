@@ -687,6 +687,7 @@ impl CodecageMcp {
             language: lang,
             profile: Some(profile),
             env: Default::default(),
+            network: None,
             limits: Default::default(),
         };
         api::open_session(&self.state, caller, request).await
@@ -870,6 +871,7 @@ impl CodecageMcp {
             env: Default::default(),
             files: Vec::new(),
             file_data: Some(true),
+            network: None,
             limits,
         };
         let canceller = match Canceller::new() {

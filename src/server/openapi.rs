@@ -391,6 +391,7 @@ const OUTCOME_FIELDS: &[(&str, Type, bool, &str)] = &[
     ("oom_kills", Type::Integer, false, "processes the OOM killer killed"),
     ("landlock_abi", Type::Integer, true, "the kernel's landlock ABI"),
     ("skipped_layers", Type::Array, false, "hardening not applied: {layer, feature, reason, covered_by}"),
+    ("network", Type::Array, false, "connections through the network gateway, allowed and denied: {protocol, host, port, verdict (allowed, denied, failed), reason, count, bytes_out, bytes_in}"),
     ("files", Type::Array, false, "output files taken back: {path, size, media_type, sha256, data (base64)}"),
     ("files_skipped", Type::Array, false, "output files not taken: {path, reason}"),
 ];

@@ -15,6 +15,7 @@ mod kmem;
 mod library;
 mod limits;
 mod mcp;
+mod network;
 mod portability;
 mod profiles;
 mod server;

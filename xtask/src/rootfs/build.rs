@@ -409,9 +409,11 @@ fn finalize_tree(r: &Runner, root: &Path, info: &mut BuildInfo) -> Result<()> {
         root.join("etc/hosts"),
         "127.0.0.1\tlocalhost\n127.0.1.1\tsandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
     )?;
-    // mmdebstrap copied the host's resolver configuration in; the sandbox
-    // has no network but loopback.
+    // mmdebstrap copied the host's resolver configuration in; the image's is
+    // empty (network mode none), and the file is the mount point a sandbox
+    // with a network gateway covers with one naming the gateway's DNS.
     let _ = fs::remove_file(root.join("etc/resolv.conf"));
+    fs::write(root.join("etc/resolv.conf"), "")?;
 
     // Empty mount points (the sandbox refuses an image without them).
     let mounted = mounts_below(root);

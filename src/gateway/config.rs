@@ -1,0 +1,75 @@
+//! The host's settings for the gateway: `[network]` of the server's config and of the
+//! CLI's host config (/etc/codecage/config.toml, or `$CODECAGE_CONFIG`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Where the CLI reads the host's configuration.
+pub const HOST_CONFIG: &str = "/etc/codecage/config.toml";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Profiles may use network mode `full` (any public host, still no private ranges or
+    /// cloud metadata).
+    pub full: bool,
+    /// Resolve names from this file (hosts(5) format, read at every lookup) and nowhere
+    /// else, instead of the host's resolver. For tests.
+    pub hosts_file: Option<PathBuf>,
+    /// Open upstream connections from this network namespace (a file such as
+    /// /run/netns/NAME) instead of the host's. For tests.
+    pub dial_netns: Option<PathBuf>,
+    /// The package index (PEP 503 simple API) that the gateway's index forwards allowed
+    /// Python packages from. Default https://pypi.org/simple/.
+    pub python_index: Option<String>,
+}
+
+impl GatewayConfig {
+    pub fn python_index(&self) -> &str {
+        self.python_index
+            .as_deref()
+            .unwrap_or("https://pypi.org/simple/")
+    }
+}
+
+/// The CLI's host configuration: what the host's administrator allows every run.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    pub network: GatewayConfig,
+}
+
+impl HostConfig {
+    /// `$CODECAGE_CONFIG`, else /etc/codecage/config.toml; a missing default file is an
+    /// empty config.
+    pub fn load() -> Result<HostConfig, String> {
+        let (path, explicit) = match std::env::var_os("CODECAGE_CONFIG") {
+            Some(p) => (PathBuf::from(p), true),
+            None => (PathBuf::from(HOST_CONFIG), false),
+        };
+        HostConfig::load_from(&path, explicit)
+    }
+
+    fn load_from(path: &Path, must_exist: bool) -> Result<HostConfig, String> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
+                return Ok(HostConfig::default())
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot read the host config {}: {e}",
+                    path.display()
+                ))
+            }
+        };
+        toml::from_str(&text).map_err(|e| {
+            format!(
+                "host config {}: {}",
+                path.display(),
+                e.to_string().trim_end()
+            )
+        })
+    }
+}

@@ -1,0 +1,123 @@
+//! The network gateway: the front end's side of a sandbox's link (see
+//! `codecage::network`). Each sandbox in network mode `restricted` or `full` hands its tun
+//! queue to [`Gateway::attach`]; a userspace TCP/IP stack (ipstack) over it terminates every
+//! TCP connection and UDP flow the sandbox opens, and `engine` decides each one.
+//!
+//! The gateway runs on a tokio runtime of its own, started the first time a sandbox needs
+//! it: `codecage run` with network mode `none` never starts it, and the server's request
+//! handling never shares its workers with packet processing.
+
+mod config;
+mod dns;
+mod engine;
+mod forward;
+mod log;
+mod packages;
+mod sniff;
+mod tun;
+mod upstream;
+
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, OnceLock};
+
+use codecage::network::{Attached, Connection, Mode, NetworkSpec};
+
+pub use config::{GatewayConfig, HostConfig};
+
+/// The gateway of one process (the CLI's, or the server's).
+pub struct Gateway {
+    config: Arc<GatewayConfig>,
+    runtime: OnceLock<Result<tokio::runtime::Runtime, String>>,
+    upstream: OnceLock<Result<Arc<upstream::Upstream>, String>>,
+}
+
+impl Gateway {
+    pub fn new(config: GatewayConfig) -> Gateway {
+        Gateway {
+            config: Arc::new(config),
+            runtime: OnceLock::new(),
+            upstream: OnceLock::new(),
+        }
+    }
+
+    /// Registers a gateway with this config as the process's.
+    pub fn install(config: GatewayConfig) {
+        codecage::network::set_gateway(Arc::new(Gateway::new(config)));
+    }
+
+    /// Whether the host allows `mode`: `full` only where the config enables it.
+    pub fn check_mode(config: &GatewayConfig, mode: Mode) -> Result<(), String> {
+        if mode == Mode::Full && !config.full {
+            return Err(
+                "network mode full is not enabled on this host: its administrator enables it with `full = true` \
+                 in [network] of the server's config (or of /etc/codecage/config.toml for the CLI); use \
+                 restricted with allowed_hosts instead"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn runtime(&self) -> Result<&tokio::runtime::Runtime, String> {
+        self.runtime
+            .get_or_init(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("codecage-gateway")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("cannot start the gateway's runtime: {e}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn upstream(&self) -> Result<Arc<upstream::Upstream>, String> {
+        self.upstream
+            .get_or_init(|| {
+                upstream::Upstream::new(
+                    self.config.hosts_file.clone(),
+                    self.config.dial_netns.as_deref(),
+                )
+                .map(Arc::new)
+            })
+            .clone()
+    }
+}
+
+impl codecage::network::Gateway for Gateway {
+    fn attach(&self, tun: OwnedFd, spec: &NetworkSpec) -> Result<Box<dyn Attached>, String> {
+        Gateway::check_mode(&self.config, spec.mode)?;
+        let runtime = self.runtime()?;
+        let upstream = self.upstream()?;
+        let log = Arc::new(log::Log::default());
+        let engine = engine::Engine::new(spec.clone(), self.config.clone(), upstream, log.clone());
+        let task = {
+            let _guard = runtime.enter();
+            let device = tun::TunDevice::new(tun)
+                .map_err(|e| format!("cannot serve the sandbox's link: {e}"))?;
+            runtime.spawn(engine.serve(device))
+        };
+        Ok(Box::new(Link { log, task }))
+    }
+}
+
+/// One sandbox's gateway, as the launcher holds it.
+struct Link {
+    log: Arc<log::Log>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Attached for Link {
+    fn take_connections(&mut self) -> Vec<Connection> {
+        self.log.take()
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // The engine's task owns the stack and every connection's task (a JoinSet):
+        // aborting it drops them all, and with them the tun queue and upstream sockets.
+        self.task.abort();
+    }
+}

@@ -1,0 +1,804 @@
+//! Network modes: the restricted gateway against an "internet" the test builds itself (a
+//! network namespace with servers on documentation addresses, a hosts file the gateway
+//! resolves from, a test CA), and loopback in mode none. No test sends a packet anywhere
+//! but loopback and the namespaces it creates.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::common::*;
+
+/// Server A and B of the test internet.
+const A: &str = "203.0.113.10";
+const B: &str = "198.51.100.20";
+
+/// A network namespace with servers in it, the hosts file and config the gateway reads,
+/// and a test CA. Everything is removed on drop. The namespace is held by a process of its
+/// own (`unshare --net sleep`), not a mount under /run/netns: tests run in parallel, and
+/// each checks the host's mount table after itself.
+struct Internet {
+    dir: TempDir,
+    holder: Child,
+    servers: Vec<Child>,
+    ca: String,
+}
+
+fn sh(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+impl Internet {
+    fn new() -> Internet {
+        let dir = TempDir::new("internet");
+        let holder = Command::new("unshare")
+            .args(["--net", "--", "sleep", "infinity"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("unshare");
+        let mut net = Internet {
+            dir,
+            holder,
+            servers: Vec::new(),
+            ca: String::new(),
+        };
+        let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+        assert!(
+            wait_for(Duration::from_secs(5), || std::fs::read_link(net.netns())
+                .is_ok_and(|ns| ns != own)),
+            "the namespace holder did not start"
+        );
+        // Documentation addresses on the namespace's loopback: reachable only from inside it,
+        // which is where the gateway dials from (dial_netns).
+        for args in [
+            vec!["link", "set", "lo", "up"],
+            vec!["addr", "add", &format!("{A}/24"), "dev", "lo"],
+            vec!["addr", "add", &format!("{B}/24"), "dev", "lo"],
+        ] {
+            sh(net.inside("ip").args(&args));
+        }
+        let d = net.dir.path().to_path_buf();
+        for (name, body) in [("a", "server-a"), ("b", "server-b")] {
+            std::fs::create_dir_all(d.join(name)).unwrap();
+            std::fs::write(d.join(name).join("index.html"), body).unwrap();
+        }
+        net.make_ca();
+        net.write_hosts(A);
+        std::fs::write(
+            d.join("config.toml"),
+            format!(
+                "[network]\nhosts_file = {:?}\ndial_netns = {:?}\npython_index = \"http://{B}/simple/\"\n",
+                d.join("hosts"),
+                net.netns()
+            ),
+        )
+        .unwrap();
+        let www_a = d.join("a");
+        let www_b = d.join("b");
+        net.serve(
+            &["-m", "http.server", "80", "--bind", A, "--directory"],
+            &www_a,
+            "a.log",
+        );
+        net.serve(
+            &["-m", "http.server", "80", "--bind", B, "--directory"],
+            &www_b,
+            "b.log",
+        );
+        let tls = d.join("tls.py");
+        std::fs::write(&tls, TLS_SERVER).unwrap();
+        let (cert, key) = (d.join("srv.pem"), d.join("srv.key"));
+        let tls_args = [
+            tls.to_str().unwrap(),
+            A,
+            "443",
+            cert.to_str().unwrap(),
+            key.to_str().unwrap(),
+        ];
+        net.serve(&tls_args, &www_a, "tls.log");
+        let udp = d.join("udp.py");
+        std::fs::write(&udp, UDP_SERVER).unwrap();
+        let udp_log = d.join("udp.received");
+        net.serve(&[udp.to_str().unwrap(), A, "5353"], &udp_log, "udp.log");
+        for port in ["80", "443"] {
+            assert!(
+                wait_for(Duration::from_secs(10), || {
+                    net.inside("bash")
+                        .arg("-c")
+                        .arg(format!("exec 3<>/dev/tcp/{A}/{port}"))
+                        .status()
+                        .is_ok_and(|s| s.success())
+                }),
+                "the test server on port {port} did not come up"
+            );
+        }
+        net
+    }
+
+    /// Starts `python3 ARGS... EXTRA` in the namespace, its output to LOG.
+    fn serve(&mut self, args: &[&str], extra: &Path, log: &str) {
+        let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
+        let child = self
+            .inside("/usr/bin/python3")
+            .args(args)
+            .arg(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.servers.push(child);
+    }
+
+    /// The namespace, as a file the gateway can enter.
+    fn netns(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/net", self.holder.id()))
+    }
+
+    /// `program` run inside the namespace.
+    fn inside(&self, program: &str) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.netns().display()))
+            .arg("--")
+            .arg(program);
+        cmd
+    }
+
+    fn make_ca(&mut self) {
+        let d = self.dir.path();
+        let p = |n: &str| d.join(n).to_str().unwrap().to_string();
+        sh(Command::new("openssl").args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=codecage test CA",
+            "-keyout",
+            &p("ca.key"),
+            "-out",
+            &p("ca.pem"),
+        ]));
+        sh(Command::new("openssl").args([
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=allowed.test",
+            "-keyout",
+            &p("srv.key"),
+            "-out",
+            &p("srv.csr"),
+        ]));
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:rebind.test\n",
+        )
+        .unwrap();
+        sh(Command::new("openssl").args([
+            "x509",
+            "-req",
+            "-in",
+            &p("srv.csr"),
+            "-CA",
+            &p("ca.pem"),
+            "-CAkey",
+            &p("ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &p("ext.cnf"),
+            "-out",
+            &p("srv.pem"),
+        ]));
+        self.ca = std::fs::read_to_string(d.join("ca.pem")).unwrap();
+    }
+
+    /// The names of the test internet; `rebind.test` points at `rebind`.
+    fn write_hosts(&self, rebind: &str) {
+        let text = format!(
+            "{A} allowed.test other.test udp.test\n{rebind} rebind.test\n127.0.0.1 loop.test\n\
+             10.0.0.5 private.test\n169.254.169.254 metadata.test\n"
+        );
+        let path = self.dir.path().join("hosts");
+        let tmp = self.dir.path().join("hosts.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(tmp, path).unwrap();
+    }
+
+    /// A profile file for `mode` with `extra` lines in its [network] section.
+    fn profile(&self, name: &str, extra: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "language = \"python\"\nrootfs = \"host\"\n[network]\nmode = \"restricted\"\n\
+                 allowed_hosts = [\"allowed.test\", \"rebind.test\", \"loop.test\", \"private.test\", \
+                 \"metadata.test\", \"udp.test\"]\nallowed_ranges = [\"203.0.113.0/24\", \"198.51.100.0/24\"]\n{extra}"
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// `codecage run --json --profile PROFILE` with the test's gateway config and the CA
+    /// in $CA (no proxy variables: the sandbox's environment is codecage's own).
+    fn run(&self, profile: &Path, flags: &[&str], argv: &[&str]) -> Run {
+        parse(self.command(profile, flags, argv).launch_output())
+    }
+
+    fn command(&self, profile: &Path, flags: &[&str], argv: &[&str]) -> Command {
+        let mut cmd = codecage();
+        cmd.env("CODECAGE_CONFIG", self.dir.path().join("config.toml"))
+            .args(["run", "--json", "--profile"])
+            .arg(profile)
+            .args(["--env", &format!("CA={}", self.ca)])
+            .args(flags)
+            .arg("--")
+            .args(argv);
+        cmd
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        for child in self.servers.iter_mut().chain([&mut self.holder]) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A TLS file server: ADDR PORT CERT KEY DIR.
+const TLS_SERVER: &str = r#"
+import http.server, ssl, sys
+addr, port, cert, key, root = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+class H(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *a, **k): super().__init__(*a, directory=root, **k)
+srv = http.server.ThreadingHTTPServer((addr, port), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+"#;
+
+/// A UDP server that notes every datagram in a file: ADDR PORT FILE.
+const UDP_SERVER: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+while True:
+    data, peer = s.recvfrom(65536)
+    with open(sys.argv[3], "ab") as f: f.write(data + b"\n")
+    s.sendto(b"pong", peer)
+"#;
+
+/// Builds a PEP 503 index under DIR: tinyok (needing tinydep), tinydep, tinybad.
+const MAKE_INDEX: &str = r#"
+import base64, hashlib, os, sys, zipfile
+root = sys.argv[1]
+def wheel(name, deps=()):
+    fn = f"{name}-1.0-py3-none-any.whl"
+    os.makedirs(f"{root}/packages", exist_ok=True)
+    path = f"{root}/packages/{fn}"
+    meta = "Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n%s" % (name, "".join(f"Requires-Dist: {d}\n" for d in deps))
+    files = {
+        f"{name}/__init__.py": f"VALUE = {name!r}\n",
+        f"{name}-1.0.dist-info/METADATA": meta,
+        f"{name}-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for n, c in files.items():
+            z.writestr(n, c)
+            h = base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{n},sha256={h},{len(c)}")
+        record.append(f"{name}-1.0.dist-info/RECORD,,")
+        z.writestr(f"{name}-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    os.makedirs(f"{root}/simple/{name}", exist_ok=True)
+    with open(f"{root}/simple/{name}/index.html", "w") as f:
+        f.write(f'<!DOCTYPE html><html><body><a href="../../packages/{fn}#sha256={digest}">{fn}</a></body></html>\n')
+wheel("tinydep")
+wheel("tinyok", ["tinydep"])
+wheel("tinybad")
+"#;
+
+/// The network entries of a run for `host`.
+fn entries<'a>(run: &'a Run, host: &str) -> Vec<&'a Value> {
+    run.json["network"]
+        .as_array()
+        .map(|a| a.iter().filter(|e| e["host"] == host).collect())
+        .unwrap_or_default()
+}
+
+/// The reason the run's network list gives for refusing `host` over TCP.
+fn tcp_denial(run: &Run, host: &str) -> String {
+    entries(run, host)
+        .iter()
+        .find(|e| e["protocol"] == "tcp" && e["verdict"] == "denied")
+        .and_then(|e| e["reason"].as_str())
+        .unwrap_or_else(|| panic!("no TCP denial for {host}: {}", run.json["network"]))
+        .to_string()
+}
+
+const PY_FETCH: &str = r#"
+import os, sys, urllib.request
+open("/tmp/ca.pem", "w").write(os.environ["CA"])
+os.environ["SSL_CERT_FILE"] = "/tmp/ca.pem"
+assert not any(k.lower().endswith("_proxy") for k in os.environ), os.environ
+for url in sys.argv[1:]:
+    try:
+        print(url, urllib.request.urlopen(url, timeout=5).read().decode())
+    except Exception as e:
+        print(url, "ERROR", e)
+"#;
+
+#[test]
+fn an_allowed_name_is_reached_over_http_and_https_by_python_curl_and_node_without_proxies() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("restricted", "");
+        let script = format!(
+            "printf '%s\\n' \"$CA\" > /tmp/ca.pem; env | grep -i _proxy; \
+             /usr/bin/python3 -c '{PY_FETCH}' http://allowed.test/ https://allowed.test/; \
+             for u in http://allowed.test/ https://allowed.test/; do echo \"curl $u $(curl -sS --max-time 5 --cacert /tmp/ca.pem $u)\"; done; \
+             for u in http://allowed.test/ https://allowed.test/; do NODE_EXTRA_CA_CERTS=/tmp/ca.pem /usr/bin/node -e \
+             'fetch(process.argv[1]).then(r => r.text()).then(t => console.log(\"node\", process.argv[1], t), e => console.log(\"node\", process.argv[1], \"ERROR\", e.cause))' $u; done"
+        );
+        let run = net.run(&profile, &[], &["bash", "-c", &script]);
+        let out = run.stdout();
+        for client in ["", "curl ", "node "] {
+            for url in ["http://allowed.test/", "https://allowed.test/"] {
+                let line = format!("{client}{url} server-a");
+                assert!(
+                    out.contains(&line),
+                    "{line:?} missing from {out}\n{}",
+                    run.json
+                );
+            }
+        }
+        let tcp: Vec<&Value> = entries(&run, "allowed.test")
+            .into_iter()
+            .filter(|e| e["protocol"] == "tcp")
+            .collect();
+        assert!(tcp.iter().all(|e| e["verdict"] == "allowed"), "{tcp:?}");
+        let https = tcp.iter().find(|e| e["port"] == 443).expect("HTTPS listed");
+        assert_eq!(https["count"], 3, "{https}");
+        assert!(https["bytes_in"].as_u64().unwrap() > 1000, "{https}");
+        assert!(https["bytes_out"].as_u64().unwrap() > 100, "{https}");
+    });
+}
+
+#[test]
+fn names_off_the_list_raw_addresses_private_loopback_and_metadata_are_refused_with_reasons() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("restricted", "");
+        let urls = [
+            "http://other.test/",
+            format!("http://{A}/").leak(),
+            "http://private.test/",
+            "http://loop.test/",
+            "http://metadata.test/latest/meta-data/",
+            "http://169.254.169.254/latest/meta-data/",
+        ];
+        let mut argv = vec!["/usr/bin/python3", "-c", PY_FETCH];
+        argv.extend(urls);
+        let start = Instant::now();
+        let run = net.run(&profile, &[], &argv);
+        let out = run.stdout();
+        for url in urls {
+            assert!(
+                out.contains(&format!("{url} ERROR")),
+                "{url} was reached: {out}"
+            );
+        }
+        // Refusals are prompt: the program hears of them, it does not time out.
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        let dns = entries(&run, "other.test");
+        assert!(
+            dns.iter().any(|e| e["protocol"] == "dns"
+                && e["verdict"] == "denied"
+                && e["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not in the profile's allowed_hosts")),
+            "{}",
+            run.json["network"]
+        );
+        assert!(tcp_denial(&run, A).contains("an address, not a name"));
+        assert!(tcp_denial(&run, "private.test").contains("10.0.0.5 (a private address)"));
+        assert!(tcp_denial(&run, "loop.test").contains("127.0.0.1 (a loopback address)"));
+        assert!(tcp_denial(&run, "metadata.test").contains("cloud metadata"));
+        assert!(tcp_denial(&run, "169.254.169.254").contains("cloud metadata"));
+        assert!(
+            !net.log("a.log").contains("GET"),
+            "server A was reached: {}",
+            net.log("a.log")
+        );
+    });
+}
+
+#[test]
+fn a_server_name_other_than_the_resolved_name_is_refused() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("restricted", "");
+        // Resolves allowed.test, then speaks TLS to its address with another name (as a
+        // domain-fronting client would), and HTTP with another Host.
+        let code = r#"
+import os, socket, ssl
+open("/tmp/ca.pem", "w").write(os.environ["CA"])
+addr = socket.gethostbyname("allowed.test")
+ctx = ssl.create_default_context(cafile="/tmp/ca.pem")
+for name in ["other.test", "allowed.test"]:
+    try:
+        with ctx.wrap_socket(socket.create_connection((addr, 443), timeout=5), server_hostname=name) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: " + name.encode() + b"\r\nConnection: close\r\n\r\n")
+            print(name, "tls", s.recv(4096).split(b"\r\n")[0].decode())
+    except Exception as e:
+        print(name, "tls ERROR", e)
+with socket.create_connection((addr, 80), timeout=5) as s:
+    s.sendall(b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+    print("http", s.recv(4096) or b"closed")
+"#;
+        let run = net.run(&profile, &[], &["/usr/bin/python3", "-c", code]);
+        let out = run.stdout();
+        assert!(out.contains("other.test tls ERROR"), "{out}");
+        assert!(out.contains("allowed.test tls HTTP/1.0 200 OK"), "{out}");
+        assert!(out.contains("http b'closed'"), "{out}");
+        let reasons: Vec<&str> = entries(&run, "allowed.test")
+            .iter()
+            .filter_map(|e| e["reason"].as_str())
+            .collect();
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("server name (SNI) other.test differs")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("HTTP Host other.test differs")),
+            "{reasons:?}"
+        );
+    });
+}
+
+#[test]
+fn a_dns_rebinding_attempt_keeps_going_where_the_first_answer_said() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("restricted", "");
+        let code = r#"
+import socket, time, urllib.request
+print("first", urllib.request.urlopen("http://rebind.test/", timeout=5).read().decode())
+time.sleep(3)
+print("again", socket.gethostbyname("rebind.test"), urllib.request.urlopen("http://rebind.test/", timeout=5).read().decode())
+"#;
+        let child = net
+            .command(&profile, &[], &["/usr/bin/python3", "-c", code])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .launch();
+        // Once the first request reached server A, the name's DNS answers B instead.
+        assert!(
+            wait_for(Duration::from_secs(20), || net
+                .log("a.log")
+                .contains("GET /")),
+            "the first request never came"
+        );
+        net.write_hosts(B);
+        let run = finish(child);
+        let out = run.stdout();
+        assert!(out.contains("first server-a"), "{out} {}", run.json);
+        assert!(
+            out.contains("again 198.19.") && out.contains("server-a\n"),
+            "{out}"
+        );
+        assert!(!out.contains("server-b"), "{out}");
+        assert!(
+            !net.log("b.log").contains("GET"),
+            "B was reached: {}",
+            net.log("b.log")
+        );
+        // A new sandbox asks again and gets the new answer: the change was real.
+        let run = net.run(
+            &profile,
+            &[],
+            &["/usr/bin/python3", "-c", PY_FETCH, "http://rebind.test/"],
+        );
+        assert!(run.stdout().contains("server-b"), "{}", run.json);
+    });
+}
+
+#[test]
+fn udp_is_dropped_and_listed() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("restricted", "");
+        let code = format!(
+            r#"
+import socket
+for host in ["udp.test", "{A}"]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    try:
+        s.sendto(b"ping", (host, 5353))
+        print(host, s.recvfrom(100))
+    except Exception as e:
+        print(host, "ERROR", e)
+"#
+        );
+        let run = net.run(&profile, &[], &["/usr/bin/python3", "-c", &code]);
+        let out = run.stdout();
+        assert!(
+            out.contains("udp.test ERROR") && out.contains(&format!("{A} ERROR")),
+            "{out}"
+        );
+        assert!(
+            !net.dir.path().join("udp.received").exists(),
+            "the UDP server got a datagram"
+        );
+        for host in ["udp.test", A] {
+            let e = entries(&run, host);
+            assert!(
+                e.iter().any(|e| e["protocol"] == "udp"
+                    && e["verdict"] == "denied"
+                    && e["reason"].as_str().unwrap().contains("UDP is not carried")),
+                "{}",
+                run.json["network"]
+            );
+        }
+    });
+}
+
+#[test]
+fn the_bandwidth_cap_holds_within_a_fifth() {
+    as_root(|| {
+        let net = Internet::new();
+        let size = 4 << 20;
+        std::fs::write(net.dir.path().join("a/blob"), vec![7u8; size]).unwrap();
+        let profile = net.profile("capped", "max_bandwidth = \"1M\"\n");
+        let run = net.run(
+            &profile,
+            &["--timeout", "60s"],
+            &[
+                "curl",
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{size_download} %{time_total}",
+                "http://allowed.test/blob",
+            ],
+        );
+        let out = run.stdout().to_string();
+        let (bytes, secs) = out
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("{out} {}", run.json));
+        assert_eq!(bytes, size.to_string(), "{}", run.json);
+        let rate = size as f64 / secs.parse::<f64>().unwrap();
+        let cap = (1 << 20) as f64;
+        assert!(
+            (0.8 * cap..=1.2 * cap).contains(&rate),
+            "{rate:.0} B/s is not within 20 % of {cap} B/s"
+        );
+    });
+}
+
+#[test]
+fn connections_past_the_cap_are_refused() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("few", "max_connections = 2\n");
+        let code = r#"
+import socket
+held = [socket.create_connection(("allowed.test", 80), timeout=5) for _ in range(3)]
+for s in held: s.sendall(b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+for s in held:
+    try: print(s.recv(100)[:15])
+    except Exception as e: print("ERROR", e)
+"#;
+        let run = net.run(&profile, &[], &["/usr/bin/python3", "-c", code]);
+        assert_eq!(
+            run.stdout().matches("HTTP/1.0 200").count(),
+            2,
+            "{}",
+            run.json
+        );
+        assert!(tcp_denial(&run, "allowed.test").contains("max_connections"));
+    });
+}
+
+#[test]
+fn a_request_may_only_tighten_the_mode_and_full_needs_the_host() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("restricted", "");
+        let run = net.run(
+            &profile,
+            &["--net", "none"],
+            &["/usr/bin/python3", "-c", PY_FETCH, "http://allowed.test/"],
+        );
+        assert!(run.stdout().contains("ERROR"), "{}", run.json);
+        assert_eq!(run.json["network"], serde_json::json!([]));
+        let run = net.run(&profile, &["--net", "full"], &["true"]);
+        assert_eq!(run.error(), Some("policy"), "{}", run.json);
+        let full = net.dir.path().join("full.toml");
+        std::fs::write(&full, "[network]\nmode = \"full\"\n").unwrap();
+        let run = net.run(&full, &[], &["true"]);
+        assert_eq!(run.error(), Some("policy"), "{}", run.json);
+        assert!(run.json["message"]
+            .as_str()
+            .unwrap()
+            .contains("full = true"));
+    });
+}
+
+/// A server of the test's own with the test internet's gateway config; its fds, threads
+/// and children are counted around 1 000 short connections.
+#[test]
+fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
+    as_root(|| {
+        let net = Internet::new();
+        let dir = net.dir.path();
+        let profiles = dir.join("profiles");
+        std::fs::create_dir_all(&profiles).unwrap();
+        std::fs::copy(net.profile("restricted", ""), profiles.join("net.toml")).unwrap();
+        let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+        std::fs::write(
+            dir.join("server.toml"),
+            format!("profiles_dir = {profiles:?}\n{config}"),
+        )
+        .unwrap();
+        let socket = dir.join("codecage.sock");
+        let mut server = codecage()
+            .args(["serve", "--config"])
+            .arg(dir.join("server.toml"))
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .launch();
+        let run = |code: &str| -> Value {
+            let body = serde_json::json!({"profile": "net", "code": code, "timeout": "60s"});
+            let out = Command::new("curl")
+                .args(["-s", "--unix-socket"])
+                .arg(&socket)
+                .args(["-H", "Content-Type: application/json", "-d"])
+                .arg(body.to_string())
+                .arg("http://codecage/v1/run")
+                .output()
+                .unwrap();
+            serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+        };
+        assert!(wait_for(Duration::from_secs(10), || socket.exists()));
+        let pid = server.id();
+        let count = |what: &str| {
+            std::fs::read_dir(format!("/proc/{pid}/{what}"))
+                .unwrap()
+                .count()
+        };
+        let code = |n: usize| {
+            format!(
+                "import socket\nfor i in range({n}):\n    s = socket.create_connection(('allowed.test', 80), timeout=5)\n    \
+                 s.sendall(b'GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\nConnection: close\\r\\n\\r\\n')\n    \
+                 while s.recv(65536): pass\n    s.close()\nprint('done', {n})"
+            )
+        };
+        // Warm up: the gateway's runtime and dial thread start with the first sandbox.
+        let first = run(&code(5));
+        assert_eq!(first["stdout"], "done 5\n", "{first}");
+        std::thread::sleep(Duration::from_millis(500));
+        let (fds, threads) = (count("fd"), count("task"));
+        let many = run(&code(1000));
+        assert_eq!(many["stdout"], "done 1000\n", "{many}");
+        let allowed = many["network"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["protocol"] == "tcp" && e["verdict"] == "allowed")
+            .unwrap_or_else(|| panic!("{many}"));
+        assert_eq!(allowed["count"], 1000, "{many}");
+        assert!(
+            !many["network"].to_string().contains("denied"),
+            "{}",
+            many["network"]
+        );
+        assert!(
+            wait_for(Duration::from_secs(10), || count("fd") <= fds
+                && count("task") <= threads),
+            "the server holds {} fds (was {fds}) and {} threads (was {threads})",
+            count("fd"),
+            count("task")
+        );
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+        {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            assert_eq!(children.trim(), "", "the server has children left");
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = server.wait().unwrap();
+        assert!(status.success(), "{status}");
+    });
+}
+
+#[test]
+fn pip_installs_allowed_packages_from_the_gateways_index_and_nothing_else() {
+    as_root(|| {
+        let net = Internet::new();
+        sh(Command::new("/usr/bin/python3")
+            .args(["-c", MAKE_INDEX])
+            .arg(net.dir.path().join("b")));
+        let profile = net.profile("pip", "python_packages = [\"TinyOK\", \"tinydep\"]\n");
+        let script = format!(
+            "env | grep ^PIP_; \
+             /usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/ok tinyok >/dev/null 2>&1; \
+             PYTHONPATH=/tmp/ok /usr/bin/python3 -c 'import tinyok, tinydep; print(\"installed\", tinyok.VALUE, tinydep.VALUE)'; \
+             /usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/bad tinybad 2>&1 | grep -o 'No matching distribution found for tinybad'; \
+             echo direct $(curl -s -o /dev/null -w '%{{http_code}}' http://{B}/packages/tinybad-1.0-py3-none-any.whl); \
+             echo guessed $(curl -s -o /dev/null -w '%{{http_code}}' http://198.18.0.1/files/99/tinybad-1.0-py3-none-any.whl)"
+        );
+        let run = net.run(&profile, &["--timeout", "100s"], &["bash", "-c", &script]);
+        let out = run.stdout();
+        assert!(
+            out.contains("PIP_INDEX_URL=http://198.18.0.1/simple/"),
+            "{out}"
+        );
+        assert!(
+            out.contains("installed tinyok tinydep"),
+            "{out}\n{}",
+            run.json
+        );
+        assert!(
+            out.contains("No matching distribution found for tinybad"),
+            "{out}"
+        );
+        assert!(out.contains("direct 000"), "{out}");
+        assert!(out.contains("guessed 404"), "{out}");
+        let denied = entries(&run, "tinybad");
+        assert!(
+            denied.iter().any(|e| e["protocol"] == "pip"
+                && e["verdict"] == "denied"
+                && e["reason"].as_str().unwrap().contains("python_packages")),
+            "{}",
+            run.json["network"]
+        );
+        assert!(
+            !net.log("b.log").contains("tinybad"),
+            "{}",
+            net.log("b.log")
+        );
+    });
+}
