@@ -160,35 +160,37 @@ fn inotify_and_epoll_instances_are_bounded_per_sandbox() {
 /// NETLINK_ROUTE reply queues are charged to no cgroup, so the init bounds them: at most
 /// 16 netlink sockets at once, each with a 32 KiB queue the payload cannot raise. Sockets
 /// parked in flight in a unix socket escape the count only up to the kernel's in-flight
-/// limit (RLIMIT_NOFILE), and still with the small queue.
+/// limit (RLIMIT_NOFILE), and still with the small queue. What the queues hold is read
+/// from the kernel's own count (the Rmem column of the sandbox's /proc/net/netlink): a few
+/// MiB at most, far below what the host's MemAvailable moves by on its own while the test
+/// samples it, so that is not the measure here.
 #[test]
 fn netlink_queues_are_bounded_per_sandbox() {
     as_root(|| {
+        let pinned_kib = |run: &Run, kind: &str| -> i64 {
+            run.stdout()
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{kind} pinned ")))
+                .and_then(|l| l.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{}", run.json))
+        };
         let (run, loss) = pin("netlink");
         assert!(
             run.stdout().starts_with("16 netlink sockets\n"),
             "{}",
             run.json
         );
-        assert_host_held("netlink", &run, &loss);
+        // 16 queues of 32 KiB (doubled by the kernel), and a reply past the last.
+        assert!(pinned_kib(&run, "netlink") <= 16 * 80, "{}", run.json);
+        assert!(loss.udp <= LIMIT_MIB + 8, "{}", run.json);
         let (run, loss) = pin("netlink-parked");
-        let pinned_mib: i64 = run
-            .stdout()
-            .lines()
-            .find_map(|l| l.strip_prefix("netlink-parked pinned "))
-            .and_then(|l| l.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("{}", run.json));
         // About 1000 sockets (the fd limit) of 32 KiB queues: well under the memory limit.
-        // The kernel's own count of the queues (the Rmem column of /proc/net/netlink) says
-        // so exactly; the host's MemAvailable, sampled while other tests run beside this
-        // long one, moves by more than that on its own.
-        assert!(pinned_mib < LIMIT_MIB / 2, "{}", run.json);
         assert!(
-            loss.udp <= LIMIT_MIB + 8,
-            "netlink-parked: UDP queues held {} MiB: {}",
-            loss.udp,
+            pinned_kib(&run, "netlink-parked") < LIMIT_MIB * 1024 / 2,
+            "{}",
             run.json
         );
+        assert!(loss.udp <= LIMIT_MIB + 8, "{}", run.json);
     });
 }

@@ -6,7 +6,10 @@ MiB = 1 << 20
 keep = []
 pinned = 0
 def report(why):
-    print(f"{kind} pinned {pinned // MiB} MiB ({why})", flush=True)
+    if kind.startswith("netlink"):  # small enough to count in KiB
+        print(f"{kind} pinned {pinned // 1024} KiB ({why})", flush=True)
+    else:
+        print(f"{kind} pinned {pinned // MiB} MiB ({why})", flush=True)
 try:
     if kind == "udp":
         # One sender, as many receivers as the fd limit allows, each queue filled to its
