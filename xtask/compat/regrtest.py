@@ -33,5 +33,9 @@ def safe_restore(self):
                 b.truncate()
 r.TestResult._exc_info_to_string = safe_exc_info_to_string
 r.TestResult._restoreStdout = safe_restore
-from test.libregrtest.main import main
-main()
+
+# Guarded: multiprocessing's spawn and forkserver start methods import the main script
+# again in each child (as __mp_main__), which must not start another test run.
+if __name__ == "__main__":
+    from test.libregrtest.main import main
+    main()
