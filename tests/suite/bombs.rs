@@ -363,17 +363,18 @@ fn the_cgroup_layout_is_the_expected_one_and_every_limit_is_enforceable() {
 }
 
 /// Whether this kernel gives cgroup2 cgroups a `cgroup.kill` (Linux 5.14): looked for in a
-/// cgroup below the cgroup2 mount (the root has none). No cgroup2 mount (pure v1): false.
+/// cgroup of the test's own, made below the cgroup2 mount and removed (the root has none).
+/// No cgroup2 mount (pure v1): false.
 fn kernel_has_cgroup_kill() -> bool {
     let Some(unified) = host_mounts().into_iter().find(|m| m.fs_type == "cgroup2") else {
         return false;
     };
-    let child = std::fs::read_dir(&unified.mount_point)
-        .unwrap()
-        .flatten()
-        .find(|e| e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != "codecage")
-        .unwrap_or_else(|| panic!("no cgroup below {}", unified.mount_point));
-    child.path().join("cgroup.kill").exists()
+    let probe = std::path::Path::new(&unified.mount_point)
+        .join(format!("ccprobe-kill-{}", std::process::id()));
+    std::fs::create_dir(&probe).unwrap();
+    let has_kill = probe.join("cgroup.kill").exists();
+    std::fs::remove_dir(&probe).unwrap();
+    has_kill
 }
 
 /// Memory that belongs to no process (a tmpfs file) pushes the sandbox over its limit: the
