@@ -464,6 +464,44 @@ impl RunCgroup {
         }
     }
 
+    /// Raises the memory limit by what the sandbox holds now: a pre-started interpreter's
+    /// preload is not charged to the request's limit, which then gets the whole of it on
+    /// top, as a cold run would. Returns the added bytes (0 where nothing could be read).
+    pub fn grant_current_memory(&mut self) -> u64 {
+        let base = self.limits.memory;
+        if self.v2 {
+            let Some((dir, _)) = &self.unified else {
+                return 0;
+            };
+            let held = read_u64(&dir.join("memory.current")).unwrap_or(0);
+            if held > 0 && write(&dir.join("memory.max"), &(base + held).to_string()).is_ok() {
+                return held;
+            }
+            return 0;
+        }
+        let Some(dir) = self.v1_dir(Controller::Memory).map(Path::to_path_buf) else {
+            return 0;
+        };
+        let held = read_u64(&dir.join("memory.usage_in_bytes")).unwrap_or(0);
+        if held == 0 {
+            return 0;
+        }
+        let limit = (base + held).to_string();
+        // memory+swap may not be below memory: raised first.
+        let memsw = dir.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() && write(&memsw, &limit).is_err() {
+            return 0;
+        }
+        if write(&dir.join("memory.limit_in_bytes"), &limit).is_err() {
+            return 0;
+        }
+        let tcp = dir.join("memory.kmem.tcp.limit_in_bytes");
+        if tcp.exists() {
+            let _ = write(&tcp, &limit);
+        }
+        held
+    }
+
     /// What the cgroup measured. Read before [`RunCgroup::remove`].
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();
@@ -692,7 +730,7 @@ fn keyed(path: &Path, key: &str) -> Option<u64> {
 /// Removes the cgroups of launchers that died without cleaning up: a run cgroup whose
 /// launcher (pid plus start time) is gone. Its processes died with the launcher
 /// (PR_SET_PDEATHSIG); any left are killed first. Runs once per process.
-fn sweep_leftovers_once(layout: &Layout) {
+pub(crate) fn sweep_leftovers_once(layout: &Layout) {
     static SWEPT: OnceLock<()> = OnceLock::new();
     SWEPT.get_or_init(|| sweep_leftovers(layout));
 }

@@ -15,6 +15,7 @@ mod library;
 mod limits;
 mod mcp;
 mod network;
+mod pool;
 mod portability;
 mod profiles;
 mod server;
