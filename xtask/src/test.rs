@@ -88,7 +88,11 @@ pub fn test(args: &Args) -> Result<i32> {
             .env("CODECAGE_PREPARED", "1")
             .env("CODECAGE_MCP_PYTHON", &mcp_python);
         eprintln!("xtask: the run suites through the pooled path: {pooled:?}");
-        let code = pooled.status().context("running cargo")?.code().unwrap_or(1);
+        let code = pooled
+            .status()
+            .context("running cargo")?
+            .code()
+            .unwrap_or(1);
         if native == 0 {
             native = code;
         }
