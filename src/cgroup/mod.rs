@@ -750,13 +750,23 @@ pub fn sweep_leftovers(layout: &Layout) {
     }
     parents.dedup();
     let mut leftovers: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    // A launcher's liveness is read once (from /proc), however many runs and hierarchies
+    // name it: a host with hundreds of sandboxes would otherwise cost a starting launcher
+    // thousands of reads.
+    let mut judged: std::collections::HashMap<(u64, u64), bool> = Default::default();
     for parent in parents {
         let Ok(entries) = fs::read_dir(&parent) else {
             continue;
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            if is_leftover(&name) {
+            let Some((pid, start)) = run_launcher(&name) else {
+                continue;
+            };
+            let dead = *judged
+                .entry((pid, start))
+                .or_insert_with(|| process_start_time(pid as u32) != Some(start));
+            if dead {
                 leftovers.entry(name).or_default().push(entry.path());
             }
         }
@@ -790,21 +800,26 @@ fn kill_members(dir: &Path) {
     }
 }
 
-/// A `run-<pid ns>-<pid>-<start>-<n>` directory whose launcher no longer exists.
-fn is_leftover(name: &str) -> bool {
-    let fields: Vec<u64> = match name.strip_prefix("run-") {
-        Some(rest) => rest.split('-').map_while(|f| f.parse().ok()).collect(),
-        None => return false,
-    };
+/// The launcher (pid, start time) a `run-<pid ns>-<pid>-<start>-<n>` directory is named
+/// after, when it is of this pid namespace. A launcher in another pid namespace cannot be
+/// judged from here: its pid means nothing in ours, and killing a live sandbox is worse
+/// than keeping a stale directory.
+fn run_launcher(name: &str) -> Option<(u64, u64)> {
+    let fields: Vec<u64> = name
+        .strip_prefix("run-")?
+        .split('-')
+        .map_while(|f| f.parse().ok())
+        .collect();
     let [pid_ns, pid, start, _] = fields[..] else {
-        return false;
+        return None;
     };
-    // A launcher in another pid namespace cannot be judged from here: its pid means
-    // nothing in ours, and killing a live sandbox is worse than keeping a stale directory.
-    if pid_ns != launcher_identity().pid_ns {
-        return false;
-    }
-    process_start_time(pid as u32) != Some(start)
+    (pid_ns == launcher_identity().pid_ns).then_some((pid, start))
+}
+
+/// A run directory whose launcher no longer exists.
+#[cfg(test)]
+fn is_leftover(name: &str) -> bool {
+    run_launcher(name).is_some_and(|(pid, start)| process_start_time(pid as u32) != Some(start))
 }
 
 #[cfg(test)]
