@@ -46,6 +46,18 @@ pub struct Args {
     /// Measure only the warm-pool table (printed, not written)
     #[arg(long)]
     pool_only: bool,
+    /// An older codecage binary whose phases the phase table shows beside this build's,
+    /// measured in the same rounds (e.g. a build of the commit before a change)
+    #[arg(long, value_name = "BIN")]
+    before: Option<PathBuf>,
+    /// What the table calls the older binary (a commit, a date)
+    #[arg(
+        long,
+        value_name = "TEXT",
+        default_value = "before",
+        requires = "before"
+    )]
+    before_label: String,
 }
 
 /// The figures the targets table quotes, as the tables measure them.
@@ -222,6 +234,8 @@ struct Bench<'a> {
     runtime: &'static str,
     runtime_note: Option<String>,
     next_id: usize,
+    /// An older codecage binary and its label, for the phase table's "before" column.
+    before: Option<(String, String)>,
 }
 
 impl<'a> Bench<'a> {
@@ -238,6 +252,10 @@ impl<'a> Bench<'a> {
             runtime,
             runtime_note,
             next_id: 0,
+            before: args
+                .before
+                .as_ref()
+                .map(|b| (b.display().to_string(), args.before_label.clone())),
         })
     }
 
@@ -357,7 +375,8 @@ impl<'a> Bench<'a> {
         Ok(())
     }
 
-    /// The phase table: where codecage's time goes, from its own `--timings`.
+    /// The phase table: where codecage's time goes, from its own `--timings`; with
+    /// `--before`, an older binary's phases beside it, measured in the same rounds.
     fn phases(&mut self, out: &mut String) -> Result<()> {
         writeln!(
             out,
@@ -368,13 +387,52 @@ impl<'a> Bench<'a> {
             "Medians of `codecage run --json --timings` (the sandbox reports when each phase ends; see \
              `Outcome.phases` in ARCHITECTURE.md). The CLI's own start (exec, argument parsing, profile) comes on top.\n"
         )?;
-        writeln!(out, "| phase | median | what happens |")?;
-        writeln!(out, "|---|---|---|")?;
         status("Measuring", "phases");
-        let mut timed = self.codecage_all_layers(&argv(PYTHON));
-        timed.splice(2..2, ["--json".to_string(), "--timings".to_string()]);
-        for (phase, median, what) in phase_medians(&timed, self.half_rounds())? {
-            writeln!(out, "| {phase} | {median:.2} ms | {what} |")?;
+        let timed = |bin: &str| {
+            let mut v = self.codecage_all_layers(&argv(PYTHON));
+            v[0] = bin.to_string();
+            v.splice(2..2, ["--json".to_string(), "--timings".to_string()]);
+            v
+        };
+        let mut argvs = vec![timed(&self.codecage)];
+        if let Some((bin, _)) = &self.before {
+            argvs.insert(0, timed(bin));
+        }
+        let medians = phase_medians(&argvs, self.half_rounds())?;
+        match &self.before {
+            None => {
+                writeln!(out, "| phase | median | what happens |")?;
+                writeln!(out, "|---|---|---|")?;
+                for (i, (phase, what)) in PHASES.iter().enumerate() {
+                    writeln!(out, "| {phase} | {:.2} ms | {what} |", medians[0][i])?;
+                }
+            }
+            Some((_, label)) => {
+                writeln!(
+                    out,
+                    "Before: {label}; after: this build; both measured in the same rounds, one after the other.\n"
+                )?;
+                writeln!(out, "| phase | before | after | change | what happens |")?;
+                writeln!(out, "|---|---|---|---|---|")?;
+                let (mut sum_before, mut sum_after) = (0.0, 0.0);
+                for (i, (phase, what)) in PHASES.iter().enumerate() {
+                    let (b, a) = (medians[0][i], medians[1][i]);
+                    if *phase != "run" {
+                        sum_before += b;
+                        sum_after += a;
+                    }
+                    writeln!(
+                        out,
+                        "| {phase} | {b:.2} ms | {a:.2} ms | {:+.2} ms | {what} |",
+                        a - b
+                    )?;
+                }
+                writeln!(
+                    out,
+                    "| every phase but run | {sum_before:.2} ms | {sum_after:.2} ms | {:+.2} ms | what codecage adds |",
+                    sum_after - sum_before
+                )?;
+            }
         }
         Ok(())
     }
@@ -558,31 +616,36 @@ fn interleaved(cmds: &[Cmd], rounds: usize, next_id: &mut usize) -> Result<Vec<D
     Ok(times.into_iter().map(median).collect())
 }
 
-/// Runs `argv` (a `codecage run --json --timings`) `rounds` times; the median of each phase.
-fn phase_medians(argv: &[String], rounds: usize) -> Result<Vec<(&'static str, f64, &'static str)>> {
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
+/// Runs each of `argvs` (each a `codecage run --json --timings`) once per round, in turn,
+/// `rounds` times; the median of each phase, per argv, in [`PHASES`]' order.
+fn phase_medians(argvs: &[Vec<String>], rounds: usize) -> Result<Vec<Vec<f64>>> {
+    let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); PHASES.len()]; argvs.len()];
     for _ in 0..rounds {
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .env_clear()
-            .output()?;
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        for (i, (name, _)) in PHASES.iter().enumerate() {
-            if let Some(ms) = json["phases"][format!("{name}_ms")].as_f64() {
-                samples[i].push(ms);
+        for (argv, samples) in argvs.iter().zip(samples.iter_mut()) {
+            let out = Command::new(&argv[0])
+                .args(&argv[1..])
+                .env_clear()
+                .output()
+                .with_context(|| format!("running {}", argv[0]))?;
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .with_context(|| format!("{} printed no JSON outcome", argv[0]))?;
+            for (i, (name, _)) in PHASES.iter().enumerate() {
+                if let Some(ms) = json["phases"][format!("{name}_ms")].as_f64() {
+                    samples[i].push(ms);
+                }
             }
         }
     }
-    Ok(PHASES
-        .iter()
-        .zip(samples)
-        .map(|((name, what), mut v)| {
-            v.sort_by(f64::total_cmp);
-            (
-                *name,
-                v.get(v.len() / 2).copied().unwrap_or(f64::NAN),
-                *what,
-            )
+    Ok(samples
+        .into_iter()
+        .map(|per_phase| {
+            per_phase
+                .into_iter()
+                .map(|mut v| {
+                    v.sort_by(f64::total_cmp);
+                    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+                })
+                .collect()
         })
         .collect())
 }
@@ -761,6 +824,7 @@ mod tests {
             runtime: "crun",
             runtime_note: None,
             next_id: 0,
+            before: None,
         };
         assert_eq!(bench.half_rounds(), 3);
         let every_layer = work.path().join("layers-3.toml");
