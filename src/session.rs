@@ -57,7 +57,7 @@ const MAX_MIME_NAME: usize = 100;
 
 /// What a session is built from: the box (with drivers), the language, the environment,
 /// and each call's default timeout and output cap.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionSpec {
     pub sandbox: SandboxSpec,
     pub lang: Lang,
@@ -203,6 +203,11 @@ impl Session {
 
     pub fn lang(&self) -> Lang {
         self.spec.lang
+    }
+
+    /// What the session was started from.
+    pub fn spec(&self) -> &SessionSpec {
+        &self.spec
     }
 
     /// A handle that interrupts the running call from another thread.
@@ -532,7 +537,8 @@ impl Session {
         };
         if let Some(now) = &usage {
             outcome.oom_kills = oom_kills;
-            outcome.peak_memory_bytes = now.peak_memory;
+            // Where the kernel keeps no peak (v2 before 5.19): the limit if this call met it.
+            outcome.peak_memory_bytes = now.peak_memory_or_estimate(self.last_usage.as_ref(), None);
             outcome.pids_limit_hit = match &self.last_usage {
                 Some(before) => now.pids_limit_hits > before.pids_limit_hits,
                 None => now.pids_limit_hits > 0,

@@ -86,7 +86,7 @@ pub fn main(args: RunArgs) -> i32 {
     let out_dir = args.out_dir.clone();
     let caller = Caller::from_sudo();
     // The volumes' directories stay open until the launcher has cloned their trees.
-    let (spec, _volumes) = match build_spec(args) {
+    let (spec, _volumes, profile, profile_name) = match build_spec(args) {
         Ok(built) => built,
         Err(outcome) => return report(&outcome, json),
     };
@@ -101,11 +101,32 @@ pub fn main(args: RunArgs) -> i32 {
         }
         crate::gateway::Gateway::install(config);
     }
+    // CODECAGE_PREPARED=1: the server's warm-pool path for this one run (the sandbox built
+    // from the profile alone and, for Python, the interpreter pre-started; then the request
+    // handed over), so that the run suite proves pooled runs give cold runs' outcomes.
+    let prepared = if std::env::var_os("CODECAGE_PREPARED").is_some_and(|v| v == "1") {
+        match prepare(&spec, &profile, &profile_name) {
+            Ok(prepared) => prepared,
+            Err(outcome) => return report(&outcome, json),
+        }
+    } else {
+        None
+    };
+    let mut prepared = prepared;
+    let mut launch = |spec: &Spec,
+                      sink: &mut dyn FnMut(Stream, &[u8]),
+                      interrupt: Option<&nix::sys::signalfd::SignalFd>|
+     -> Outcome {
+        match prepared.take() {
+            Some(p) => p.run(spec, sink, interrupt, None),
+            None => launcher::run_with(spec, sink, interrupt),
+        }
+    };
     // SIGINT, SIGTERM and SIGHUP are forwarded to the payload rather than killing the
     // launcher (which would take the sandbox down with it, unannounced).
     let forwarded = forward_signals();
     let mut outcome = if json {
-        launcher::run_with(&spec, &mut |_, _| {}, forwarded.as_ref())
+        launch(&spec, &mut |_, _| {}, forwarded.as_ref())
     } else {
         // Output passes through from a thread of its own: a reader of our stdout that does
         // not read (`| sleep 60`) must not stall the launcher's loop, which enforces the
@@ -124,7 +145,7 @@ pub fn main(args: RunArgs) -> i32 {
         let mut pass_through = |stream: Stream, bytes: &[u8]| {
             let _ = chunks.send((stream, bytes.to_vec()));
         };
-        let outcome = launcher::run_with(&spec, &mut pass_through, forwarded.as_ref());
+        let outcome = launch(&spec, &mut pass_through, forwarded.as_ref());
         drop(chunks);
         let _ = writer.join();
         outcome
@@ -223,10 +244,30 @@ fn forward_signals() -> Option<SignalFd> {
     SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
 }
 
-/// Translates the flags into a Request, picks the profile, and resolves both into a Spec.
-/// Also returns the volumes' directories, opened (with the sudo caller's credentials when
-/// codecage runs for someone), which must stay open until the sandbox has started.
-fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>), Box<Outcome>> {
+/// A sandbox built from the profile alone, as the server's pool builds them, if it can
+/// take `spec` (else the run is cold, as the server's would be).
+fn prepare(
+    spec: &Spec,
+    profile: &Profile,
+    name: &str,
+) -> Result<Option<launcher::Prepared>, Box<Outcome>> {
+    let pool = match profile::pool_spec(profile, name, &DataDir::from_env()) {
+        Ok(pool) => pool,
+        Err(_) => return Ok(None),
+    };
+    if pool.sandbox != spec.sandbox {
+        return Ok(None);
+    }
+    let prepared = launcher::Prepared::build(&pool, Some(&profile.preload))
+        .map_err(|e| Box::new(Outcome::failed(e.kind, e.message)))?;
+    Ok(prepared.fits(spec).then_some(prepared))
+}
+
+/// Translates the flags into a Request, picks the profile, and resolves both into a Spec
+/// (with the profile and its name). Also returns the volumes' directories, opened (with
+/// the sudo caller's credentials when codecage runs for someone), which must stay open
+/// until the sandbox has started.
+fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Box<Outcome>> {
     let invalid = |message: String| Box::new(Outcome::failed(ErrorKind::InvalidRequest, message));
     let caller = Caller::from_sudo();
     let mut request = Request {
@@ -313,7 +354,7 @@ fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>), Box<Outcome>> {
     let mut spec = spec;
     spec.sandbox.volumes = volumes;
     spec.validate().map_err(invalid)?;
-    Ok((spec, opened))
+    Ok((spec, opened, profile, profile_name))
 }
 
 fn parse_lang(text: &str) -> Result<Lang, String> {

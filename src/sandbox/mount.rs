@@ -457,6 +457,12 @@ pub(super) fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
     remount_readonly(dst)
 }
 
+/// Binds `src`, which is on a read-only mount already, to `dst`: a bind copies its source
+/// mount's flags, so one remount of the source serves every bind of it.
+pub(super) fn bind_copy(src: &Path, dst: &Path) -> nix::Result<()> {
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+}
+
 /// Makes a mount read-only, nosuid, nodev. The first bind ignores these flags; only a
 /// remount with MS_BIND|MS_REMOUNT applies them (mount(2)). Flags the kernel locked when it copied the host's
 /// mount into our user namespace must be kept, or the remount fails with EPERM

@@ -17,9 +17,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, MsFlags};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use super::mount::{bind_readonly, mkdir, tmpfs};
+use super::mount::{bind_copy, bind_readonly, mkdir, tmpfs};
 use crate::protocol::{SetupError, Step};
 use crate::spec::{SandboxSpec, CPU_PERIOD_US};
 
@@ -66,16 +66,18 @@ pub const VIRTUAL_FILES: &[&str] = &[
 /// (Binding /dev/null instead, as runc does, would give EACCES here: our read-only binds
 /// are nodev.)
 pub fn mask_host_entries(proc: &Path, empty: &Path) -> Done {
+    let fail = |e: nix::Error, what: &str| SetupError::errno(Step::MaskHostProcEntries, e, what);
     fs::write(empty, b"")
         .map_err(|e| SetupError::io(Step::MaskHostProcEntries, &e, "creating the empty file"))?;
+    // Made read-only once (bound onto itself), then bound over each entry: a bind copies
+    // the read-only flag, which saves a remount per entry.
+    bind_readonly(empty, empty).map_err(|e| fail(e, "making the empty file read-only"))?;
     for name in MASKED_FILES {
         let path = proc.join(name);
         if !path.exists() {
             continue;
         }
-        bind_readonly(empty, &path).map_err(|e| {
-            SetupError::errno(Step::MaskHostProcEntries, e, format!("hiding /proc/{name}"))
-        })?;
+        bind_copy(empty, &path).map_err(|e| fail(e, &format!("hiding /proc/{name}")))?;
     }
     for name in MASKED_DIRS {
         let path = proc.join(name);
@@ -83,10 +85,10 @@ pub fn mask_host_entries(proc: &Path, empty: &Path) -> Done {
             continue;
         }
         let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOEXEC;
-        tmpfs(&path, "mode=0555,size=4k,nr_inodes=1", flags).map_err(|e| {
-            SetupError::errno(Step::MaskHostProcEntries, e, format!("hiding /proc/{name}"))
-        })?;
+        tmpfs(&path, "mode=0555,size=4k,nr_inodes=1", flags)
+            .map_err(|e| fail(e, &format!("hiding /proc/{name}")))?;
     }
+    umount2(empty, MntFlags::MNT_DETACH).map_err(|e| fail(e, "unbinding the empty file"))?;
     fs::remove_file(empty)
         .map_err(|e| SetupError::io(Step::MaskHostProcEntries, &e, "removing the empty file"))
 }
@@ -99,6 +101,7 @@ pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &SandboxSpec) -> D
         SetupError::io(Step::WriteSandboxProcFiles, &e, format!("writing {what}"))
     };
     mkdir(staging, 0o755).map_err(|e| fail(e, "the staging directory"))?;
+    let mut staged = Vec::new();
     for name in VIRTUAL_FILES {
         let target = proc.join(name);
         if !target.exists() {
@@ -113,14 +116,21 @@ pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &SandboxSpec) -> D
         };
         let file = staging.join(name.replace('/', "_"));
         fs::write(&file, content).map_err(|e| fail(e, &format!("/proc/{name}")))?;
-        bind_readonly(&file, &target).map_err(|e| {
-            SetupError::errno(
-                Step::WriteSandboxProcFiles,
-                e,
-                format!("binding the sandbox's /proc/{name}"),
-            )
-        })?;
-        fs::remove_file(&file).map_err(|e| fail(e, &format!("(removing) /proc/{name}")))?;
+        staged.push((name, file, target));
+    }
+    // The staging directory is made read-only once; each file's bind copies that.
+    let bind_fail =
+        |e: nix::Error, what: String| SetupError::errno(Step::WriteSandboxProcFiles, e, what);
+    bind_readonly(staging, staging)
+        .map_err(|e| bind_fail(e, "making the staging directory read-only".into()))?;
+    for (name, file, target) in &staged {
+        bind_copy(file, target)
+            .map_err(|e| bind_fail(e, format!("binding the sandbox's /proc/{name}")))?;
+    }
+    umount2(staging, MntFlags::MNT_DETACH)
+        .map_err(|e| bind_fail(e, "unbinding the staging directory".into()))?;
+    for (name, file, _) in &staged {
+        fs::remove_file(file).map_err(|e| fail(e, &format!("(removing) /proc/{name}")))?;
     }
     fs::remove_dir(staging).map_err(|e| fail(e, "(removing) the staging directory"))
 }

@@ -29,6 +29,8 @@ pub struct ServerConfig {
     pub network: crate::gateway::GatewayConfig,
     /// The MCP server (`codecage mcp`, and `/mcp` on the listeners).
     pub mcp: McpConfig,
+    /// The warm pool: sandboxes and sessions built ahead of requests, by profile.
+    pub pool: super::pool::PoolConfig,
 }
 
 /// `[mcp]`: what the MCP tools run and how their results are shaped. A client cannot
@@ -150,6 +152,7 @@ impl ServerConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        self.pool.validate(self.limits.max_sandboxes)?;
         if !(16..=8192).contains(&self.mcp.image_max_edge) {
             return Err(format!(
                 "mcp.image_max_edge = {}: give 16 to 8192 pixels",

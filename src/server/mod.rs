@@ -12,6 +12,7 @@ pub mod api;
 pub mod config;
 pub mod mcp;
 mod openapi;
+pub mod pool;
 mod registry;
 
 use std::os::unix::fs::PermissionsExt;
@@ -67,6 +68,8 @@ pub struct AppState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// What MCP connections share (kept outputs).
     pub mcp: mcp::McpStore,
+    /// Sandboxes and sessions built ahead of requests.
+    pub pool: pool::Pool,
 }
 
 pub type Shared = Arc<AppState>;
@@ -83,6 +86,7 @@ impl AppState {
             canceller,
             shutdown: tokio_util::sync::CancellationToken::new(),
             mcp: mcp::McpStore::default(),
+            pool: pool::Pool::default(),
             config,
         }))
     }
@@ -91,6 +95,10 @@ impl AppState {
 /// Serves until SIGTERM or SIGINT, then shuts down cleanly.
 pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), String> {
     let state = AppState::new(config)?;
+    // What a crashed server left (its pool among it) goes before anything new is built.
+    tokio::task::spawn_blocking(codecage::launcher::sweep_leftovers)
+        .await
+        .map_err(|e| format!("sweeping leftover cgroups failed: {e}"))?;
     let shutdown = tokio_util_shutdown();
     let mut tasks = Vec::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
@@ -135,6 +143,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
         }
     }
     let reaper = tokio::spawn(registry::reap_forever(state.clone()));
+    let refills = pool::start(&state, &state.config.pool.clone());
     wait_for_termination().await;
     tracing::info!("shutting down: no new requests; stopping runs and closing sessions");
     let _ = shutdown.send(());
@@ -149,6 +158,10 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     })
     .await;
     reaper.abort();
+    for refill in refills {
+        refill.abort();
+    }
+    state.pool.drain().await;
     let closed = state.sessions.close_all().await;
     for path in sockets {
         let _ = std::fs::remove_file(path);

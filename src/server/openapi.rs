@@ -16,7 +16,9 @@ use utoipa::PartialSchema;
 
 use codecage::knobs::{Knob, Unit};
 
-use super::api::{ErrorBody, ExecuteRequest, FileEntry, RunRequest, SessionInfo, SessionRequest};
+use super::api::{
+    ErrorBody, ExecuteRequest, FileEntry, PoolStatus, RunRequest, SessionInfo, SessionRequest,
+};
 
 /// The document, as JSON.
 pub fn document() -> String {
@@ -272,6 +274,16 @@ fn build() -> utoipa::openapi::OpenApi {
                 .build(),
         )
         .path(
+            "/v1/pool",
+            PathItem::new(
+                HttpMethod::Get,
+                OperationBuilder::new()
+                    .summary(Some("The warm pool: sandboxes and sessions ready, by profile"))
+                    .response("200", answer("ready counts", Some("PoolStatus")))
+                    .build(),
+            ),
+        )
+        .path(
             "/healthz",
             PathItem::new(
                 HttpMethod::Get,
@@ -298,6 +310,7 @@ fn build() -> utoipa::openapi::OpenApi {
         .schema_from::<ExecuteRequest>()
         .schema_from::<SessionInfo>()
         .schema_from::<FileEntry>()
+        .schema_from::<PoolStatus>()
         .schema_from::<ErrorBody>()
         .schema("Outcome", outcome_schema())
         .schema("CallOutcome", call_outcome_schema())

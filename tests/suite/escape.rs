@@ -415,12 +415,51 @@ fn proc_self_status_shows_every_layer() {
             "{}",
             run.json
         );
-        assert!(
-            run.json["landlock_abi"].as_u64().unwrap() >= 6,
-            "{}",
-            run.json
-        );
-        assert_eq!(run.json["skipped_layers"], serde_json::json!([]));
+        // Landlock at the kernel's ABI, and each feature of a newer ABI listed with the layer
+        // that covers it (none from ABI 6); without landlock (a profile that opts in, as in
+        // the no-landlock lane), the whole layer listed, covered by nothing.
+        let skipped = run.json["skipped_layers"].as_array().unwrap();
+        for entry in skipped {
+            assert_eq!(entry["layer"], "landlock", "{}", run.json);
+        }
+        match kernel_landlock_abi() {
+            Some(abi) => {
+                assert_eq!(
+                    run.json["landlock_abi"].as_u64(),
+                    Some(u64::from(abi)),
+                    "{}",
+                    run.json
+                );
+                let lacking: Vec<String> = skipped
+                    .iter()
+                    .map(|e| {
+                        assert!(
+                            e["covered_by"].as_str().is_some_and(|c| !c.is_empty()),
+                            "{e}"
+                        );
+                        e["feature"].as_str().unwrap().to_string()
+                    })
+                    .collect();
+                assert_eq!(lacking.len(), (abi + 1..=6).count(), "{}", run.json);
+                for (feature, newer) in lacking.iter().zip(abi + 1..=6) {
+                    assert!(
+                        feature.contains(&format!("landlock ABI {newer},")),
+                        "{feature}"
+                    );
+                }
+            }
+            None => {
+                assert_eq!(run.json["landlock_abi"], serde_json::Value::Null);
+                assert_eq!(skipped.len(), 1, "{}", run.json);
+                assert_eq!(skipped[0]["feature"], "the whole layer", "{}", run.json);
+                assert_eq!(
+                    skipped[0]["covered_by"],
+                    serde_json::Value::Null,
+                    "{}",
+                    run.json
+                );
+            }
+        }
     });
 }
 

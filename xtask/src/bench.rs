@@ -43,6 +43,40 @@ pub struct Args {
     /// Measure only the sessions table (printed, not written)
     #[arg(long)]
     sessions_only: bool,
+    /// Measure only the warm-pool table (printed, not written)
+    #[arg(long)]
+    pool_only: bool,
+    /// An older codecage binary whose phases the phase table shows beside this build's,
+    /// measured in the same rounds (e.g. a build of the commit before a change)
+    #[arg(long, value_name = "BIN")]
+    before: Option<PathBuf>,
+    /// What the table calls the older binary (a commit, a date)
+    #[arg(
+        long,
+        value_name = "TEXT",
+        default_value = "before",
+        requires = "before"
+    )]
+    before_label: String,
+}
+
+/// The figures the targets table quotes, as the tables measure them.
+#[derive(Default)]
+pub struct Figures {
+    /// Cold `codecage run -- /bin/true`, ms.
+    pub true_ms: Option<f64>,
+    /// Cold `codecage run python3 -c pass` / bare.
+    pub python_ratio: Option<f64>,
+    /// 2-parallel codecage runs/s as % of bare.
+    pub throughput_pct: Option<f64>,
+    /// `POST /v1/run` `pass` through the pool and bare cold `python3 -c pass`, ms.
+    pub pool_pass: Option<(f64, f64)>,
+    /// `POST /v1/run` `import pandas` through the pool and bare cold, ms.
+    pub pool_pandas: Option<(f64, f64)>,
+    /// A new session ready (create + first `1+1`), ms.
+    pub session_ready_ms: Option<f64>,
+    /// An idle Python session's memory, MiB.
+    pub idle_python_mib: Option<f64>,
 }
 
 const DEFAULT_ROUNDS: usize = 60;
@@ -130,21 +164,40 @@ pub fn bench(args: &Args) -> Result<i32> {
     let root = workspace_root();
     let codecage = build_codecage(&root)?;
     let work = TempTree::create_in(&std::env::temp_dir(), "codecage-bench-")?;
-    if args.sessions_only {
+    let mut figures = Figures::default();
+    if args.sessions_only || args.pool_only {
         let mut report = String::new();
-        crate::bench_sessions::table(&codecage, work.path(), args.density, &mut report)?;
+        if args.sessions_only {
+            crate::bench_sessions::table(
+                &codecage,
+                work.path(),
+                args.density,
+                &mut figures,
+                &mut report,
+            )?;
+        }
+        if args.pool_only {
+            crate::bench_pool::table(&codecage, work.path(), &mut figures, &mut report)?;
+        }
         print!("{report}");
         return Ok(0);
     }
     let mut bench = Bench::prepare(args, codecage.clone(), work.path())?;
     let mut report = String::new();
     write_intro(&mut report)?;
-    bench.startup(&mut report)?;
+    bench.startup(&mut figures, &mut report)?;
     bench.layers(&mut report)?;
     bench.phases(&mut report)?;
-    bench.throughput(&mut report)?;
-    crate::bench_sessions::table(&codecage, work.path(), args.density, &mut report)?;
-    write_outro(&mut report)?;
+    bench.throughput(&mut figures, &mut report)?;
+    crate::bench_sessions::table(
+        &codecage,
+        work.path(),
+        args.density,
+        &mut figures,
+        &mut report,
+    )?;
+    crate::bench_pool::table(&codecage, work.path(), &mut figures, &mut report)?;
+    write_targets(&figures, &mut report)?;
     print!("{report}");
     if !args.no_write {
         std::fs::write(root.join("BENCHMARKS.md"), &report)?;
@@ -181,6 +234,8 @@ struct Bench<'a> {
     runtime: &'static str,
     runtime_note: Option<String>,
     next_id: usize,
+    /// An older codecage binary and its label, for the phase table's "before" column.
+    before: Option<(String, String)>,
 }
 
 impl<'a> Bench<'a> {
@@ -197,6 +252,10 @@ impl<'a> Bench<'a> {
             runtime,
             runtime_note,
             next_id: 0,
+            before: args
+                .before
+                .as_ref()
+                .map(|b| (b.display().to_string(), args.before_label.clone())),
         })
     }
 
@@ -226,7 +285,7 @@ impl<'a> Bench<'a> {
 
     /// The start-up table: each payload bare, in bubblewrap, in the OCI runtime and in
     /// codecage with every layer.
-    fn startup(&mut self, out: &mut String) -> Result<()> {
+    fn startup(&mut self, figures: &mut Figures, out: &mut String) -> Result<()> {
         let runtime = self.runtime;
         writeln!(out, "## Start-up\n")?;
         writeln!(
@@ -250,6 +309,11 @@ impl<'a> Bench<'a> {
             };
             status("Measuring", format!("start-up of {name} ({rounds} rounds)"));
             let m = self.interleaved(&cmds, rounds)?;
+            match i {
+                0 => figures.true_ms = Some(ms(m[3])),
+                1 => figures.python_ratio = Some(ms(m[3]) / ms(m[0])),
+                _ => {}
+            }
             writeln!(
                 out,
                 "| `{name}` | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.2}x | +{:.1} ms |",
@@ -311,7 +375,8 @@ impl<'a> Bench<'a> {
         Ok(())
     }
 
-    /// The phase table: where codecage's time goes, from its own `--timings`.
+    /// The phase table: where codecage's time goes, from its own `--timings`; with
+    /// `--before`, an older binary's phases beside it, measured in the same rounds.
     fn phases(&mut self, out: &mut String) -> Result<()> {
         writeln!(
             out,
@@ -322,20 +387,59 @@ impl<'a> Bench<'a> {
             "Medians of `codecage run --json --timings` (the sandbox reports when each phase ends; see \
              `Outcome.phases` in ARCHITECTURE.md). The CLI's own start (exec, argument parsing, profile) comes on top.\n"
         )?;
-        writeln!(out, "| phase | median | what happens |")?;
-        writeln!(out, "|---|---|---|")?;
         status("Measuring", "phases");
-        let mut timed = self.codecage_all_layers(&argv(PYTHON));
-        timed.splice(2..2, ["--json".to_string(), "--timings".to_string()]);
-        for (phase, median, what) in phase_medians(&timed, self.half_rounds())? {
-            writeln!(out, "| {phase} | {median:.2} ms | {what} |")?;
+        let timed = |bin: &str| {
+            let mut v = self.codecage_all_layers(&argv(PYTHON));
+            v[0] = bin.to_string();
+            v.splice(2..2, ["--json".to_string(), "--timings".to_string()]);
+            v
+        };
+        let mut argvs = vec![timed(&self.codecage)];
+        if let Some((bin, _)) = &self.before {
+            argvs.insert(0, timed(bin));
+        }
+        let medians = phase_medians(&argvs, self.half_rounds())?;
+        match &self.before {
+            None => {
+                writeln!(out, "| phase | median | what happens |")?;
+                writeln!(out, "|---|---|---|")?;
+                for (i, (phase, what)) in PHASES.iter().enumerate() {
+                    writeln!(out, "| {phase} | {:.2} ms | {what} |", medians[0][i])?;
+                }
+            }
+            Some((_, label)) => {
+                writeln!(
+                    out,
+                    "Before: {label}; after: this build; both measured in the same rounds, one after the other.\n"
+                )?;
+                writeln!(out, "| phase | before | after | change | what happens |")?;
+                writeln!(out, "|---|---|---|---|---|")?;
+                let (mut sum_before, mut sum_after) = (0.0, 0.0);
+                for (i, (phase, what)) in PHASES.iter().enumerate() {
+                    let (b, a) = (medians[0][i], medians[1][i]);
+                    if *phase != "run" {
+                        sum_before += b;
+                        sum_after += a;
+                    }
+                    writeln!(
+                        out,
+                        "| {phase} | {b:.2} ms | {a:.2} ms | {:+.2} ms | {what} |",
+                        a - b
+                    )?;
+                }
+                writeln!(
+                    out,
+                    "| every phase but run | {sum_before:.2} ms | {sum_after:.2} ms | {:+.2} ms | what codecage adds |",
+                    sum_after - sum_before
+                )?;
+            }
         }
         Ok(())
     }
 
     /// The throughput table: `python3 -c pass` one at a time and two in parallel, bare,
     /// in bubblewrap and in codecage with every layer.
-    fn throughput(&mut self, out: &mut String) -> Result<()> {
+    fn throughput(&mut self, figures: &mut Figures, out: &mut String) -> Result<()> {
         let runs = self.throughput_runs;
         writeln!(out, "\n## Throughput ({runs} x `python3 -c pass`)\n")?;
         writeln!(
@@ -355,6 +459,9 @@ impl<'a> Bench<'a> {
             let two = throughput(&cmd, runs, 2, &mut self.next_id)?;
             if cmd.label == "bare" {
                 bare2 = two;
+            }
+            if cmd.label == "codecage" {
+                figures.throughput_pct = Some(100.0 * two / bare2);
             }
             writeln!(
                 out,
@@ -382,13 +489,59 @@ fn write_intro(out: &mut String) -> Result<()> {
     Ok(())
 }
 
-/// What is not measured yet, and the targets.
-fn write_outro(out: &mut String) -> Result<()> {
-    writeln!(
-        out,
-        "## Targets\n\n- `python3 -c pass` with every layer: at most 1.3x bare.\n- `/bin/true`: within 3 ms of bare.\n\
-         - Throughput with 2 in parallel: at least 80 % of bare.\n"
-    )?;
+/// The targets, each with today's figure from the tables above.
+fn write_targets(f: &Figures, out: &mut String) -> Result<()> {
+    let show = |v: Option<String>| v.unwrap_or_else(|| "not measured".into());
+    let rows = [
+        (
+            "cold `codecage run --lang python -c pass` / bare `python3 -c pass`",
+            show(f.python_ratio.map(|r| format!("{r:.2}x"))),
+            "≤ 1.3x",
+        ),
+        (
+            "cold `codecage run -- /bin/true`",
+            show(f.true_ms.map(|t| format!("{t:.1} ms"))),
+            "≤ 7 ms",
+        ),
+        (
+            "2-parallel python runs/s, as % of bare",
+            show(f.throughput_pct.map(|p| format!("{p:.0} %"))),
+            "≥ 70 %",
+        ),
+        (
+            "`POST /v1/run` python `pass` through a warm pool / bare `python3 -c pass`",
+            show(
+                f.pool_pass
+                    .map(|(p, b)| format!("{:.2}x ({p:.1} ms / {b:.1} ms)", p / b)),
+            ),
+            "≤ 1.0x",
+        ),
+        (
+            "`POST /v1/run` python `import pandas` through a warm pool / bare cold `import pandas`",
+            show(
+                f.pool_pandas
+                    .map(|(p, b)| format!("{:.2}x ({p:.1} ms / {b:.1} ms)", p / b)),
+            ),
+            "≤ 0.2x",
+        ),
+        (
+            "new session ready (create returns, first `1+1` answered)",
+            show(f.session_ready_ms.map(|t| format!("{t:.1} ms"))),
+            "≤ 10 ms",
+        ),
+        (
+            "idle Python session, memory",
+            show(f.idle_python_mib.map(|m| format!("{m:.1} MiB"))),
+            "≤ 12 MiB",
+        ),
+    ];
+    writeln!(out, "## Targets\n")?;
+    writeln!(out, "| figure | measured above | target |")?;
+    writeln!(out, "|---|---|---|")?;
+    for (figure, measured, target) in rows {
+        writeln!(out, "| {figure} | {measured} | {target} |")?;
+    }
+    writeln!(out)?;
     Ok(())
 }
 
@@ -463,31 +616,36 @@ fn interleaved(cmds: &[Cmd], rounds: usize, next_id: &mut usize) -> Result<Vec<D
     Ok(times.into_iter().map(median).collect())
 }
 
-/// Runs `argv` (a `codecage run --json --timings`) `rounds` times; the median of each phase.
-fn phase_medians(argv: &[String], rounds: usize) -> Result<Vec<(&'static str, f64, &'static str)>> {
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
+/// Runs each of `argvs` (each a `codecage run --json --timings`) once per round, in turn,
+/// `rounds` times; the median of each phase, per argv, in [`PHASES`]' order.
+fn phase_medians(argvs: &[Vec<String>], rounds: usize) -> Result<Vec<Vec<f64>>> {
+    let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); PHASES.len()]; argvs.len()];
     for _ in 0..rounds {
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .env_clear()
-            .output()?;
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        for (i, (name, _)) in PHASES.iter().enumerate() {
-            if let Some(ms) = json["phases"][format!("{name}_ms")].as_f64() {
-                samples[i].push(ms);
+        for (argv, samples) in argvs.iter().zip(samples.iter_mut()) {
+            let out = Command::new(&argv[0])
+                .args(&argv[1..])
+                .env_clear()
+                .output()
+                .with_context(|| format!("running {}", argv[0]))?;
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .with_context(|| format!("{} printed no JSON outcome", argv[0]))?;
+            for (i, (name, _)) in PHASES.iter().enumerate() {
+                if let Some(ms) = json["phases"][format!("{name}_ms")].as_f64() {
+                    samples[i].push(ms);
+                }
             }
         }
     }
-    Ok(PHASES
-        .iter()
-        .zip(samples)
-        .map(|((name, what), mut v)| {
-            v.sort_by(f64::total_cmp);
-            (
-                *name,
-                v.get(v.len() / 2).copied().unwrap_or(f64::NAN),
-                *what,
-            )
+    Ok(samples
+        .into_iter()
+        .map(|per_phase| {
+            per_phase
+                .into_iter()
+                .map(|mut v| {
+                    v.sort_by(f64::total_cmp);
+                    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+                })
+                .collect()
         })
         .collect())
 }
@@ -666,6 +824,7 @@ mod tests {
             runtime: "crun",
             runtime_note: None,
             next_id: 0,
+            before: None,
         };
         assert_eq!(bench.half_rounds(), 3);
         let every_layer = work.path().join("layers-3.toml");

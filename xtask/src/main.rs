@@ -13,6 +13,7 @@
 //! apt-get and the Debian mirror, build steps, safe removal of trees.
 
 mod bench;
+mod bench_pool;
 mod bench_sessions;
 mod compat;
 mod host;

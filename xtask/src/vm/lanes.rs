@@ -84,7 +84,7 @@ pub struct Lane {
 /// Skipped in every lane: the image tests need the default image, which lives on the host
 /// (/var/lib/codecage/rootfs), not in the VM; the server's tests need its clients (curl
 /// among them), which are the host's, and so do the MCP tests' (the MCP Python SDK, in a
-/// venv of the host); so do the files tests named here (the default
+/// venv of the host); the pool's tests pre-start the default image's Python; so do the files tests named here (the default
 /// image's matplotlib and pandas, or curl through the server). A test that panics while a
 /// server it started is up aborts the whole test binary, so these must not run in a VM.
 const SKIP_EVERYWHERE: &[&str] = &[
@@ -92,6 +92,7 @@ const SKIP_EVERYWHERE: &[&str] = &[
     "server::",
     "mcp::",
     "network::",
+    "pool::",
     "files::a_plot_and_a_csv_come_back_with_their_sha256_and_media_type",
     "files::bad_input_names_are_refused_and_nothing_runs",
     "files::a_file_that_keeps_growing_is_read_up_to_the_cap_and_the_call_returns",
@@ -127,41 +128,6 @@ const SUBSET_WITHOUT_SESSIONS: &[&str] = &[
 /// the built-in profiles, and not again under the opt-in.
 const PORTABILITY: &str = "suite::portability::";
 
-/// Tests that hold codecage to the newest landlock (ABI 6): they fail on a kernel whose
-/// landlock is older, where the network and pid namespaces cover the same. (TCP on the
-/// sandbox's loopback no longer depends on landlock: in network mode `none` it does not
-/// handle TCP, on any kernel.)
-const LANDLOCK_BELOW_ABI_4: &[KnownFailure] = &[KnownFailure {
-    test: "suite::escape::proc_self_status_shows_every_layer",
-    why: "asserts landlock ABI 6 and an empty skipped_layers",
-}];
-
-/// What Linux 5.10 fails besides: landlock is missing altogether, and so are memory.peak
-/// and the comm fix for execveat.
-const LINUX_5_10: &[KnownFailure] = &[
-    LANDLOCK_BELOW_ABI_4[0],
-    KnownFailure {
-        test: "suite::bombs::the_cgroup_layout_is_the_expected_one_and_every_limit_is_enforceable",
-        why: "asserts every doctor check ok; the landlock check fails without landlock, \
-              by design (the default profiles refuse there)",
-    },
-    KnownFailure {
-        test: "suite::bombs::python_memory_bomb_is_oom_killed_at_the_limit",
-        why: "no memory.peak before 5.19: the fallback peak (the largest RSS reaped) counts \
-              file pages charged elsewhere and exceeds the limit (70.8-71.4 MB at --memory 64M)",
-    },
-    KnownFailure {
-        test: "suite::bombs::node_buffer_bomb_is_oom_killed",
-        why: "no memory.peak before 5.19: the fallback peak (the largest RSS reaped) exceeds \
-              the 160M limit",
-    },
-    KnownFailure {
-        test: "suite::isolation::ps_sees_only_the_sandbox_and_pid_1_is_codecage_init",
-        why: "5.10 names a program exec'd by execveat(fd, \"\", AT_EMPTY_PATH) after the fd: \
-              pid 1's comm is `7`, not `codecage`",
-    },
-];
-
 pub const LANES: &[Lane] = &[
     Lane {
         name: "v2-6.12",
@@ -184,7 +150,7 @@ pub const LANES: &[Lane] = &[
         skip: SKIP_EVERYWHERE,
         profiles: Profiles::Default,
         landlock: true,
-        known_failures: LANDLOCK_BELOW_ABI_4,
+        known_failures: &[],
     },
     Lane {
         name: "v1",
@@ -196,7 +162,7 @@ pub const LANES: &[Lane] = &[
         skip: SKIP_EVERYWHERE,
         profiles: Profiles::Default,
         landlock: true,
-        known_failures: LANDLOCK_BELOW_ABI_4,
+        known_failures: &[],
     },
     Lane {
         name: "no-landlock",
@@ -207,7 +173,7 @@ pub const LANES: &[Lane] = &[
         skip: SKIP_EVERYWHERE,
         profiles: Profiles::LandlockBestEffort,
         landlock: false,
-        known_failures: LINUX_5_10,
+        known_failures: &[],
     },
 ];
 
@@ -379,7 +345,7 @@ mod tests {
         assert_eq!(DEFAULT_LANE.test_phases(), (skips, None));
         assert_eq!(
             DEFAULT_LANE.selection(),
-            "every suite (without image::, server::, mcp::, network::, 4 files:: tests)"
+            "every suite (without image::, server::, mcp::, network::, pool::, 4 files:: tests)"
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -406,7 +372,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
-             (without image::, server::, mcp::, network::, 4 files:: tests)"
+             (without image::, server::, mcp::, network::, pool::, 4 files:: tests)"
         );
     }
 
