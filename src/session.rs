@@ -695,7 +695,10 @@ impl Session {
         let id = self
             .sandbox
             .spawn(&exec, &streams.child_fds(), Some(driver_end.as_fd()), false)
-            .map_err(|e| setup(format!("cannot start the interpreter: {e}")))?;
+            .map_err(|e| {
+                let why = self.sandbox.setup_failure();
+                setup(why.unwrap_or_else(|| format!("cannot start the interpreter: {e}")))
+            })?;
         drop(driver_end);
         let pipes = streams.into_parent();
         for fd in [pipes.stdout.as_fd(), pipes.stderr.as_fd()] {

@@ -145,7 +145,10 @@ fn execute(
         Err(message) => return sandbox.failed_before_running(message, start),
     };
     if let Err(e) = sandbox.spawn(&spec.exec, &streams.child_fds(), None, true) {
-        return sandbox.failed_before_running(format!("cannot start the payload: {e}"), start);
+        let message = sandbox
+            .setup_failure()
+            .unwrap_or_else(|| format!("cannot start the payload: {e}"));
+        return sandbox.failed_before_running(message, start);
     }
     let streams = streams.into_parent();
     let (mut outcome, reaped_ns) =
@@ -432,6 +435,19 @@ impl Sandbox {
             }
         }
         self.channel_open
+    }
+
+    /// Why the init's setup failed, if it said so: when a message to it cannot be sent
+    /// (EPIPE: it has already exited), its SetupFailed is still in the channel, and is the
+    /// reason to give (a copied volume that does not fit in /work, say), not the pipe.
+    pub fn setup_failure(&mut self) -> Option<String> {
+        // One read takes all it wrote: the loop inside stops at the end (0) or, with an init
+        // still alive, at EAGAIN.
+        self.read_channel();
+        self.inbox.iter().find_map(|m| match m {
+            FromSandbox::SetupFailed { error, .. } => Some(error.to_string()),
+            _ => None,
+        })
     }
 
     /// The next message read from the channel, if any.
