@@ -76,13 +76,17 @@ const MODULES: &[&str] = &[
     "test_faulthandler",
 ];
 
-/// The subset of `--quick`: a minute or two, and each of the compatibility fixes in use
-/// (ptys, loopback TCP, the nobody id, rlimits, interfaces).
+/// The subset of `--quick`: about a minute, and each of the compatibility fixes in use:
+/// ptys (test_pty, test_os's openpty), loopback TCP (test_urllib2_localnet, test_os's
+/// sendfile), the nobody id (test_subprocess's user and group switches), rlimits
+/// (test_resource), interfaces (test_uuid, node's os.networkInterfaces()).
 const QUICK: &[&str] = &[
     "test_pty",
+    "test_os",
     "test_resource",
     "test_uuid",
     "test_urllib2_localnet",
+    "test_subprocess",
     "node",
 ];
 
