@@ -228,23 +228,38 @@ impl Volume {
         let real = std::fs::read_link(&link)
             .map_err(|e| format!("volume {}: {e}", self.source.display()))?;
         if let Some(roots) = roots {
-            let inside = roots
-                .iter()
-                .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)));
-            if !inside {
-                return Err(format!(
-                    "volume {}: only directories under {} may be volumes here",
-                    self.source.display(),
-                    roots
-                        .iter()
-                        .map(|r| r.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+            if !Volume::lies_under(&real, roots) {
+                return Err(self.outside(roots));
             }
         }
         self.pinned = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
         Ok(fd)
+    }
+
+    /// Whether `real` (a directory's resolved path) lies under one of `roots`.
+    fn lies_under(real: &Path, roots: &[PathBuf]) -> bool {
+        roots
+            .iter()
+            .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)))
+    }
+
+    /// The refusal of a directory outside a server's roots (see [`Volume::is_outside`]).
+    fn outside(&self, roots: &[PathBuf]) -> String {
+        format!(
+            "volume {}: only directories under {} may be volumes here",
+            self.source.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
+    /// Whether [`Volume::pin`]'s error is the refusal of a directory outside the roots (a
+    /// policy), not a directory that cannot be opened (a bad request).
+    pub fn is_outside(message: &str) -> bool {
+        message.contains(": only directories under ")
     }
 }
 

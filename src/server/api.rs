@@ -184,6 +184,11 @@ pub struct RunRequest {
     pub files: Vec<codecage::files::InputFile>,
     /// Whether the output files come back with their bytes (default) or by name only.
     pub file_data: Option<bool>,
+    /// Host directories under /work, as `codecage run -v` takes them:
+    /// `HOST_DIR:/work/DIR[:ro|:copy]` (read-only by default, or copied into /work within
+    /// `work_size`); only under the server's `volume_roots`.
+    #[serde(default)]
+    pub volumes: Vec<String>,
     /// The limits, as in the profile: timeout, memory, cpus, pids, output_limit,
     /// tmp_size, work_size (a number, or a string with a unit: "30s", "256M").
     #[serde(flatten)]
@@ -424,13 +429,23 @@ pub(super) async fn run_request(
     let mut spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
     network_allowed(state, spec.sandbox.network.mode)?;
     spec.exec.stdin = body.stdin.map(String::into_bytes);
+    // Opened now (they stay open until the sandbox has started); a spec with volumes is
+    // never a pooled sandbox's, so such a run is cold.
+    let (volumes, opened) = open_volumes(state, &body.volumes)?;
+    spec.sandbox.volumes = volumes;
+    spec.validate()
+        .map_err(|e| ApiError::invalid(format!("field `volumes`: {e}")))?;
     let (pooled, _permit) = match state.pool.take_run(&profile_name, &spec) {
         Some(pooled) => (Some(pooled.item), pooled.permit),
         None => (None, room(&state.sandboxes, state, "sandboxes").await?),
     };
-    let outcome = tokio::task::spawn_blocking(move || match pooled {
-        Some(prepared) => prepared.run(&spec, &mut |_, _| {}, None, Some(&canceller)),
-        None => codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller),
+    let outcome = tokio::task::spawn_blocking(move || {
+        let outcome = match pooled {
+            Some(prepared) => prepared.run(&spec, &mut |_, _| {}, None, Some(&canceller)),
+            None => codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller),
+        };
+        drop(opened);
+        outcome
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
@@ -441,6 +456,44 @@ pub(super) async fn run_request(
     }
     log_call(caller, "run", body.language, None, &outcome);
     Ok(outcome)
+}
+
+/// A run's volumes, each opened by the server (as root) and only if it lies under the
+/// config's `volume_roots`: 403 for one outside them (or for any, without roots), 400 for
+/// one that is malformed or cannot be opened. The fds must stay open until the sandbox
+/// has started.
+fn open_volumes(
+    state: &Shared,
+    items: &[String],
+) -> Result<(Vec<codecage::spec::Volume>, Vec<std::os::fd::OwnedFd>), ApiError> {
+    let roots = &state.config.volume_roots;
+    let policy = |m: String| ApiError::new(StatusCode::FORBIDDEN, "policy", m);
+    if !items.is_empty() && roots.is_empty() {
+        return Err(policy(
+            "field `volumes`: this server allows no volumes (its config has no volume_roots)"
+                .into(),
+        ));
+    }
+    let (mut volumes, mut opened) = (Vec::new(), Vec::new());
+    for item in items {
+        let mut volume = codecage::spec::Volume::parse(item)
+            .map_err(|e| ApiError::invalid(format!("field `volumes`: {e}")))?;
+        if !item.starts_with('/') {
+            return Err(ApiError::invalid(format!(
+                "field `volumes`: {item}: the host directory must be an absolute path"
+            )));
+        }
+        let fd = volume.pin(None, Some(roots)).map_err(|e| {
+            let message = format!("field `volumes`: {e}");
+            match codecage::spec::Volume::is_outside(&e) {
+                true => policy(message),
+                false => ApiError::invalid(message),
+            }
+        })?;
+        opened.push(fd);
+        volumes.push(volume);
+    }
+    Ok((volumes, opened))
 }
 
 /// Network mode `full` only where the server's config enables it: 403 otherwise.

@@ -24,6 +24,9 @@ pub struct ServerConfig {
     /// The installed profiles requests may name, besides the built-in ones (default
     /// /etc/codecage/profiles).
     pub profiles_dir: Option<PathBuf>,
+    /// The host directories under which a run's `volumes` may lie (none: requests may
+    /// not name volumes). A volume is read-only or copied, never writable onto the host.
+    pub volume_roots: Vec<PathBuf>,
     pub limits: Limits,
     /// The network gateway: whether `full` is allowed, the package indexes.
     pub network: crate::gateway::GatewayConfig,

@@ -872,6 +872,7 @@ impl CodecageMcp {
             files: Vec::new(),
             file_data: Some(true),
             network: None,
+            volumes: Vec::new(),
             limits,
         };
         let canceller = match Canceller::new() {

@@ -616,3 +616,84 @@ fn the_openapi_document_describes_every_endpoint() {
         server.stop();
     });
 }
+
+#[test]
+fn volumes_come_only_from_under_the_configured_roots() {
+    as_root(|| {
+        let roots = TempDir::new("volroots");
+        let project = roots.path().join("project");
+        std::fs::create_dir_all(&project).unwrap();
+        std::fs::write(project.join("hello.txt"), "from the host\n").unwrap();
+        let outside = TempDir::new("voloutside");
+        let run = |server: &Server, volume: String, code: &str| {
+            server.request(
+                "POST",
+                "/v1/run",
+                Some(json!({"language": "bash", "code": code, "timeout": "20s", "volumes": [volume]})),
+            )
+        };
+        // Without volume_roots, no volume at all.
+        let server = Server::start("", false);
+        let (status, answer) = run(&server, format!("{}:/work/src", project.display()), "true");
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (403, Some("policy")),
+            "{answer}"
+        );
+        server.stop();
+        let server = Server::start(&format!("volume_roots = [{:?}]\n", roots.path()), false);
+        // Under a root: read-only by default, a copy the code may change with :copy.
+        let (status, answer) = run(
+            &server,
+            format!("{}:/work/src", project.display()),
+            "cat /work/src/hello.txt; echo x > /work/src/new 2>/dev/null || echo EROFS",
+        );
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["stdout"], "from the host\nEROFS\n", "{answer}");
+        let (status, answer) = run(
+            &server,
+            format!("{}:/work/src:copy", project.display()),
+            "echo changed > /work/src/hello.txt && cat /work/src/hello.txt",
+        );
+        assert_eq!(
+            (status, answer["stdout"].as_str()),
+            (200, Some("changed\n")),
+            "{answer}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(project.join("hello.txt")).unwrap(),
+            "from the host\n"
+        );
+        assert!(!project.join("new").exists());
+        // Outside the roots (directly, or through a symlink under them): 403. Malformed or
+        // relative: 400.
+        let link = roots.path().join("link");
+        std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+        for dir in [outside.path().to_path_buf(), link, PathBuf::from("/")] {
+            let (status, answer) = run(&server, format!("{}:/work/src", dir.display()), "true");
+            assert_eq!(
+                (status, answer["error"].as_str()),
+                (403, Some("policy")),
+                "{} -> {answer}",
+                dir.display()
+            );
+        }
+        for volume in [
+            format!("{}:/etc", project.display()),
+            format!("{}:/work/src:rw", project.display()),
+            "project:/work/src".to_string(),
+        ] {
+            let (status, answer) = run(&server, volume.clone(), "true");
+            assert_eq!(
+                (status, answer["error"].as_str()),
+                (400, Some("invalid_request")),
+                "{volume} -> {answer}"
+            );
+            assert!(
+                answer["message"].as_str().unwrap().contains("volumes"),
+                "{answer}"
+            );
+        }
+        server.stop();
+    });
+}
