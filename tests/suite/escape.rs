@@ -440,8 +440,11 @@ fn proc_self_status_shows_every_layer() {
                         e["feature"].as_str().unwrap().to_string()
                     })
                     .collect();
-                assert_eq!(lacking.len(), (abi + 1..=6).count(), "{}", run.json);
-                for (feature, newer) in lacking.iter().zip(abi + 1..=6) {
+                // ABI 4's TCP rules are not asked for in network mode none (the namespace
+                // is the boundary), so they are never listed here.
+                let newer: Vec<u32> = (abi + 1..=6).filter(|&a| a != 4).collect();
+                assert_eq!(lacking.len(), newer.len(), "{}", run.json);
+                for (feature, newer) in lacking.iter().zip(newer) {
                     assert!(
                         feature.contains(&format!("landlock ABI {newer},")),
                         "{feature}"
