@@ -77,10 +77,7 @@ impl Default for AuditConfig {
 impl AuditConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=1 << 20).contains(&self.queue) {
-            return Err(format!(
-                "audit.queue = {}: give 1 to 1048576",
-                self.queue
-            ));
+            return Err(format!("audit.queue = {}: give 1 to 1048576", self.queue));
         }
         if self.retention_days == 0 {
             return Err("audit.retention_days = 0: give 1 or more days".into());
@@ -325,11 +322,29 @@ pub fn error_name(kind: ErrorKind) -> String {
 }
 
 enum Message {
-    Begin { id: String, at: i64, start: Box<Start> },
-    Finish { id: String, at: i64, end: Box<End> },
-    Whole { id: String, at: i64, start: Box<Start>, end: Box<End> },
-    Prune { before: i64, done: std::sync::mpsc::Sender<Result<usize, String>> },
-    Flush { done: std::sync::mpsc::Sender<()> },
+    Begin {
+        id: String,
+        at: i64,
+        start: Box<Start>,
+    },
+    Finish {
+        id: String,
+        at: i64,
+        end: Box<End>,
+    },
+    Whole {
+        id: String,
+        at: i64,
+        start: Box<Start>,
+        end: Box<End>,
+    },
+    Prune {
+        before: i64,
+        done: std::sync::mpsc::Sender<Result<usize, String>>,
+    },
+    Flush {
+        done: std::sync::mpsc::Sender<()>,
+    },
 }
 
 /// The audit log of this process: a handle on the writer thread. Cheap to clone.
@@ -369,15 +384,21 @@ impl Audit {
     pub fn open(config: &AuditConfig) -> Result<Audit, String> {
         config.validate()?;
         let mut store = Store::open_for_writing(config)?;
-        let swept = store.sweep().map_err(|e| format!("audit database {}: {e}", config.path.display()))?;
+        let swept = store
+            .sweep()
+            .map_err(|e| format!("audit database {}: {e}", config.path.display()))?;
         if swept > 0 {
-            tracing::warn!(records = swept, "audit: records of executions in flight when their process died, marked incomplete");
+            tracing::warn!(
+                records = swept,
+                "audit: records of executions in flight when their process died, marked incomplete"
+            );
         }
         let (queue, receiver) = mpsc::channel(config.queue);
         let failing = Arc::new(AtomicBool::new(false));
         let last_error = Arc::new(Mutex::new(String::new()));
         let writer = {
-            let (failing, last_error, config) = (failing.clone(), last_error.clone(), config.clone());
+            let (failing, last_error, config) =
+                (failing.clone(), last_error.clone(), config.clone());
             std::thread::Builder::new()
                 .name("audit-writer".into())
                 .spawn(move || writer(store, receiver, failing, last_error, config))
@@ -394,16 +415,20 @@ impl Audit {
         })
     }
 
-    pub fn config(&self) -> &AuditConfig {
-        &self.inner.config
-    }
-
     fn refused_now(&self) -> Option<AuditError> {
         if !self.inner.failing.load(Ordering::Acquire) {
             return None;
         }
-        let why = self.inner.last_error.lock().map(|e| e.clone()).unwrap_or_default();
-        Some(AuditError::Failing(why, self.inner.config.path.display().to_string()))
+        let why = self
+            .inner
+            .last_error
+            .lock()
+            .map(|e| e.clone())
+            .unwrap_or_default();
+        Some(AuditError::Failing(
+            why,
+            self.inner.config.path.display().to_string(),
+        ))
     }
 
     /// A place in the queue; with `on_full = "block"` waits for one (and for a failing
@@ -415,19 +440,31 @@ impl Audit {
                 (Some(_), OnFull::Block) => tokio::time::sleep(Duration::from_millis(50)).await,
                 (None, OnFull::Refuse) => {
                     return match self.inner.queue.clone().try_reserve_owned() {
-                        Ok(permit) => Ok(Slot { audit: self.clone(), permit }),
+                        Ok(permit) => Ok(Slot {
+                            audit: self.clone(),
+                            permit,
+                        }),
                         Err(mpsc::error::TrySendError::Full(_)) => Err(AuditError::Full),
                         Err(mpsc::error::TrySendError::Closed(_)) => Err(AuditError::Stopped),
                     }
                 }
                 (None, OnFull::Block) => {
-                    let permit = self.inner.queue.clone().reserve_owned().await.map_err(|_| AuditError::Stopped)?;
+                    let permit = self
+                        .inner
+                        .queue
+                        .clone()
+                        .reserve_owned()
+                        .await
+                        .map_err(|_| AuditError::Stopped)?;
                     // The writer may have failed while this request waited for room.
                     if self.inner.failing.load(Ordering::Acquire) {
                         drop(permit);
                         continue;
                     }
-                    return Ok(Slot { audit: self.clone(), permit });
+                    return Ok(Slot {
+                        audit: self.clone(),
+                        permit,
+                    });
                 }
             }
         }
@@ -440,7 +477,12 @@ impl Audit {
                 (Some(e), OnFull::Refuse) => return Err(e),
                 (Some(_), OnFull::Block) => std::thread::sleep(Duration::from_millis(50)),
                 (None, on_full) => match self.inner.queue.clone().try_reserve_owned() {
-                    Ok(permit) => return Ok(Slot { audit: self.clone(), permit }),
+                    Ok(permit) => {
+                        return Ok(Slot {
+                            audit: self.clone(),
+                            permit,
+                        })
+                    }
                     Err(mpsc::error::TrySendError::Full(_)) if on_full == OnFull::Block => {
                         std::thread::sleep(Duration::from_millis(5))
                     }
@@ -489,8 +531,13 @@ impl Audit {
     /// Deletes the records that started before `before` (the writer does it).
     pub fn prune_blocking(&self, before: SystemTime) -> Result<usize, String> {
         let (done, answer) = std::sync::mpsc::channel();
-        self.send_blocking(Message::Prune { before: time::millis(before), done });
-        answer.recv().map_err(|_| "the audit writer stopped".to_string())?
+        self.send_blocking(Message::Prune {
+            before: time::millis(before),
+            done,
+        });
+        answer
+            .recv()
+            .map_err(|_| "the audit writer stopped".to_string())?
     }
 
     /// Waits until everything queued so far is written.
@@ -517,7 +564,11 @@ impl Audit {
             let before = SystemTime::now() - Duration::from_secs(days * 24 * 3600);
             let audit = self.clone();
             match tokio::task::spawn_blocking(move || audit.prune_blocking(before)).await {
-                Ok(Ok(n)) => tracing::info!(records = n, days, "audit: pruned records past the retention"),
+                Ok(Ok(n)) => tracing::info!(
+                    records = n,
+                    days,
+                    "audit: pruned records past the retention"
+                ),
                 Ok(Err(e)) => tracing::warn!(error = %e, "audit: pruning failed"),
                 Err(_) => {}
             }
@@ -530,30 +581,43 @@ impl Slot {
     pub fn begin(self, start: Start) -> Pending {
         let id = new_id();
         let at = time::millis(SystemTime::now());
-        self.permit.send(Message::Begin { id: id.clone(), at, start: Box::new(start) });
-        Pending { audit: self.audit, id, done: false }
+        self.permit.send(Message::Begin {
+            id: id.clone(),
+            at,
+            start: Box::new(start),
+        });
+        Pending {
+            audit: self.audit,
+            id,
+            done: false,
+        }
     }
 
     /// Writes a record that is complete at once (a refusal).
     pub fn whole(self, start: Start, end: End) -> String {
         let id = new_id();
         let at = time::millis(SystemTime::now());
-        self.permit.send(Message::Whole { id: id.clone(), at, start: Box::new(start), end: Box::new(end) });
+        self.permit.send(Message::Whole {
+            id: id.clone(),
+            at,
+            start: Box::new(start),
+            end: Box::new(end),
+        });
         id
     }
 }
 
 impl Pending {
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
     /// Completes the record (waiting for room in the queue if need be: an execution that
     /// ran is recorded, whatever `on_full` says).
     pub fn finish(mut self, end: End) {
         self.done = true;
         let at = time::millis(SystemTime::now());
-        self.audit.send_blocking(Message::Finish { id: self.id.clone(), at, end: Box::new(end) });
+        self.audit.send_blocking(Message::Finish {
+            id: self.id.clone(),
+            at,
+            end: Box::new(end),
+        });
     }
 }
 
@@ -561,8 +625,15 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if !self.done {
             let at = time::millis(SystemTime::now());
-            let end = End::error("abandoned", "the front end stopped waiting before the execution's end was known");
-            self.audit.send_blocking(Message::Finish { id: self.id.clone(), at, end: Box::new(end) });
+            let end = End::error(
+                "abandoned",
+                "the front end stopped waiting before the execution's end was known",
+            );
+            self.audit.send_blocking(Message::Finish {
+                id: self.id.clone(),
+                at,
+                end: Box::new(end),
+            });
         }
     }
 }

@@ -68,7 +68,6 @@ CREATE INDEX IF NOT EXISTS records_running ON records(writer) WHERE status = 'ru
 
 pub struct Store {
     conn: Connection,
-    path: PathBuf,
     /// This process, as the `writer` of its records.
     writer: String,
 }
@@ -79,7 +78,10 @@ impl Store {
     pub fn open_for_writing(config: &AuditConfig) -> Result<Store, String> {
         let path = &config.path;
         let fail = |what: &str, e: &dyn std::fmt::Display| {
-            format!("audit database {}: {what}: {e} (set [audit] path, or enabled = false)", path.display())
+            format!(
+                "audit database {}: {what}: {e} (set [audit] path, or enabled = false)",
+                path.display()
+            )
         };
         let gid = match &config.group {
             Some(name) => Some(
@@ -92,8 +94,14 @@ impl Store {
             ),
             None => None,
         };
-        let (dir_mode, file_mode) = if gid.is_some() { (0o750, 0o640) } else { (0o700, 0o600) };
-        let dir = path.parent().ok_or_else(|| fail("no directory", &"the path has no parent"))?;
+        let (dir_mode, file_mode) = if gid.is_some() {
+            (0o750, 0o640)
+        } else {
+            (0o700, 0o600)
+        };
+        let dir = path
+            .parent()
+            .ok_or_else(|| fail("no directory", &"the path has no parent"))?;
         if !dir.exists() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -101,19 +109,25 @@ impl Store {
                 .create(dir)
                 .map_err(|e| fail("cannot create its directory", &e))?;
         }
-        secure(dir, dir_mode, gid).map_err(|e| fail("cannot set its directory's owner and mode", &e))?;
+        secure(dir, dir_mode, gid)
+            .map_err(|e| fail("cannot set its directory's owner and mode", &e))?;
         // SQLite creates the -wal and -shm files with the database's mode.
-        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077 & !(file_mode & 0o070)));
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(
+            0o077 & !(file_mode & 0o070),
+        ));
         let opened = Connection::open_with_flags(
             path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         );
         nix::sys::stat::umask(old);
         let conn = opened.map_err(|e| fail("cannot open", &e))?;
         for suffix in ["", "-wal", "-shm"] {
             let file = PathBuf::from(format!("{}{suffix}", path.display()));
             if file.exists() {
-                secure(&file, file_mode, gid).map_err(|e| fail("cannot set its owner and mode", &e))?;
+                secure(&file, file_mode, gid)
+                    .map_err(|e| fail("cannot set its owner and mode", &e))?;
             }
         }
         let store = Store::prepare(conn, path)?;
@@ -136,41 +150,55 @@ impl Store {
                 path.display()
             ));
         }
-        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .or_else(|_| Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX))
-            .map_err(|e| format!("audit database {}: cannot open: {e}", path.display()))?;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .or_else(|_| {
+            Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+        })
+        .map_err(|e| format!("audit database {}: cannot open: {e}", path.display()))?;
         Store::prepare(conn, path)
     }
 
     fn prepare(conn: Connection, path: &Path) -> Result<Store, String> {
         let fail = |e: rusqlite::Error| format!("audit database {}: {e}", path.display());
         conn.busy_timeout(Duration::from_secs(10)).map_err(fail)?;
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(fail)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(fail)?;
         if version > VERSION {
             return Err(format!(
                 "audit database {}: written by a newer codecage (schema {version}; this one knows {VERSION})",
                 path.display()
             ));
         }
-        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(fail)?;
-        if !mode.eq_ignore_ascii_case("wal") && !conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
-            return Err(format!("audit database {}: cannot use WAL mode (got {mode})", path.display()));
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .map_err(fail)?;
+        if !mode.eq_ignore_ascii_case("wal")
+            && !conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false)
+        {
+            return Err(format!(
+                "audit database {}: cannot use WAL mode (got {mode})",
+                path.display()
+            ));
         }
         // A commit reaches the WAL file (the page cache) at once and survives the process
         // being killed; only a power loss may take the last ones (synchronous = FULL would
         // fsync every commit).
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(fail)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(fail)?;
         // Pruned records are overwritten, not left in free pages.
-        conn.pragma_update(None, "secure_delete", "ON").map_err(fail)?;
+        conn.pragma_update(None, "secure_delete", "ON")
+            .map_err(fail)?;
         Ok(Store {
             conn,
-            path: path.to_path_buf(),
             writer: writer_identity(),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Marks `running` records of writer processes that no longer exist `incomplete`.
@@ -196,7 +224,11 @@ impl Store {
 
     /// Writes the batch in order, each run of records in one transaction; what is written
     /// leaves the batch, so on an error the rest is kept for the next attempt.
-    pub(super) fn write(&mut self, batch: &mut Vec<Message>, config: &AuditConfig) -> Result<(), String> {
+    pub(super) fn write(
+        &mut self,
+        batch: &mut Vec<Message>,
+        config: &AuditConfig,
+    ) -> Result<(), String> {
         while !batch.is_empty() {
             let records = batch
                 .iter()
@@ -297,7 +329,8 @@ fn secure(path: &Path, mode: u32, gid: Option<u32>) -> std::io::Result<()> {
     if meta.file_type().is_symlink() {
         return Err(std::io::Error::other("it is a symbolic link"));
     }
-    if meta.uid() != 0 || gid.is_some_and(|g| meta.gid() != g) || (gid.is_none() && meta.gid() != 0) {
+    if meta.uid() != 0 || gid.is_some_and(|g| meta.gid() != g) || (gid.is_none() && meta.gid() != 0)
+    {
         std::os::unix::fs::chown(path, Some(0), Some(gid.unwrap_or(0)))?;
     }
     if meta.mode() & 0o7777 != mode {
@@ -321,10 +354,18 @@ fn code_of(start: &Start) -> (Option<String>, Option<u64>) {
         (None, Some(argv)) => argv.join("\0").into_bytes(),
         (None, None) => return (None, None),
     };
-    (Some(codecage::files::sha256(&bytes)), Some(bytes.len() as u64))
+    (
+        Some(codecage::files::sha256(&bytes)),
+        Some(bytes.len() as u64),
+    )
 }
 
-fn write_one(tx: &rusqlite::Transaction<'_>, message: &Message, config: &AuditConfig, writer: &str) -> rusqlite::Result<()> {
+fn write_one(
+    tx: &rusqlite::Transaction<'_>,
+    message: &Message,
+    config: &AuditConfig,
+    writer: &str,
+) -> rusqlite::Result<()> {
     match message {
         Message::Begin { id, at, start } => insert(tx, id, *at, start, "running", config, writer),
         Message::Whole { id, at, start, end } => {
@@ -347,7 +388,13 @@ fn insert(
 ) -> rusqlite::Result<()> {
     let (code_sha256, code_size) = code_of(start);
     let (code, argv) = if config.log_code {
-        (start.code.clone(), start.argv.as_ref().map(|a| Value::from(a.clone()).to_string()))
+        (
+            start.code.clone(),
+            start
+                .argv
+                .as_ref()
+                .map(|a| Value::from(a.clone()).to_string()),
+        )
     } else {
         (None, None)
     };
@@ -382,14 +429,25 @@ fn insert(
     Ok(())
 }
 
-fn update(tx: &rusqlite::Transaction<'_>, id: &str, at: i64, end: &End, config: &AuditConfig) -> rusqlite::Result<()> {
+fn update(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    at: i64,
+    end: &End,
+    config: &AuditConfig,
+) -> rusqlite::Result<()> {
     let stream = |bytes: &Option<Vec<u8>>| -> (Option<Vec<u8>>, Option<i64>, Option<String>, bool) {
         match bytes {
             None => (None, None, None, false),
             Some(b) => {
                 let cap = config.output_cap as usize;
                 let kept = config.log_output.then(|| b[..b.len().min(cap)].to_vec());
-                (kept, Some(b.len() as i64), Some(codecage::files::sha256(b)), config.log_output && b.len() > cap)
+                (
+                    kept,
+                    Some(b.len() as i64),
+                    Some(codecage::files::sha256(b)),
+                    config.log_output && b.len() > cap,
+                )
             }
         }
     };
@@ -438,19 +496,60 @@ fn update(tx: &rusqlite::Transaction<'_>, id: &str, at: i64, end: &End, config: 
 }
 
 const COLUMNS: &[&str] = &[
-    "id", "kind", "status", "started_at", "ended_at", "via", "caller", "profile", "language", "session",
-    "code_sha256", "code_size", "code", "argv", "stdin_sha256", "stdin_size", "exit_code", "signal", "error",
-    "message", "duration_ms", "cpu_ms", "peak_memory_bytes", "limits", "limits_hit", "layers",
-    "skipped_layers", "input_files", "output_files", "files_skipped", "network", "stdout", "stdout_size",
-    "stdout_sha256", "stdout_cut", "stderr", "stderr_size", "stderr_sha256", "stderr_cut", "details", "writer",
+    "id",
+    "kind",
+    "status",
+    "started_at",
+    "ended_at",
+    "via",
+    "caller",
+    "profile",
+    "language",
+    "session",
+    "code_sha256",
+    "code_size",
+    "code",
+    "argv",
+    "stdin_sha256",
+    "stdin_size",
+    "exit_code",
+    "signal",
+    "error",
+    "message",
+    "duration_ms",
+    "cpu_ms",
+    "peak_memory_bytes",
+    "limits",
+    "limits_hit",
+    "layers",
+    "skipped_layers",
+    "input_files",
+    "output_files",
+    "files_skipped",
+    "network",
+    "stdout",
+    "stdout_size",
+    "stdout_sha256",
+    "stdout_cut",
+    "stderr",
+    "stderr_size",
+    "stderr_sha256",
+    "stderr_cut",
+    "details",
+    "writer",
 ];
 
 fn read_row(r: &rusqlite::Row<'_>, full: bool) -> rusqlite::Result<Record> {
     let json = |i: usize| -> rusqlite::Result<Option<Value>> {
-        Ok(r.get::<_, Option<String>>(i)?.and_then(|t| serde_json::from_str(&t).ok()))
+        Ok(r.get::<_, Option<String>>(i)?
+            .and_then(|t| serde_json::from_str(&t).ok()))
     };
-    let list = |i: usize| -> rusqlite::Result<Value> { Ok(json(i)?.unwrap_or_else(|| Value::Array(Vec::new()))) };
-    let uint = |i: usize| -> rusqlite::Result<Option<u64>> { Ok(r.get::<_, Option<i64>>(i)?.map(|n| n.max(0) as u64)) };
+    let list = |i: usize| -> rusqlite::Result<Value> {
+        Ok(json(i)?.unwrap_or_else(|| Value::Array(Vec::new())))
+    };
+    let uint = |i: usize| -> rusqlite::Result<Option<u64>> {
+        Ok(r.get::<_, Option<i64>>(i)?.map(|n| n.max(0) as u64))
+    };
     let stream = |i: usize| -> rusqlite::Result<(Option<String>, Option<String>)> {
         if !full {
             return Ok((None, None));
@@ -458,7 +557,9 @@ fn read_row(r: &rusqlite::Row<'_>, full: bool) -> rusqlite::Result<Record> {
         Ok(match r.get::<_, Option<Vec<u8>>>(i)? {
             Some(bytes) => {
                 let (encoding, text) = codecage::outcome::encode_stream(&bytes);
-                let encoding = serde_json::to_value(encoding).ok().and_then(|v| v.as_str().map(str::to_string));
+                let encoding = serde_json::to_value(encoding)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string));
                 (Some(text), encoding)
             }
             None => (None, None),
@@ -495,7 +596,9 @@ fn read_row(r: &rusqlite::Row<'_>, full: bool) -> rusqlite::Result<Record> {
         cpu_ms: r.get(21)?,
         peak_memory_bytes: uint(22)?,
         limits: json(23)?,
-        limits_hit: json(24)?.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default(),
+        limits_hit: json(24)?
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default(),
         layers: json(25)?,
         skipped_layers: json(26)?,
         input_files: list(27)?,
@@ -521,7 +624,12 @@ fn read_row(r: &rusqlite::Row<'_>, full: bool) -> rusqlite::Result<Record> {
 /// and its start time in clock ticks after boot), which no other process shares.
 fn writer_identity() -> String {
     let pid = std::process::id();
-    format!("{}:{}:{pid}:{}", boot_id(), pid_namespace(), start_time(pid).unwrap_or(0))
+    format!(
+        "{}:{}:{pid}:{}",
+        boot_id(),
+        pid_namespace(),
+        start_time(pid).unwrap_or(0)
+    )
 }
 
 fn boot_id() -> String {
@@ -531,7 +639,9 @@ fn boot_id() -> String {
 }
 
 fn pid_namespace() -> u64 {
-    std::fs::metadata("/proc/self/ns/pid").map(|m| m.ino()).unwrap_or(0)
+    std::fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino())
+        .unwrap_or(0)
 }
 
 /// Field 22 of /proc/PID/stat.
@@ -571,7 +681,10 @@ mod tests {
         let fields: Vec<&str> = me.split(':').collect();
         let other_start = format!("{}:{}:{}:{}", fields[0], fields[1], fields[2], 1);
         assert!(!writer_alive(&other_start));
-        let other_boot = format!("00000000-0000-0000-0000-000000000000:{}:{}:{}", fields[1], fields[2], fields[3]);
+        let other_boot = format!(
+            "00000000-0000-0000-0000-000000000000:{}:{}:{}",
+            fields[1], fields[2], fields[3]
+        );
         assert!(!writer_alive(&other_boot));
         assert!(!writer_alive("garbage"));
     }

@@ -442,7 +442,7 @@ pub(super) async fn run_request(
     start.argv = body.argv.clone();
     start.stdin = body.stdin.as_ref().map(|s| s.clone().into_bytes());
     start.language = body.language.map(|l| l.name().to_string());
-    start.profile = body.profile.clone();
+    start.profile = run_profile(&body).ok();
     let names_only = body.file_data == Some(false);
     let language = body.language;
     let (spec, profile_name) = match resolve_run(state, body) {
@@ -480,21 +480,22 @@ pub(super) async fn run_request(
     Ok(outcome)
 }
 
+/// The profile a run asks for: by name, else the language's (bash for a program).
+fn run_profile(body: &RunRequest) -> Result<String, ApiError> {
+    match (&body.profile, body.language) {
+        (Some(name), _) => Ok(name.clone()),
+        (None, Some(lang)) => Ok(lang.name().to_string()),
+        (None, None) if body.argv.is_some() => Ok("bash".to_string()),
+        (None, None) => Err(ApiError::invalid(
+            "field `language`: give python, node, typescript or bash (or a profile, or argv)",
+        )),
+    }
+}
+
 /// A run's request checked and resolved into its Spec (and the profile's name).
-fn resolve_run(
-    state: &Shared,
-    body: RunRequest,
-) -> Result<(codecage::Spec, String), ApiError> {
+fn resolve_run(state: &Shared, body: RunRequest) -> Result<(codecage::Spec, String), ApiError> {
     let knobs = knobs_of(&body.limits, "a run")?;
-    let profile_name =
-        match (&body.profile, body.language) {
-            (Some(name), _) => name.clone(),
-            (None, Some(lang)) => lang.name().to_string(),
-            (None, None) if body.argv.is_some() => "bash".to_string(),
-            (None, None) => return Err(ApiError::invalid(
-                "field `language`: give python, node, typescript or bash (or a profile, or argv)",
-            )),
-        };
+    let profile_name = run_profile(&body)?;
     let profile = load_profile(state, &profile_name)?;
     codecage::files::check_inputs(
         &body.files,
@@ -793,7 +794,14 @@ async fn execute(
         };
         let _ = events.blocking_send(event);
     };
-    let worker = call_session(state.clone(), caller.clone(), Via::Api, entry, call, forward);
+    let worker = call_session(
+        state.clone(),
+        caller.clone(),
+        Via::Api,
+        entry,
+        call,
+        forward,
+    );
     if streaming {
         tokio::spawn(async move {
             if let Ok(mut outcome) = worker.await {
@@ -879,7 +887,10 @@ pub(super) async fn call_session(
             .unwrap_or_else(|e| e.into_inner());
         let Some(session) = guard.as_mut() else {
             if let Some(pending) = pending {
-                pending.finish(End::error("not_found", "the session was closed before the call ran"));
+                pending.finish(End::error(
+                    "not_found",
+                    "the session was closed before the call ran",
+                ));
             }
             return None;
         };
@@ -1083,7 +1094,11 @@ use tokio_stream::StreamExt as _;
 /// 401, 404, 413, an audit request without the role): outside every other layer, it sees
 /// each error response and records it with the caller, when one was found, and the
 /// endpoint. A refusal the audit cannot take (`on_full = "refuse"`) becomes its 503.
-pub async fn audit_errors(State(state): State<Shared>, request: Request, next: axum::middleware::Next) -> Response {
+pub async fn audit_errors(
+    State(state): State<Shared>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
     let Some(audit) = state.audit.clone() else {
         return next.run(request).await;
     };

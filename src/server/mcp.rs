@@ -829,8 +829,15 @@ impl CodecageMcp {
             files: Vec::new(),
         };
         wait_idle(&entry).await;
-        let result =
-            api::call_session(self.state.clone(), caller, Via::Mcp, entry.clone(), call, forward).await;
+        let result = api::call_session(
+            self.state.clone(),
+            caller,
+            Via::Mcp,
+            entry.clone(),
+            call,
+            forward,
+        )
+        .await;
         watcher.abort();
         if let Some(reporter) = reporter {
             let _ = reporter.await;

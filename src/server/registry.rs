@@ -191,9 +191,9 @@ impl Registry {
     pub async fn close_all(&self) -> usize {
         let entries: Vec<Arc<Entry>> = self.lock().sessions.drain().map(|(_, e)| e).collect();
         let count = entries.len();
-        let closing = entries
-            .into_iter()
-            .map(|entry| tokio::task::spawn_blocking(move || close(&entry, "the server shut down")));
+        let closing = entries.into_iter().map(|entry| {
+            tokio::task::spawn_blocking(move || close(&entry, "the server shut down"))
+        });
         for task in closing {
             let _ = task.await;
         }
