@@ -8,6 +8,7 @@ use serde_json::Value;
 /// kept), and in lists.
 #[derive(Debug, Clone, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = AuditRecord))]
 pub struct Record {
     pub id: String,
     /// `run`, `call` (in a session), `session` (its life), `reset`, or `refused`.

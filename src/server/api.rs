@@ -2,7 +2,10 @@
 //! follow one rule: a request that ran returns 200 with the verdict in the body (timeout,
 //! oom, exception are verdicts, not HTTP errors); refused before running: 400 invalid (the
 //! message names the field), 401 no or bad token, 403 policy, 404 unknown session, 409
-//! session busy, 413 body too large, 503 (with Retry-After) at capacity.
+//! session busy, 413 body too large, 503 (with Retry-After) at capacity or when the audit
+//! log cannot take the request's record (`audit.on_full = "refuse"`). Every execution and
+//! every refusal is recorded in the audit log (src/audit); `/v1/audit` reads it, for
+//! administrators.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,7 +76,9 @@ struct ErrorInfo {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// What went wrong, for a program: `invalid_request`, `unauthorized`, `policy`,
-    /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `capacity`, `setup`.
+    /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `capacity`, `setup`,
+    /// `forbidden` (the audit API without the admin role), `audit_unavailable` (the audit
+    /// log cannot take the request's record and its `on_full` is `refuse`).
     pub error: String,
     /// What went wrong and what to do, for a person or an agent.
     pub message: String,

@@ -48,7 +48,11 @@ fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
     let plan = dir.path().join("plan.json");
     let pidfile = dir.path().join("server.pid");
     if transport.get("stdio").is_some() {
-        transport["env"] = json!({"PIDFILE": pidfile});
+        // Its audit log in the test's dir, not the host's.
+        let config = dir.path().join("mcp.toml");
+        let db = dir.path().join("audit").join("audit.db");
+        std::fs::write(&config, format!("[audit]\npath = {db:?}\n")).unwrap();
+        transport["env"] = json!({"PIDFILE": pidfile, "MCP_CONFIG": config});
     }
     std::fs::write(
         &plan,
@@ -79,7 +83,7 @@ fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
 /// harness reads (its cgroups are named after it).
 fn stdio(args: &[&str]) -> Value {
     let command = format!(
-        "echo $$ > \"$PIDFILE\"; exec {} mcp {}",
+        "echo $$ > \"$PIDFILE\"; exec {} mcp --config \"$MCP_CONFIG\" {}",
         env!("CARGO_BIN_EXE_codecage"),
         args.join(" ")
     );

@@ -670,9 +670,10 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
         std::fs::create_dir_all(&profiles).unwrap();
         std::fs::copy(net.profile("restricted", ""), profiles.join("net.toml")).unwrap();
         let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+        let audit = dir.join("audit").join("audit.db");
         std::fs::write(
             dir.join("server.toml"),
-            format!("profiles_dir = {profiles:?}\n{config}"),
+            format!("profiles_dir = {profiles:?}\n{config}\n[audit]\npath = {audit:?}\n"),
         )
         .unwrap();
         let socket = dir.join("codecage.sock");

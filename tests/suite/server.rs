@@ -617,6 +617,9 @@ fn the_openapi_document_describes_every_endpoint() {
             "/v1/sessions/{id}/interrupt",
             "/healthz",
             "/openapi.json",
+            "/v1/audit",
+            "/v1/audit/{id}",
+            "/v1/audit/export",
         ] {
             assert!(
                 paths.iter().any(|p| *p == path),

@@ -38,8 +38,10 @@ fn start_server(codecage: &str, work: &Path, max_sessions: usize) -> Result<Serv
     std::fs::write(
         &config,
         format!(
-            "[limits]\nmax_sandboxes = {0}\nmax_sessions = {0}\nqueue_timeout = \"60s\"\n",
-            max_sessions + 8
+            "[limits]\nmax_sandboxes = {0}\nmax_sessions = {0}\nqueue_timeout = \"60s\"\n\
+             [audit]\npath = {1:?}\n",
+            max_sessions + 8,
+            work.join("audit").join("audit.db"),
         ),
     )?;
     let child = Command::new(codecage)
