@@ -359,7 +359,6 @@ struct Inner {
     /// The writer's last attempt failed; it keeps what it holds and retries.
     failing: Arc<AtomicBool>,
     last_error: Arc<Mutex<String>>,
-    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// A place in the queue, taken before an execution starts: its record can then be sent
@@ -396,21 +395,22 @@ impl Audit {
         let (queue, receiver) = mpsc::channel(config.queue);
         let failing = Arc::new(AtomicBool::new(false));
         let last_error = Arc::new(Mutex::new(String::new()));
-        let writer = {
+        // The thread ends when every handle is gone (the queue closes); the process does not
+        // wait for it beyond `close`.
+        {
             let (failing, last_error, config) =
                 (failing.clone(), last_error.clone(), config.clone());
             std::thread::Builder::new()
                 .name("audit-writer".into())
                 .spawn(move || writer(store, receiver, failing, last_error, config))
-                .map_err(|e| format!("cannot start the audit writer: {e}"))?
-        };
+                .map_err(|e| format!("cannot start the audit writer: {e}"))?;
+        }
         Ok(Audit {
             inner: Arc::new(Inner {
                 config: config.clone(),
                 queue,
                 failing,
                 last_error,
-                writer: Mutex::new(Some(writer)),
             }),
         })
     }
@@ -540,19 +540,22 @@ impl Audit {
             .map_err(|_| "the audit writer stopped".to_string())?
     }
 
-    /// Waits until everything queued so far is written.
-    pub fn flush_blocking(&self) {
+    /// Waits until everything queued so far is written, for at most `patience`; false if
+    /// the writer is still behind then (it cannot write).
+    pub fn flush_blocking(&self, patience: Duration) -> bool {
         let (done, answer) = std::sync::mpsc::channel();
         self.send_blocking(Message::Flush { done });
-        let _ = answer.recv();
+        answer.recv_timeout(patience).is_ok()
     }
 
-    /// Writes what is queued and stops the writer (the end of the process).
+    /// Writes what is queued before the process ends. A writer that cannot write is given
+    /// 10 seconds; then what it holds is lost with the process, and the log says so.
     pub fn close(&self) {
-        self.flush_blocking();
-        // The writer ends when every sender is gone; other clones may live on (a detached
-        // blocking thread), so it is not joined past the flush.
-        let _ = self.inner.writer.lock().map(|mut w| w.take());
+        if !self.flush_blocking(Duration::from_secs(10)) {
+            let why = self.inner.last_error.lock().map(|e| e.clone()).unwrap_or_default();
+            tracing::error!(error = %why, "audit: the process ends with records the writer could not write");
+            eprintln!("codecage: the audit log could not be written ({why}); records held in memory are lost");
+        }
     }
 
     /// Retention: deletes what is older than `retention_days`, once a day.
