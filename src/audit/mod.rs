@@ -251,15 +251,40 @@ pub struct End {
     pub output_files: Option<Value>,
     pub files_skipped: Option<Value>,
     pub network: Option<Value>,
-    pub stdout: Option<Vec<u8>>,
-    pub stderr: Option<Vec<u8>>,
+    pub stdout: Option<Captured>,
+    pub stderr: Option<Captured>,
     /// Merged into the record's details.
     pub details: Value,
 }
 
+/// A stream as the audit keeps it: its size and sha256, and its bytes up to the cap when
+/// output is logged. Taken on the thread that ran the execution, so the queue never
+/// holds more than the cap of any output.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    pub kept: Option<Vec<u8>>,
+    pub size: u64,
+    pub sha256: String,
+    pub cut: bool,
+}
+
+impl Captured {
+    fn of(bytes: &[u8], config: &AuditConfig) -> Captured {
+        let cap = usize::try_from(config.output_cap).unwrap_or(usize::MAX);
+        Captured {
+            kept: config
+                .log_output
+                .then(|| bytes[..bytes.len().min(cap)].to_vec()),
+            size: bytes.len() as u64,
+            sha256: codecage::files::sha256(bytes),
+            cut: config.log_output && bytes.len() > cap,
+        }
+    }
+}
+
 impl End {
-    /// An execution's result.
-    pub fn outcome(outcome: &Outcome) -> End {
+    /// An execution's result, its output kept as `config` says.
+    fn outcome(outcome: &Outcome, config: &AuditConfig) -> End {
         let mut hit = Vec::new();
         if outcome.error == Some(ErrorKind::Timeout) {
             hit.push("timeout");
@@ -292,8 +317,8 @@ impl End {
             output_files: Some(Value::Array(files)),
             files_skipped: Some(json!(outcome.files_skipped)),
             network: Some(json!(outcome.network)),
-            stdout: Some(outcome.stdout.clone()),
-            stderr: Some(outcome.stderr.clone()),
+            stdout: Some(Captured::of(&outcome.stdout, config)),
+            stderr: Some(Captured::of(&outcome.stderr, config)),
             details: Value::Null,
         }
     }
@@ -552,7 +577,12 @@ impl Audit {
     /// 10 seconds; then what it holds is lost with the process, and the log says so.
     pub fn close(&self) {
         if !self.flush_blocking(Duration::from_secs(10)) {
-            let why = self.inner.last_error.lock().map(|e| e.clone()).unwrap_or_default();
+            let why = self
+                .inner
+                .last_error
+                .lock()
+                .map(|e| e.clone())
+                .unwrap_or_default();
             tracing::error!(error = %why, "audit: the process ends with records the writer could not write");
             eprintln!("codecage: the audit log could not be written ({why}); records held in memory are lost");
         }
@@ -611,6 +641,11 @@ impl Slot {
 }
 
 impl Pending {
+    /// The end of an execution that gave `outcome`.
+    pub fn end_of(&self, outcome: &Outcome) -> End {
+        End::outcome(outcome, &self.audit.inner.config)
+    }
+
     /// Completes the record (waiting for room in the queue if need be: an execution that
     /// ran is recorded, whatever `on_full` says).
     pub fn finish(mut self, end: End) {

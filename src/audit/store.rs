@@ -370,9 +370,9 @@ fn write_one(
         Message::Begin { id, at, start } => insert(tx, id, *at, start, "running", config, writer),
         Message::Whole { id, at, start, end } => {
             insert(tx, id, *at, start, "complete", config, writer)?;
-            update(tx, id, *at, end, config)
+            update(tx, id, *at, end)
         }
-        Message::Finish { id, at, end } => update(tx, id, *at, end, config),
+        Message::Finish { id, at, end } => update(tx, id, *at, end),
         Message::Prune { .. } | Message::Flush { .. } => Ok(()),
     }
 }
@@ -429,27 +429,15 @@ fn insert(
     Ok(())
 }
 
-fn update(
-    tx: &rusqlite::Transaction<'_>,
-    id: &str,
-    at: i64,
-    end: &End,
-    config: &AuditConfig,
-) -> rusqlite::Result<()> {
-    let stream = |bytes: &Option<Vec<u8>>| -> (Option<Vec<u8>>, Option<i64>, Option<String>, bool) {
-        match bytes {
-            None => (None, None, None, false),
-            Some(b) => {
-                let cap = config.output_cap as usize;
-                let kept = config.log_output.then(|| b[..b.len().min(cap)].to_vec());
-                (
-                    kept,
-                    Some(b.len() as i64),
-                    Some(codecage::files::sha256(b)),
-                    config.log_output && b.len() > cap,
-                )
-            }
-        }
+fn update(tx: &rusqlite::Transaction<'_>, id: &str, at: i64, end: &End) -> rusqlite::Result<()> {
+    let stream = |c: &Option<super::Captured>| match c {
+        Some(c) => (
+            c.kept.clone(),
+            int(Some(c.size)),
+            Some(c.sha256.clone()),
+            c.cut,
+        ),
+        None => (None, None, None, false),
     };
     let (stdout, stdout_size, stdout_sha256, stdout_cut) = stream(&end.stdout);
     let (stderr, stderr_size, stderr_sha256, stderr_cut) = stream(&end.stderr);

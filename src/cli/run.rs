@@ -165,7 +165,8 @@ pub fn main(args: RunArgs) -> i32 {
         outcome
     };
     if let Some(pending) = pending {
-        pending.finish(End::outcome(&outcome));
+        let end = pending.end_of(&outcome);
+        pending.finish(end);
     }
     close(audit.as_ref());
     if !timings {

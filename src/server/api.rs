@@ -470,7 +470,8 @@ pub(super) async fn run_request(
         });
         let outcome = codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller);
         if let Some(pending) = pending {
-            pending.finish(End::outcome(&outcome));
+            let end = pending.end_of(&outcome);
+            pending.finish(end);
         }
         outcome
     })
@@ -909,7 +910,8 @@ pub(super) async fn call_session(
                 "exception": outcome.exception.as_ref().map(|e| &e.name),
                 "state": outcome.state,
             });
-            pending.finish(End::outcome(&outcome.outcome).details(details));
+            let end = pending.end_of(&outcome.outcome).details(details);
+            pending.finish(end);
         }
         Some(outcome)
     })
