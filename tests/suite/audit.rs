@@ -651,3 +651,66 @@ fn the_cli_records_its_runs_when_the_host_config_says_so() {
         assert_eq!(export(&db, &[]).len(), 3);
     });
 }
+
+#[test]
+fn a_sessions_life_its_calls_files_and_output_are_recorded() {
+    as_root(|| {
+        let dir = TempDir::new("audit-session");
+        let db = dir.path().join("audit.db");
+        let config = format!(
+            "[audit]\npath = {:?}\noutput_cap = \"16\"\n",
+            db.to_str().unwrap()
+        );
+        let server = Server::start(&config, false);
+        let (status, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "bash"})));
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let execute = format!("/v1/sessions/{id}/execute");
+        let code = "cat in.txt; printf 'x%.0s' $(seq 40); mkdir -p out; echo r > out/r.txt";
+        let (status, out) = server.request(
+            "POST",
+            &execute,
+            Some(json!({"code": code, "files": [{"path": "in.txt", "data": "aGVsbG8K"}], "stdin": "typed"})),
+        );
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(
+            server
+                .request("POST", &format!("/v1/sessions/{id}/reset"), None)
+                .0,
+            204
+        );
+        assert_eq!(
+            server
+                .request("DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        let records = wait_for_records(&db, &["--session", &id, "--status", "complete"], 3);
+        let kinds: Vec<&str> = records
+            .iter()
+            .map(|r| r["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["session", "call", "reset"]);
+        let (session, call) = (&records[0], &records[1]);
+        assert_eq!(session["message"], "closed by uid:0 (api)");
+        assert_eq!(session["details"]["executions"], 1);
+        assert_eq!(session["limits"]["memory"], 256 << 20);
+        assert_eq!(call["code"], code);
+        assert_eq!(
+            call["input_files"],
+            json!([{"path": "in.txt", "size": 6, "sha256": "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"}])
+        );
+        assert_eq!(call["output_files"][0]["path"], "r.txt");
+        assert_eq!(call["output_files"][0]["size"], 2);
+        assert_eq!(call["stdin_size"], 5);
+        // Output up to the cap, its whole size and hash beside it.
+        assert_eq!(call["stdout"], "hello\nxxxxxxxxxx");
+        assert_eq!(
+            (call["stdout_size"].as_u64(), call["stdout_cut"].as_bool()),
+            (Some(46), Some(true))
+        );
+        assert_eq!(call["details"]["state"]["preserved"], true);
+        server.stop();
+    });
+}
