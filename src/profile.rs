@@ -39,6 +39,9 @@ pub struct Profile {
     /// Where they are taken from: a directory under /work (`outputs.dir`).
     pub output_dir: String,
     pub hardening: HardeningSection,
+    /// Modules a pre-started interpreter imports before its request (the server's warm
+    /// pool; Python only): `import pandas` then costs the request nothing.
+    pub preload: Vec<String>,
 }
 
 pub use crate::network::Mode as NetworkMode;
@@ -170,6 +173,7 @@ impl Default for Profile {
             output_types: DEFAULT_OUTPUT_TYPES.iter().map(|t| t.to_string()).collect(),
             output_dir: DEFAULT_OUTPUT_DIR.to_string(),
             hardening: HardeningSection::default(),
+            preload: Vec::new(),
         }
     }
 }
@@ -190,6 +194,7 @@ struct RawProfile {
     outputs: BTreeMap<String, OutputsEntry>,
     session: BTreeMap<String, Raw>,
     hardening: HardeningSection,
+    preload: Vec<String>,
 }
 
 /// `[outputs]` holds knobs (`max_size`, ...), a list (`types`) and a path (`dir`).
@@ -209,6 +214,7 @@ impl From<Profile> for RawProfile {
             network: write_network(p.network),
             env: p.env,
             hardening: p.hardening,
+            preload: p.preload,
             ..RawProfile::default()
         };
         raw.outputs
@@ -250,6 +256,7 @@ impl RawProfile {
             network,
             env: self.env,
             hardening: self.hardening,
+            preload: self.preload,
             ..Profile::default()
         };
         if let Some(rootfs) = self.rootfs {
@@ -473,6 +480,27 @@ impl Profile {
                 self.output_dir
             ));
         }
+        let module = |m: &String| {
+            !m.is_empty()
+                && m.len() <= 64
+                && m.split('.').all(|part| {
+                    part.chars()
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+        };
+        if let Some(m) = self.preload.iter().find(|m| !module(m)) {
+            return Err(format!(
+                "preload has {m:?}: give Python module names, e.g. [\"numpy\", \"pandas\"]"
+            ));
+        }
+        if self.preload.len() > 32 {
+            return Err(format!(
+                "preload lists {} modules: at most 32",
+                self.preload.len()
+            ));
+        }
         if let Some(t) = self
             .output_types
             .iter()
@@ -545,6 +573,18 @@ pub struct Request {
     pub env: Vec<(String, String)>,
     /// A network mode no looser than the profile's.
     pub network: Option<NetworkMode>,
+}
+
+/// What a sandbox built ahead of requests for `profile` is: the profile resolved with
+/// nothing asked (its language's program on an empty file, every value the profile's).
+/// A request whose spec has the same sandbox can take it.
+pub fn pool_spec(profile: &Profile, name: &str, data: &DataDir) -> Result<Spec, PolicyError> {
+    let request = Request {
+        code: Some(String::new()),
+        lang: profile.language,
+        ..Request::default()
+    };
+    resolve(profile, name, &request, data)
 }
 
 /// Why a request cannot run under a profile.

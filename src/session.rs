@@ -57,7 +57,7 @@ const MAX_MIME_NAME: usize = 100;
 
 /// What a session is built from: the box (with drivers), the language, the environment,
 /// and each call's default timeout and output cap.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionSpec {
     pub sandbox: SandboxSpec,
     pub lang: Lang,
@@ -203,6 +203,11 @@ impl Session {
 
     pub fn lang(&self) -> Lang {
         self.spec.lang
+    }
+
+    /// What the session was started from.
+    pub fn spec(&self) -> &SessionSpec {
+        &self.spec
     }
 
     /// A handle that interrupts the running call from another thread.

@@ -421,6 +421,44 @@ impl RunCgroup {
         }
     }
 
+    /// Raises the memory limit by what the sandbox holds now: a pre-started interpreter's
+    /// preload is not charged to the request's limit, which then gets the whole of it on
+    /// top, as a cold run would. Returns the added bytes (0 where nothing could be read).
+    pub fn grant_current_memory(&mut self) -> u64 {
+        let base = self.limits.memory;
+        if self.v2 {
+            let Some((dir, _)) = &self.unified else {
+                return 0;
+            };
+            let held = read_u64(&dir.join("memory.current")).unwrap_or(0);
+            if held > 0 && write(&dir.join("memory.max"), &(base + held).to_string()).is_ok() {
+                return held;
+            }
+            return 0;
+        }
+        let Some(dir) = self.v1_dir(Controller::Memory).map(Path::to_path_buf) else {
+            return 0;
+        };
+        let held = read_u64(&dir.join("memory.usage_in_bytes")).unwrap_or(0);
+        if held == 0 {
+            return 0;
+        }
+        let limit = (base + held).to_string();
+        // memory+swap may not be below memory: raised first.
+        let memsw = dir.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() && write(&memsw, &limit).is_err() {
+            return 0;
+        }
+        if write(&dir.join("memory.limit_in_bytes"), &limit).is_err() {
+            return 0;
+        }
+        let tcp = dir.join("memory.kmem.tcp.limit_in_bytes");
+        if tcp.exists() {
+            let _ = write(&tcp, &limit);
+        }
+        held
+    }
+
     /// What the cgroup measured. Read before [`RunCgroup::remove`].
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();
@@ -645,7 +683,7 @@ fn keyed(path: &Path, key: &str) -> Option<u64> {
 /// Removes the cgroups of launchers that died without cleaning up: a run cgroup whose
 /// launcher (pid plus start time) is gone. Its processes died with the launcher
 /// (PR_SET_PDEATHSIG); any left are killed first. Runs once per process.
-fn sweep_leftovers_once(layout: &Layout) {
+pub(crate) fn sweep_leftovers_once(layout: &Layout) {
     static SWEPT: OnceLock<()> = OnceLock::new();
     SWEPT.get_or_init(|| sweep_leftovers(layout));
 }
@@ -665,13 +703,23 @@ pub fn sweep_leftovers(layout: &Layout) {
     }
     parents.dedup();
     let mut leftovers: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    // A launcher's liveness is read once (from /proc), however many runs and hierarchies
+    // name it: a host with hundreds of sandboxes would otherwise cost a starting launcher
+    // thousands of reads.
+    let mut judged: std::collections::HashMap<(u64, u64), bool> = Default::default();
     for parent in parents {
         let Ok(entries) = fs::read_dir(&parent) else {
             continue;
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            if is_leftover(&name) {
+            let Some((pid, start)) = run_launcher(&name) else {
+                continue;
+            };
+            let dead = *judged
+                .entry((pid, start))
+                .or_insert_with(|| process_start_time(pid as u32) != Some(start));
+            if dead {
                 leftovers.entry(name).or_default().push(entry.path());
             }
         }
@@ -697,21 +745,26 @@ pub fn sweep_leftovers(layout: &Layout) {
     }
 }
 
-/// A `run-<pid ns>-<pid>-<start>-<n>` directory whose launcher no longer exists.
-fn is_leftover(name: &str) -> bool {
-    let fields: Vec<u64> = match name.strip_prefix("run-") {
-        Some(rest) => rest.split('-').map_while(|f| f.parse().ok()).collect(),
-        None => return false,
-    };
+/// The launcher (pid, start time) a `run-<pid ns>-<pid>-<start>-<n>` directory is named
+/// after, when it is of this pid namespace. A launcher in another pid namespace cannot be
+/// judged from here: its pid means nothing in ours, and killing a live sandbox is worse
+/// than keeping a stale directory.
+fn run_launcher(name: &str) -> Option<(u64, u64)> {
+    let fields: Vec<u64> = name
+        .strip_prefix("run-")?
+        .split('-')
+        .map_while(|f| f.parse().ok())
+        .collect();
     let [pid_ns, pid, start, _] = fields[..] else {
-        return false;
+        return None;
     };
-    // A launcher in another pid namespace cannot be judged from here: its pid means
-    // nothing in ours, and killing a live sandbox is worse than keeping a stale directory.
-    if pid_ns != launcher_identity().pid_ns {
-        return false;
-    }
-    process_start_time(pid as u32) != Some(start)
+    (pid_ns == launcher_identity().pid_ns).then_some((pid, start))
+}
+
+/// A run directory whose launcher no longer exists.
+#[cfg(test)]
+fn is_leftover(name: &str) -> bool {
+    run_launcher(name).is_some_and(|(pid, start)| process_start_time(pid as u32) != Some(start))
 }
 
 #[cfg(test)]

@@ -100,8 +100,8 @@ pub fn main(args: RunArgs) -> i32 {
             return report(&Outcome::failed(ErrorKind::Setup, e.to_string()), json);
         }
     };
-    let spec = match built {
-        Ok(spec) => spec,
+    let (spec, profile, profile_name) = match built {
+        Ok(built) => built,
         Err(outcome) => {
             if let (Some(slot), Some(kind)) = (slot, outcome.error) {
                 start.kind = Kind::Refused;
@@ -136,11 +136,39 @@ pub fn main(args: RunArgs) -> i32 {
                 .spec(&spec.sandbox, Some(&spec.exec)),
         )
     });
+    // CODECAGE_PREPARED=1: the server's warm-pool path for this one run (the sandbox built
+    // from the profile alone and, for Python, the interpreter pre-started; then the request
+    // handed over), so that the run suite proves pooled runs give cold runs' outcomes.
+    let prepared = if std::env::var_os("CODECAGE_PREPARED").is_some_and(|v| v == "1") {
+        match prepare(&spec, &profile, &profile_name) {
+            Ok(prepared) => prepared,
+            Err(outcome) => {
+                if let Some(pending) = pending {
+                    let end = pending.end_of(&outcome);
+                    pending.finish(end);
+                }
+                close(audit.as_ref());
+                return report(&outcome, json);
+            }
+        }
+    } else {
+        None
+    };
+    let mut prepared = prepared;
+    let mut launch = |spec: &Spec,
+                      sink: &mut dyn FnMut(Stream, &[u8]),
+                      interrupt: Option<&nix::sys::signalfd::SignalFd>|
+     -> Outcome {
+        match prepared.take() {
+            Some(p) => p.run(spec, sink, interrupt, None),
+            None => launcher::run_with(spec, sink, interrupt),
+        }
+    };
     // SIGINT, SIGTERM and SIGHUP are forwarded to the payload rather than killing the
     // launcher (which would take the sandbox down with it, unannounced).
     let forwarded = forward_signals();
     let mut outcome = if json {
-        launcher::run_with(&spec, &mut |_, _| {}, forwarded.as_ref())
+        launch(&spec, &mut |_, _| {}, forwarded.as_ref())
     } else {
         // Output passes through from a thread of its own: a reader of our stdout that does
         // not read (`| sleep 60`) must not stall the launcher's loop, which enforces the
@@ -159,7 +187,7 @@ pub fn main(args: RunArgs) -> i32 {
         let mut pass_through = |stream: Stream, bytes: &[u8]| {
             let _ = chunks.send((stream, bytes.to_vec()));
         };
-        let outcome = launcher::run_with(&spec, &mut pass_through, forwarded.as_ref());
+        let outcome = launch(&spec, &mut pass_through, forwarded.as_ref());
         drop(chunks);
         let _ = writer.join();
         outcome
@@ -270,9 +298,29 @@ fn forward_signals() -> Option<SignalFd> {
     SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
 }
 
-/// Translates the flags into a Request, picks the profile, and resolves both into a Spec;
-/// notes what was asked in `asked` (for the audit), as far as it got.
-fn build_spec(args: RunArgs, asked: &mut Start) -> Result<Spec, Box<Outcome>> {
+/// A sandbox built from the profile alone, as the server's pool builds them, if it can
+/// take `spec` (else the run is cold, as the server's would be).
+fn prepare(
+    spec: &Spec,
+    profile: &Profile,
+    name: &str,
+) -> Result<Option<launcher::Prepared>, Box<Outcome>> {
+    let pool = match profile::pool_spec(profile, name, &DataDir::from_env()) {
+        Ok(pool) => pool,
+        Err(_) => return Ok(None),
+    };
+    if pool.sandbox != spec.sandbox {
+        return Ok(None);
+    }
+    let prepared = launcher::Prepared::build(&pool, Some(&profile.preload))
+        .map_err(|e| Box::new(Outcome::failed(e.kind, e.message)))?;
+    Ok(prepared.fits(spec).then_some(prepared))
+}
+
+/// Translates the flags into a Request, picks the profile, and resolves both into a Spec
+/// (with the profile and its name); notes what was asked in `asked` (for the audit), as
+/// far as it got.
+fn build_spec(args: RunArgs, asked: &mut Start) -> Result<(Spec, Profile, String), Box<Outcome>> {
     asked.language = args.lang.map(|l| l.name().to_string());
     asked.profile = args.profile.clone();
     asked.code = args.code.clone();
@@ -347,12 +395,16 @@ fn build_spec(args: RunArgs, asked: &mut Start) -> Result<Spec, Box<Outcome>> {
     };
     asked.profile = Some(profile_name.clone());
     let profile = Profile::load(&profile_name).map_err(|e| invalid(e.to_string()))?;
-    profile::resolve(&profile, &profile_name, &request, &DataDir::from_env()).map_err(|e| match e {
-        PolicyError::Invalid(message) => invalid(message),
-        e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
-            Box::new(Outcome::failed(ErrorKind::Policy, e.to_string()))
-        }
-    })
+    let spec =
+        profile::resolve(&profile, &profile_name, &request, &DataDir::from_env()).map_err(|e| {
+            match e {
+                PolicyError::Invalid(message) => invalid(message),
+                e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
+                    Box::new(Outcome::failed(ErrorKind::Policy, e.to_string()))
+                }
+            }
+        })?;
+    Ok((spec, profile, profile_name))
 }
 
 fn parse_lang(text: &str) -> Result<Lang, String> {

@@ -18,6 +18,33 @@ pub struct ServeArgs {
     /// The server's configuration (TOML): listeners, tokens, caps.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Keep N sandboxes of PROFILE built ahead of runs (0: none). Repeatable; replaces the
+    /// config's `[pool] runs` (default: python=2).
+    #[arg(long = "pool", value_name = "PROFILE=N")]
+    pool: Vec<String>,
+    /// Keep N sessions of PROFILE started ahead of their creation. Repeatable; replaces
+    /// the config's `[pool] sessions` (default: python=1).
+    #[arg(long = "session-pool", value_name = "PROFILE=N")]
+    session_pool: Vec<String>,
+}
+
+/// `PROFILE=N` flags into a map.
+fn pool_flags(
+    flag: &str,
+    items: &[String],
+) -> Result<std::collections::BTreeMap<String, usize>, String> {
+    items
+        .iter()
+        .map(|item| {
+            let (name, n) = item.split_once('=').ok_or_else(|| {
+                format!("--{flag} {item}: give PROFILE=N, e.g. --{flag} python=2")
+            })?;
+            let n: usize = n
+                .parse()
+                .map_err(|_| format!("--{flag} {item}: N must be a number (0 for none)"))?;
+            Ok((name.to_string(), n))
+        })
+        .collect()
 }
 
 pub fn main(args: ServeArgs) -> i32 {
@@ -32,6 +59,21 @@ pub fn main(args: ServeArgs) -> i32 {
         },
         None => ServerConfig::default(),
     };
+    if !args.pool.is_empty() {
+        match pool_flags("pool", &args.pool) {
+            Ok(runs) => config.pool.runs = runs,
+            Err(e) => return fail(e),
+        }
+    }
+    if !args.session_pool.is_empty() {
+        match pool_flags("session-pool", &args.session_pool) {
+            Ok(sessions) => config.pool.sessions = sessions,
+            Err(e) => return fail(e),
+        }
+    }
+    if let Err(e) = config.pool.validate(config.limits.max_sandboxes) {
+        return fail(e);
+    }
     if let Some(path) = &args.token_file {
         if let Err(e) = config.add_token_file(path) {
             return fail(e);

@@ -19,7 +19,10 @@
 
 mod clone;
 mod link;
+mod prepared;
 mod supervise;
+
+pub use prepared::Prepared;
 
 pub(crate) use supervise::{set_nonblocking, take_output_file};
 
@@ -74,6 +77,13 @@ pub fn run_cancellable(
     run_full(spec, sink, None, Some(cancel))
 }
 
+/// Removes the cgroups that launchers which died left (with any process still in them),
+/// now rather than at this process's first sandbox: a server calls it as it starts, so a
+/// crashed predecessor's sandboxes do not wait for the next request. Once per process.
+pub fn sweep_leftovers() {
+    cgroup::sweep_leftovers_once(cgroup::layout());
+}
+
 /// Stops every run it is given to, at once and for good (a server shutting down): a pipe
 /// whose read end becomes readable and stays so.
 #[derive(Clone)]
@@ -104,7 +114,7 @@ fn run_full(
     if let Err(message) = spec.validate() {
         return Outcome::failed(ErrorKind::InvalidRequest, message);
     }
-    let mut sandbox = match Sandbox::start(&spec.sandbox) {
+    let sandbox = match Sandbox::start(&spec.sandbox) {
         Ok(sandbox) => sandbox,
         Err(e) => {
             let mut outcome = Outcome::failed(e.kind, e.message);
@@ -112,6 +122,23 @@ fn run_full(
             return outcome;
         }
     };
+    execute(
+        sandbox,
+        spec,
+        start,
+        sink,
+        supervise::Stops { interrupt, cancel },
+    )
+}
+
+/// Runs `spec.exec` as the last payload of `sandbox` and supervises it to its end.
+fn execute(
+    mut sandbox: Sandbox,
+    spec: &Spec,
+    start: Instant,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+    stops: supervise::Stops,
+) -> Outcome {
     let streams = match ExecStreams::open(&spec.exec) {
         Ok(streams) => streams,
         Err(message) => return sandbox.failed_before_running(message, start),
@@ -120,7 +147,6 @@ fn run_full(
         return sandbox.failed_before_running(format!("cannot start the payload: {e}"), start);
     }
     let streams = streams.into_parent();
-    let stops = supervise::Stops { interrupt, cancel };
     let (mut outcome, reaped_ns) =
         supervise::supervise(&mut sandbox, streams, &spec.exec, start, sink, stops);
     sandbox.finish_run(&mut outcome, reaped_ns);
@@ -164,6 +190,9 @@ pub struct Sandbox {
     reaped: Option<std::io::Result<(i32, libc::rusage)>>,
     /// The gateway serving the sandbox's link, in network modes other than `none`.
     network: Option<Box<dyn crate::network::Attached>>,
+    /// CPU time spent before the request (a pre-started interpreter's preload), which the
+    /// outcome does not count.
+    cpu_base: Duration,
 }
 
 impl Sandbox {
@@ -240,6 +269,7 @@ impl Sandbox {
             protocol_error: None,
             reaped: None,
             network: None,
+            cpu_base: Duration::ZERO,
         };
         if let (Some(gateway), Some(tun)) = (gateway, tun) {
             // On failure the sandbox is dropped: its init killed and reaped.
@@ -441,6 +471,14 @@ impl Sandbox {
         self.cgroup.as_ref().map(RunCgroup::usage)
     }
 
+    /// Raises the memory limit by what the sandbox holds now (see
+    /// `RunCgroup::grant_current_memory`); the bytes added.
+    pub(crate) fn grant_current_memory(&mut self) -> u64 {
+        self.cgroup
+            .as_mut()
+            .map_or(0, RunCgroup::grant_current_memory)
+    }
+
     /// The memory limit, for messages.
     pub fn limits(&self) -> Option<&Limits> {
         self.spec.limits.as_ref()
@@ -490,7 +528,9 @@ impl Sandbox {
             .splice(0..0, self.skipped.iter().cloned());
         let payload_started = self.marks.iter().any(|(p, _)| *p == Phase::PayloadReady);
         if let (Some(cgroup), Some(limits)) = (self.cgroup.take(), self.spec.limits) {
-            account(outcome, cgroup.usage(), &limits, payload_started);
+            let mut usage = cgroup.usage();
+            usage.cpu = usage.cpu.map(|c| c.saturating_sub(self.cpu_base));
+            account(outcome, usage, &limits, payload_started);
             if let Err(e) = cgroup.remove() {
                 let note = format!("codecage could not remove the run's cgroup: {e}");
                 outcome.message = Some(match outcome.message.take() {

@@ -32,7 +32,7 @@ const MAX_POLL: Duration = Duration::from_secs(60);
 const READ_CHUNK: usize = 64 * 1024;
 
 /// What the loop polls, by name.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Stdout,
     Stderr,
@@ -382,40 +382,37 @@ fn poll_once(
     running: bool,
     timeout: Duration,
 ) -> nix::Result<impl Fn(Slot) -> bool> {
-    let interest = |wanted: bool| {
-        if wanted {
-            PollFlags::POLLIN
-        } else {
-            PollFlags::empty()
-        }
-    };
     let timeout = timeout.min(MAX_POLL).as_millis() as i32 + 1;
     let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
-    // In the order of `Slot`.
-    let mut fds = vec![
-        PollFd::new(pipes.stdout.as_fd(), interest(open.stdout)),
-        PollFd::new(pipes.stderr.as_fd(), interest(open.stderr)),
-        PollFd::new(sandbox.channel_fd(), interest(open.channel)),
-        PollFd::new(sandbox.pidfd(), interest(running)),
+    // Only what is still wanted is polled: a closed pipe or an exited process reports
+    // POLLHUP whatever the events asked for, and would make the loop spin.
+    let cancel = stops.cancel.map(|c| c.fd());
+    let signals = stops.interrupt.map(|s| s.as_fd());
+    let candidates = [
+        (Slot::Stdout, Some(pipes.stdout.as_fd()), open.stdout),
+        (Slot::Stderr, Some(pipes.stderr.as_fd()), open.stderr),
+        (Slot::Channel, Some(sandbox.channel_fd()), open.channel),
+        (Slot::Pidfd, Some(sandbox.pidfd()), running),
+        (Slot::Cancel, cancel, running),
+        (Slot::Interrupt, signals, running),
     ];
-    // A run without a canceller polls the pidfd a second time with no interest.
-    let cancel = stops.cancel.map_or(sandbox.pidfd(), |c| c.fd());
-    fds.push(PollFd::new(
-        cancel,
-        interest(running && stops.cancel.is_some()),
-    ));
-    if let Some(signals) = stops.interrupt {
-        fds.push(PollFd::new(signals.as_fd(), interest(running)));
-    }
-    let ready: Vec<bool> = match poll(&mut fds, timeout) {
+    let (slots, mut fds): (Vec<Slot>, Vec<PollFd>) = candidates
+        .into_iter()
+        .filter_map(|(slot, fd, wanted)| {
+            Some((slot, PollFd::new(fd.filter(|_| wanted)?, PollFlags::POLLIN)))
+        })
+        .unzip();
+    let ready: Vec<Slot> = match poll(&mut fds, timeout) {
         Ok(_) => fds
             .iter()
-            .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
+            .zip(&slots)
+            .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(_, slot)| *slot)
             .collect(),
         Err(nix::errno::Errno::EINTR) => Vec::new(),
         Err(e) => return Err(e),
     };
-    Ok(move |slot: Slot| ready.get(slot as usize).copied().unwrap_or(false))
+    Ok(move |slot: Slot| ready.contains(&slot))
 }
 
 pub(crate) fn describe_status(status: i32) -> String {

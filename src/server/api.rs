@@ -36,6 +36,7 @@ pub fn router(state: Shared) -> Router {
     let max_body = state.config.limits.max_body as usize;
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/v1/pool", get(pool_status))
         .route("/openapi.json", get(openapi))
         .route("/v1/run", post(run))
         .route("/v1/sessions", post(create_session).get(list_sessions))
@@ -280,6 +281,21 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// `GET /v1/pool`: how many pooled sandboxes and sessions are ready, by profile.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PoolStatus {
+    /// Sandboxes ready for `POST /v1/run`, by profile.
+    pub runs: BTreeMap<String, usize>,
+    /// Sessions ready for `POST /v1/sessions`, by profile.
+    pub sessions: BTreeMap<String, usize>,
+}
+
+async fn pool_status(State(state): State<Shared>) -> Json<PoolStatus> {
+    let (runs, sessions) = state.pool.ready();
+    Json(PoolStatus { runs, sessions })
+}
+
 async fn openapi() -> Response {
     let doc = super::openapi_document();
     ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
@@ -343,12 +359,20 @@ pub(super) fn load_profile(state: &Shared, name: &str) -> Result<Profile, ApiErr
     Profile::load_in(name, &dir).map_err(|e| ApiError::invalid(format!("field `profile`: {e}")))
 }
 
-/// Waits up to the queue timeout for room; 503 with Retry-After past it.
+/// Room for one more: at once if there is, else by evicting an idle pooled sandbox (the
+/// pool only fills room nobody asks for), else after waiting up to the queue timeout;
+/// 503 with Retry-After past it.
 async fn room(
     semaphore: &Arc<tokio::sync::Semaphore>,
     state: &Shared,
     what: &str,
 ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    if let Ok(permit) = semaphore.clone().try_acquire_owned() {
+        return Ok(permit);
+    }
+    if Arc::ptr_eq(semaphore, &state.sandboxes) && state.pool.evict_one() {
+        // The evicted sandbox gives its permit back once it is torn down (a few ms).
+    }
     let wait = state.config.limits.queue_timeout;
     match tokio::time::timeout(wait, semaphore.clone().acquire_owned()).await {
         Ok(Ok(permit)) => Ok(permit),
@@ -455,20 +479,30 @@ pub(super) async fn run_request(
         Err(e) => return Err(refused(state, start, e).await),
     };
     start.profile = Some(profile_name);
-    let _permit = match room(&state.sandboxes, state, "sandboxes").await {
-        Ok(permit) => permit,
-        Err(e) => return Err(refused(state, start, e).await),
+    let (pooled, _permit) = match state
+        .pool
+        .take_run(&start.profile.clone().unwrap_or_default(), &spec)
+    {
+        Some(pooled) => (Some(pooled.item), pooled.permit),
+        None => match room(&state.sandboxes, state, "sandboxes").await {
+            Ok(permit) => (None, permit),
+            Err(e) => return Err(refused(state, start, e).await),
+        },
     };
     let slot = audit_slot(state).await?;
     let outcome = tokio::task::spawn_blocking(move || {
+        let warm = pooled.is_some();
         let pending = slot.map(|slot| {
-            slot.begin(
-                start
-                    .input_files(&spec.exec.files)
-                    .spec(&spec.sandbox, Some(&spec.exec)),
-            )
+            let mut start = start
+                .input_files(&spec.exec.files)
+                .spec(&spec.sandbox, Some(&spec.exec));
+            start.details = serde_json::json!({ "warm": warm });
+            slot.begin(start)
         });
-        let outcome = codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller);
+        let outcome = match pooled {
+            Some(prepared) => prepared.run(&spec, &mut |_, _| {}, None, Some(&canceller)),
+            None => codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller),
+        };
         if let Some(pending) = pending {
             let end = pending.end_of(&outcome);
             pending.finish(end);
@@ -587,16 +621,28 @@ pub(super) async fn open_session(
         Ok(permit) => permit,
         Err(e) => return Err(refused(state, start, e).await),
     };
-    let sandbox_permit = match room(&state.sandboxes, state, "sandboxes").await {
-        Ok(permit) => permit,
-        Err(e) => return Err(refused(state, start, e).await),
-    };
     let slot = audit_slot(state).await?;
     let id = new_id();
     start.session = Some(id.clone());
+    let (pooled, sandbox_permit) = match state.pool.take_session(&profile_name, &session_spec) {
+        Some(pooled) => (Some(pooled.item), pooled.permit),
+        None => match room(&state.sandboxes, state, "sandboxes").await {
+            Ok(permit) => (None, permit),
+            Err(e) => return Err(refused(state, start, e).await),
+        },
+    };
     let started = tokio::task::spawn_blocking(move || {
-        let pending = slot.map(|slot| slot.begin(start.spec(&session_spec.sandbox, None)));
-        match Session::start(session_spec) {
+        let warm = pooled.is_some();
+        let pending = slot.map(|slot| {
+            let mut start = start.spec(&session_spec.sandbox, None);
+            start.details = serde_json::json!({ "warm": warm });
+            slot.begin(start)
+        });
+        let session = match pooled {
+            Some(session) => Ok(session),
+            None => Session::start(session_spec),
+        };
+        match session {
             Ok(session) => Ok((session, pending)),
             Err(e) => {
                 if let Some(pending) = pending {
@@ -644,24 +690,20 @@ fn resolve_session(
         .clone()
         .unwrap_or_else(|| body.language.name().to_string());
     let profile = load_profile(state, &profile_name)?;
-    // The session's box and each call's defaults, resolved as a run of the driver would be.
     let request = PolicyRequest {
-        argv: Some(vec!["true".into()]),
         knobs,
         env: body.env.into_iter().collect(),
         network: body.network,
         ..PolicyRequest::default()
     };
-    let spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
-    network_allowed(state, spec.sandbox.network.mode)?;
-    let session_spec = SessionSpec {
-        sandbox: spec.sandbox,
-        lang: body.language,
-        env: spec.exec.env,
-        timeout: spec.exec.timeout,
-        output_limit: spec.exec.output_limit,
-        outputs: Some(profile.output_rules()),
-    };
+    let session_spec = session_spec_of(
+        &profile,
+        &profile_name,
+        body.language,
+        &request,
+        &state.data_dir,
+    )?;
+    network_allowed(state, session_spec.sandbox.network.mode)?;
     let caps = Caps {
         input_files: profile.value(Knob::InputFiles),
         input_total: profile.value(Knob::InputTotalSize),
@@ -672,6 +714,30 @@ fn resolve_session(
     let idle = Duration::from_millis(profile.value(Knob::IdleTimeout));
     let max = Duration::from_millis(profile.value(Knob::MaxDuration));
     Ok((session_spec, caps, (idle, max), profile_name))
+}
+
+/// A session's spec: the profile resolved with `request` (its limits, env and network) as
+/// a run of the language's driver would be.
+pub(super) fn session_spec_of(
+    profile: &Profile,
+    name: &str,
+    lang: Lang,
+    request: &PolicyRequest,
+    data: &codecage::profile::DataDir,
+) -> Result<SessionSpec, ApiError> {
+    let request = PolicyRequest {
+        argv: Some(vec!["true".into()]),
+        ..request.clone()
+    };
+    let spec = profile::resolve(profile, name, &request, data)?;
+    Ok(SessionSpec {
+        sandbox: spec.sandbox,
+        lang,
+        env: spec.exec.env,
+        timeout: spec.exec.timeout,
+        output_limit: spec.exec.output_limit,
+        outputs: Some(profile.output_rules()),
+    })
 }
 
 pub(super) fn lookup(state: &Shared, id: &str) -> Result<Arc<Entry>, ApiError> {

@@ -1,6 +1,5 @@
 //! The server's one configuration file (`codecage serve --config FILE`, TOML, unknown keys
-//! refused): listeners, tokens, caps, the audit log. Later sections (pool, network) join it
-//! here.
+//! refused): listeners, tokens, caps, the warm pool, the network, MCP, the audit log.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +32,8 @@ pub struct ServerConfig {
     /// The audit log: where, what it keeps, for how long, and what a request meets when it
     /// cannot take a record.
     pub audit: crate::audit::AuditConfig,
+    /// The warm pool: sandboxes and sessions built ahead of requests, by profile.
+    pub pool: super::pool::PoolConfig,
 }
 
 /// `[mcp]`: what the MCP tools run and how their results are shaped. A client cannot
@@ -154,6 +155,7 @@ impl ServerConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        self.pool.validate(self.limits.max_sandboxes)?;
         if !(16..=8192).contains(&self.mcp.image_max_edge) {
             return Err(format!(
                 "mcp.image_max_edge = {}: give 16 to 8192 pixels",

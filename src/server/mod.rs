@@ -12,6 +12,7 @@ pub mod api;
 pub mod config;
 pub mod mcp;
 mod openapi;
+pub mod pool;
 mod registry;
 
 use std::os::unix::fs::PermissionsExt;
@@ -69,6 +70,8 @@ pub struct AppState {
     pub mcp: mcp::McpStore,
     /// The audit log, unless `audit.enabled = false`.
     pub audit: Option<crate::audit::Audit>,
+    /// Sandboxes and sessions built ahead of requests.
+    pub pool: pool::Pool,
 }
 
 pub type Shared = Arc<AppState>;
@@ -91,6 +94,7 @@ impl AppState {
             canceller,
             shutdown: tokio_util::sync::CancellationToken::new(),
             mcp: mcp::McpStore::default(),
+            pool: pool::Pool::default(),
             config,
         }))
     }
@@ -99,6 +103,10 @@ impl AppState {
 /// Serves until SIGTERM or SIGINT, then shuts down cleanly.
 pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), String> {
     let state = AppState::new(config)?;
+    // What a crashed server left (its pool among it) goes before anything new is built.
+    tokio::task::spawn_blocking(codecage::launcher::sweep_leftovers)
+        .await
+        .map_err(|e| format!("sweeping leftover cgroups failed: {e}"))?;
     let shutdown = tokio_util_shutdown();
     let mut tasks = Vec::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
@@ -160,6 +168,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
         .audit
         .clone()
         .map(|audit| tokio::spawn(audit.prune_daily()));
+    let refills = pool::start(&state, &state.config.pool.clone());
     wait_for_termination().await;
     tracing::info!("shutting down: no new requests; stopping runs and closing sessions");
     let _ = shutdown.send(());
@@ -177,6 +186,10 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     if let Some(pruner) = pruner {
         pruner.abort();
     }
+    for refill in refills {
+        refill.abort();
+    }
+    state.pool.drain().await;
     let closed = state.sessions.close_all().await;
     for path in sockets {
         let _ = std::fs::remove_file(path);

@@ -17,7 +17,8 @@ use utoipa::PartialSchema;
 use codecage::knobs::{Knob, Unit};
 
 use super::api::{
-    AuditList, ErrorBody, ExecuteRequest, FileEntry, RunRequest, SessionInfo, SessionRequest,
+    AuditList, ErrorBody, ExecuteRequest, FileEntry, PoolStatus, RunRequest, SessionInfo,
+    SessionRequest,
 };
 
 /// The document, as JSON.
@@ -369,6 +370,16 @@ fn build() -> utoipa::openapi::OpenApi {
             ),
         )
         .path(
+            "/v1/pool",
+            PathItem::new(
+                HttpMethod::Get,
+                OperationBuilder::new()
+                    .summary(Some("The warm pool: sandboxes and sessions ready, by profile"))
+                    .response("200", answer("ready counts", Some("PoolStatus")))
+                    .build(),
+            ),
+        )
+        .path(
             "/healthz",
             PathItem::new(
                 HttpMethod::Get,
@@ -395,6 +406,7 @@ fn build() -> utoipa::openapi::OpenApi {
         .schema_from::<ExecuteRequest>()
         .schema_from::<SessionInfo>()
         .schema_from::<FileEntry>()
+        .schema_from::<PoolStatus>()
         .schema_from::<ErrorBody>()
         .schema_from::<AuditList>()
         .schema_from::<crate::audit::Record>()

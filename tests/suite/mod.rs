@@ -16,6 +16,7 @@ mod library;
 mod limits;
 mod mcp;
 mod network;
+mod pool;
 mod portability;
 mod profiles;
 mod server;

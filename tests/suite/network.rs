@@ -673,7 +673,11 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
         let audit = dir.join("audit").join("audit.db");
         std::fs::write(
             dir.join("server.toml"),
-            format!("profiles_dir = {profiles:?}\n{config}\n[audit]\npath = {audit:?}\n"),
+            // No warm pool: its refills would change the fds and threads counted here.
+            format!(
+                "profiles_dir = {profiles:?}\n{config}\n[pool]\nruns = {{}}\nsessions = {{}}\n\
+                 [audit]\npath = {audit:?}\n"
+            ),
         )
         .unwrap();
         let socket = dir.join("codecage.sock");

@@ -44,6 +44,10 @@ impl Server {
             let db = dir.path().join("audit").join("audit.db");
             text.push_str(&format!("\n[audit]\npath = {:?}\n", db.to_str().unwrap()));
         }
+        // No warm pool unless the test asks for one: its sandboxes would cost every test.
+        if !config.contains("[pool]") {
+            text.push_str("\n[pool]\nruns = {}\nsessions = {}\n");
+        }
         if tcp {
             text.push_str(&format!(
                 "\n[[tokens]]\nname = \"tests\"\ntoken = \"{TOKEN}\"\n"
@@ -95,13 +99,6 @@ impl Server {
         self.dir.path().join("audit").join("audit.db")
     }
 
-    /// SIGKILL, as a crash would: nothing of the server runs its shutdown.
-    pub(super) fn kill9(mut self) {
-        let mut child = self.child.take().expect("a running server");
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-
     /// The TCP listener's HOST:PORT (a server started with `tcp`).
     pub(super) fn tcp_address(&self) -> String {
         self.tcp.clone().expect("a server with a TCP listener")
@@ -145,6 +142,19 @@ impl Server {
             String::from_utf8_lossy(&out.stdout).to_string(),
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
+    }
+
+    /// The server's pid.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a running server").id()
+    }
+
+    /// SIGKILL, as a crash: nothing of the server runs its shutdown.
+    pub(super) fn kill9(mut self) {
+        let mut child = self.child.take().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_file(&self.socket);
     }
 
     /// SIGTERM, and the server must be gone with everything it made.

@@ -1,0 +1,188 @@
+//! The server's warm pool: sandboxes built ahead of runs (with Python pre-started, its
+//! preload imported) and sessions started ahead of their creation. A pooled sandbox serves
+//! one request and is destroyed after it; the pool refills; a crash leaves nothing. (The
+//! run suite also runs through the pooled path: `CODECAGE_PREPARED=1`, see xtask test.)
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::common::*;
+use super::image::image_test;
+use super::server::Server;
+
+fn pool_config(runs: usize, sessions: usize) -> String {
+    format!("[pool]\nruns = {{ python = {runs} }}\nsessions = {{ python = {sessions} }}\n")
+}
+
+/// Waits until the pool holds `runs` run sandboxes and `sessions` sessions for python.
+fn wait_ready(server: &Server, runs: u64, sessions: u64) {
+    let ready = wait_for(Duration::from_secs(60 * slowdown()), || {
+        let (_, pool) = server.request("GET", "/v1/pool", None);
+        pool["runs"]["python"].as_u64().unwrap_or(0) == runs
+            && pool["sessions"]["python"].as_u64().unwrap_or(0) == sessions
+    });
+    let (_, pool) = server.request("GET", "/v1/pool", None);
+    assert!(ready, "the pool did not fill: {pool}");
+}
+
+fn run(server: &Server, body: Value) -> Value {
+    let (status, out) = server.request("POST", "/v1/run", Some(body));
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+fn python(code: &str) -> Value {
+    json!({"language": "python", "code": code})
+}
+
+#[test]
+fn a_pooled_sandbox_serves_one_request_and_gives_a_cold_runs_outcome() {
+    image_test(|_| {
+        let server = Server::start(&pool_config(1, 0), false);
+        wait_ready(&server, 1, 0);
+        // Pooled (its interpreter has the profile's preload), and leaving traces behind.
+        let first = run(
+            &server,
+            python(
+                "import sys, builtins\nopen('/work/leak.txt', 'w').write('x')\nbuiltins.LEAK = 1\n\
+                 print('numpy' in sys.modules, sys.argv, __name__, __file__)",
+            ),
+        );
+        assert_eq!(
+            first["stdout"], "True ['main.py'] __main__ /work/main.py\n",
+            "{first}"
+        );
+        wait_ready(&server, 1, 0);
+        // The next request gets a new sandbox: nothing of the first is there.
+        let second = run(
+            &server,
+            python(
+                "import os, sys, builtins\n\
+                 print(os.path.exists('/work/leak.txt'), hasattr(builtins, 'LEAK'), 'numpy' in sys.modules)",
+            ),
+        );
+        assert_eq!(second["stdout"], "False False True\n", "{second}");
+        // The same code, pooled and cold (a request for less memory cannot take the
+        // pooled sandbox): the same exit, error, output and traceback.
+        let cases = [
+            "def f():\n    return 1 / 0\nprint('before')\nf()",
+            "import sys\nprint(sys.stdin.read() == '')\nsys.exit(3)",
+            "raise SystemExit('bye')",
+            "f = open('/work/out.txt', 'w'); f.write('kept')\nimport os; os.makedirs('out', exist_ok=True)\nopen('out/r.txt', 'w').write('r')",
+            // The whole memory limit (256M) is the code's, as in a cold run, whatever the
+            // preload holds.
+            "x = bytearray(200 << 20)\nprint(len(x))",
+        ];
+        for code in cases {
+            wait_ready(&server, 1, 0);
+            let pooled = run(&server, python(code));
+            let mut cold_request = python(code);
+            cold_request["memory"] = json!("255M");
+            let cold = run(&server, cold_request);
+            for field in ["stdout", "stderr", "exit_code", "signal", "error", "files"] {
+                assert_eq!(
+                    pooled[field], cold[field],
+                    "{field} of {code:?}: {pooled} vs {cold}"
+                );
+            }
+        }
+        server.stop();
+    });
+}
+
+#[test]
+fn the_pool_refills_after_a_burst() {
+    image_test(|_| {
+        let server = Server::start(&pool_config(2, 0), false);
+        wait_ready(&server, 2, 0);
+        std::thread::scope(|s| {
+            let runs: Vec<_> = (0..5)
+                .map(|i| {
+                    let server = &server;
+                    s.spawn(move || run(server, python(&format!("print({i} * 2)"))))
+                })
+                .collect();
+            for (i, handle) in runs.into_iter().enumerate() {
+                let out = handle.join().unwrap();
+                assert_eq!(out["stdout"], format!("{}\n", i * 2), "{out}");
+            }
+        });
+        wait_ready(&server, 2, 0);
+        server.stop();
+    });
+}
+
+#[test]
+fn a_pooled_session_is_ready_at_once_and_never_shared() {
+    image_test(|_| {
+        let server = Server::start(&pool_config(0, 1), false);
+        wait_ready(&server, 0, 1);
+        let mut ids = Vec::new();
+        for round in 0..2 {
+            let (status, created) =
+                server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+            assert_eq!(status, 201, "{created}");
+            let id = created["id"].as_str().unwrap().to_string();
+            let execute = format!("/v1/sessions/{id}/execute");
+            let (_, out) = server.request(
+                "POST",
+                &execute,
+                Some(json!({"code": "import os\n('x' in dir(), os.path.exists('/work/mark'))"})),
+            );
+            assert_eq!(
+                out["result"]["text/plain"], "(False, False)",
+                "round {round}: {out}"
+            );
+            server.request(
+                "POST",
+                &execute,
+                Some(json!({"code": "x = 1\nopen('/work/mark', 'w').write('m')"})),
+            );
+            server.request("DELETE", &format!("/v1/sessions/{id}"), None);
+            ids.push(id);
+            wait_ready(&server, 0, 1);
+        }
+        assert_ne!(ids[0], ids[1]);
+        server.stop();
+    });
+}
+
+/// The pooled interpreters the server `pid` holds (their init is its child).
+fn pooled_interpreters(pid: u32) -> Vec<u32> {
+    let parent = |p: u32| -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    host_pids_with("python3\0-c\0# codecage's pre-started Python")
+        .into_iter()
+        .filter(|p| parent(*p).and_then(parent) == Some(pid))
+        .collect()
+}
+
+#[test]
+fn sigkill_of_the_server_leaves_no_pooled_sandbox_behind() {
+    image_test(|_| {
+        let server = Server::start(&pool_config(2, 1), false);
+        wait_ready(&server, 2, 1);
+        let pid = server.pid();
+        let pooled = pooled_interpreters(pid);
+        assert_eq!(pooled.len(), 2, "{pooled:?}");
+        server.kill9();
+        // Their inits die with the server (the parent-death signal), and every process of
+        // their namespaces with them.
+        let gone = wait_for(Duration::from_secs(10 * slowdown()), || {
+            pooled
+                .iter()
+                .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        });
+        assert!(gone, "pooled interpreters outlived the server: {pooled:?}");
+        // The next server sweeps the cgroups the killed one left (the check after the
+        // test finds none named after it).
+        let next = Server::start("", false);
+        next.stop();
+    });
+}
