@@ -36,7 +36,8 @@ class UnixConnection(http.client.HTTPConnection):
 def start(binary, work, name, audit):
     config = os.path.join(work, f"{name}.toml")
     with open(config, "w") as f:
-        f.write("[limits]\nqueue_timeout = \"60s\"\n[audit]\n")
+        # No warm pool: its refills would run beside the measured requests.
+        f.write("[limits]\nqueue_timeout = \"60s\"\n[pool]\nruns = {}\nsessions = {}\n[audit]\n")
         if audit:
             f.write(f"path = {json.dumps(os.path.join(work, name, 'audit.db'))}\n")
         else:

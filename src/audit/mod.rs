@@ -283,8 +283,8 @@ impl Captured {
 }
 
 impl End {
-    /// An execution's result, its output kept as `config` says.
-    fn outcome(outcome: &Outcome, config: &AuditConfig) -> End {
+    /// An execution's result, without its output (see [`Pending::finish_with_output`]).
+    fn outcome(outcome: &Outcome) -> End {
         let mut hit = Vec::new();
         if outcome.error == Some(ErrorKind::Timeout) {
             hit.push("timeout");
@@ -317,8 +317,8 @@ impl End {
             output_files: Some(Value::Array(files)),
             files_skipped: Some(json!(outcome.files_skipped)),
             network: Some(json!(outcome.network)),
-            stdout: Some(Captured::of(&outcome.stdout, config)),
-            stderr: Some(Captured::of(&outcome.stderr, config)),
+            stdout: None,
+            stderr: None,
             details: Value::Null,
         }
     }
@@ -641,9 +641,19 @@ impl Slot {
 }
 
 impl Pending {
-    /// The end of an execution that gave `outcome`.
+    /// The end of an execution that gave `outcome`, but for its output: cheap, so it can
+    /// be taken before the outcome goes to the client.
     pub fn end_of(&self, outcome: &Outcome) -> End {
-        End::outcome(outcome, &self.audit.inner.config)
+        End::outcome(outcome)
+    }
+
+    /// Completes the record with the execution's output: hashed, and kept up to the cap
+    /// as the configuration says, here (after the client has its answer).
+    pub fn finish_with_output(self, mut end: End, stdout: &[u8], stderr: &[u8]) {
+        let config = &self.audit.inner.config;
+        end.stdout = Some(Captured::of(stdout, config));
+        end.stderr = Some(Captured::of(stderr, config));
+        self.finish(end);
     }
 
     /// Completes the record (waiting for room in the queue if need be: an execution that

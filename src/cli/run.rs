@@ -145,7 +145,7 @@ pub fn main(args: RunArgs) -> i32 {
             Err(outcome) => {
                 if let Some(pending) = pending {
                     let end = pending.end_of(&outcome);
-                    pending.finish(end);
+                    pending.finish_with_output(end, &outcome.stdout, &outcome.stderr);
                 }
                 close(audit.as_ref());
                 return report(&outcome, json);
@@ -194,7 +194,7 @@ pub fn main(args: RunArgs) -> i32 {
     };
     if let Some(pending) = pending {
         let end = pending.end_of(&outcome);
-        pending.finish(end);
+        pending.finish_with_output(end, &outcome.stdout, &outcome.stderr);
     }
     close(audit.as_ref());
     if !timings {

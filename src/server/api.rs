@@ -490,7 +490,10 @@ pub(super) async fn run_request(
         },
     };
     let slot = audit_slot(state).await?;
-    let outcome = tokio::task::spawn_blocking(move || {
+    // The outcome comes back as soon as the run ends; its record is completed after, on
+    // the same thread (hashing a large output takes milliseconds).
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
         let warm = pooled.is_some();
         let pending = slot.map(|slot| {
             let mut start = start
@@ -503,15 +506,25 @@ pub(super) async fn run_request(
             Some(prepared) => prepared.run(&spec, &mut |_, _| {}, None, Some(&canceller)),
             None => codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller),
         };
-        if let Some(pending) = pending {
-            let end = pending.end_of(&outcome);
-            pending.finish(end);
+        match pending {
+            Some(pending) => {
+                let end = pending.end_of(&outcome);
+                let (stdout, stderr) = (outcome.stdout.clone(), outcome.stderr.clone());
+                let _ = answer.send(outcome);
+                pending.finish_with_output(end, &stdout, &stderr);
+            }
+            None => {
+                let _ = answer.send(outcome);
+            }
         }
-        outcome
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
-    let mut outcome = outcome;
+    });
+    let mut outcome = answered.await.map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "setup",
+            "the run's thread ended without an outcome",
+        )
+    })?;
     outcome.phases = None;
     if names_only {
         outcome.files.iter_mut().for_each(|f| f.data = None);
@@ -950,8 +963,11 @@ pub(super) async fn call_session(
     };
     let slot = audit_slot(&state).await?;
     let worker_entry = entry.clone();
-    let outcome = tokio::task::spawn_blocking(move || {
-        let _claim = claim;
+    // As for a run: the outcome goes back first, the record is completed after, with the
+    // session already free for its next call.
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        let claim = claim;
         let pending = slot.map(|slot| slot.begin(start.input_files(&call.files)));
         let mut guard = worker_entry
             .session
@@ -964,30 +980,47 @@ pub(super) async fn call_session(
                     "the session was closed before the call ran",
                 ));
             }
-            return None;
+            let _ = answer.send(None);
+            return;
         };
         let outcome = session.execute(&call, &mut forward);
         worker_entry
             .executions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(pending) = pending {
-            let details = serde_json::json!({
-                "execution_count": outcome.execution_count,
-                "exception": outcome.exception.as_ref().map(|e| &e.name),
-                "state": outcome.state,
-            });
-            let end = pending.end_of(&outcome.outcome).details(details);
-            pending.finish(end);
+        drop(guard);
+        drop(claim);
+        match pending {
+            Some(pending) => {
+                let details = serde_json::json!({
+                    "execution_count": outcome.execution_count,
+                    "exception": outcome.exception.as_ref().map(|e| &e.name),
+                    "state": outcome.state,
+                });
+                let end = pending.end_of(&outcome.outcome).details(details);
+                let stdout = outcome.outcome.stdout.clone();
+                let stderr = outcome.outcome.stderr.clone();
+                let _ = answer.send(Some(outcome));
+                pending.finish_with_output(end, &stdout, &stderr);
+            }
+            None => {
+                let _ = answer.send(Some(outcome));
+            }
         }
-        Some(outcome)
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
-    .ok_or_else(|| {
-        lookup(&state, &entry.id)
-            .err()
-            .unwrap_or_else(|| busy(&entry.id))
-    })?;
+    });
+    let outcome = answered
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "setup",
+                "the call's thread ended without an outcome",
+            )
+        })?
+        .ok_or_else(|| {
+            lookup(&state, &entry.id)
+                .err()
+                .unwrap_or_else(|| busy(&entry.id))
+        })?;
     log_call(
         &caller,
         "execute",
