@@ -142,6 +142,8 @@ fn kill_9_during_a_run_leaves_finished_records_complete_and_the_one_in_flight_in
             !host_pids_with(&mark).is_empty()
         }));
         wait_for_records(&db, &["--status", "running"], 2);
+        // The finished ones are complete (their ends follow their answers by moments).
+        wait_for_records(&db, &["--kind", "run", "--status", "complete"], 3);
         server.kill9();
         let _ = in_flight.join();
         assert!(
