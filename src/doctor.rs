@@ -108,22 +108,17 @@ fn userns_restrictions() -> Check {
     }
 }
 
+/// The kernel's landlock ABI (landlock_create_ruleset's version query), as the sandbox
+/// sees it when it applies its rules: None where the kernel has no landlock or does not
+/// enable it (`lsm=`).
+pub fn landlock_abi() -> Option<u32> {
+    crate::sys::landlock_abi().ok()
+}
+
 fn landlock() -> (Check, Vec<Skipped>) {
-    use crate::sandbox::landlock::FEATURES;
     match crate::sys::landlock_abi() {
         Ok(abi) => {
-            let missing: Vec<Skipped> = FEATURES
-                .iter()
-                .filter(|f| f.abi > abi)
-                .map(|f| {
-                    Skipped::new(
-                        "landlock",
-                        f.what,
-                        format!("this kernel has landlock ABI {abi}"),
-                    )
-                    .covered_by(f.covered_by)
-                })
-                .collect();
+            let missing = crate::sandbox::landlock::lacking(abi);
             let detail = if missing.is_empty() {
                 format!("ABI {abi}: filesystem rules, TCP bind/connect rules, abstract unix socket and signal scopes")
             } else {
@@ -184,11 +179,15 @@ fn cgroup_checks(layout: &Layout) -> Vec<Check> {
     }];
     // The real test: create a run cgroup with limits, then remove it.
     let created = RunCgroup::create(layout, &Limits::default(), false);
+    let mut cgroup_kill = None;
     let (ok, why) = match created {
-        Ok(run) => match run.remove() {
-            Ok(()) => (true, String::new()),
-            Err(e) => (false, e.to_string()),
-        },
+        Ok(run) => {
+            cgroup_kill = Some(run.has_cgroup_kill());
+            match run.remove() {
+                Ok(()) => (true, String::new()),
+                Err(e) => (false, e.to_string()),
+            }
+        }
         Err(e) => (false, e.to_string()),
     };
     let how = |v2: &str, v1: &str| -> String {
@@ -230,27 +229,124 @@ fn cgroup_checks(layout: &Layout) -> Vec<Check> {
         Controller::Pids,
         how("pids.max", "pids.max"),
     ));
-    let unified = match layout {
-        Layout::V2 { root } => Some(root.clone()),
-        Layout::Hybrid { unified, .. } => Some(unified.clone()),
-        _ => None,
-    };
     checks.push(Check {
         name: "kill and placement",
         ok: true,
-        detail: match unified {
-            Some(dir) => format!(
-                "the init is born in its cgroup (CLONE_INTO_CGROUP, {}); SIGKILL of the pid-namespace init and cgroup.kill stop the sandbox",
-                dir.display()
-            ),
-            None => "the init is attached by pid before it runs; SIGKILL of the pid-namespace init stops the sandbox".into(),
-        },
+        detail: kill_and_placement(layout, cgroup_kill, kernel_at_least(5, 7)),
     });
     checks
+}
+
+/// How the init gets into its cgroups and how a sandbox is stopped, as this kernel and
+/// layout have it. `cgroup_kill`: whether a run cgroup made here had cgroup.kill (None: no
+/// run cgroup could be made).
+fn kill_and_placement(
+    layout: &Layout,
+    cgroup_kill: Option<bool>,
+    clone_into_cgroup: bool,
+) -> String {
+    let born = |dir: &Path| match clone_into_cgroup {
+        true => format!(
+            "the init is born in its cgroup (CLONE_INTO_CGROUP, {})",
+            dir.display()
+        ),
+        false => format!(
+            "the init is attached by pid to its cgroup in {} before it runs (this kernel has no \
+             CLONE_INTO_CGROUP, Linux 5.7)",
+            dir.display()
+        ),
+    };
+    let placement = match layout {
+        Layout::V2 { root } => born(root),
+        Layout::Hybrid { unified, .. } => format!(
+            "{}, and joins its v1 cgroups itself (their tasks files) before it execs anything",
+            born(unified)
+        ),
+        Layout::V1 { .. } => {
+            "the init joins its v1 cgroups itself (their tasks files) before it execs anything"
+                .into()
+        }
+        Layout::None => "no cgroup to place the init in".into(),
+    };
+    let stop =
+        "SIGKILL of the pid-namespace init stops the sandbox (the kernel kills every process of \
+                the namespace)";
+    let error_path = match (layout, cgroup_kill) {
+        (Layout::None, _) | (_, None) => String::new(),
+        (_, Some(true)) => {
+            "; a run cgroup dropped on an error path with processes inside is emptied with cgroup.kill"
+                .into()
+        }
+        (Layout::V1 { .. }, Some(false)) => {
+            "; a run cgroup dropped on an error path with processes inside is emptied by SIGKILL to each \
+             process it lists (cgroup v1 has no cgroup.kill)"
+                .into()
+        }
+        (_, Some(false)) => {
+            "; a run cgroup dropped on an error path with processes inside is emptied by SIGKILL to each \
+             process it lists (this kernel has no cgroup.kill, Linux 5.14)"
+                .into()
+        }
+    };
+    format!("{placement}; {stop}{error_path}")
+}
+
+/// Whether the running kernel's version is at least `major.minor` (from osrelease).
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    kernel_version(&release).is_some_and(|v| v >= (major, minor))
+}
+
+/// `5.10.0-32-amd64` -> (5, 10).
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 fn controller_available(root: &Path, controller: Controller) -> bool {
     std::fs::read_to_string(root.join("cgroup.controllers"))
         .map(|c| c.split_whitespace().any(|n| n == controller.name()))
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_parse() {
+        assert_eq!(kernel_version("5.10.0-32-amd64\n"), Some((5, 10)));
+        assert_eq!(kernel_version("6.18.44-fc-v669"), Some((6, 18)));
+        assert_eq!(kernel_version("6.1"), Some((6, 1)));
+        assert_eq!(kernel_version("garbage"), None);
+    }
+
+    /// What doctor says stops a sandbox follows the kernel: cgroup.kill only where a run
+    /// cgroup had it, CLONE_INTO_CGROUP only from 5.7.
+    #[test]
+    fn kill_and_placement_name_the_mechanisms_this_kernel_has() {
+        let v2 = Layout::V2 {
+            root: "/sys/fs/cgroup".into(),
+        };
+        let new = kill_and_placement(&v2, Some(true), true);
+        assert!(new.contains("CLONE_INTO_CGROUP, /sys/fs/cgroup"), "{new}");
+        assert!(new.contains("emptied with cgroup.kill"), "{new}");
+        let old = kill_and_placement(&v2, Some(false), true);
+        assert!(!old.contains("with cgroup.kill"), "{old}");
+        assert!(old.contains("this kernel has no cgroup.kill"), "{old}");
+        let older = kill_and_placement(&v2, Some(false), false);
+        assert!(older.contains("attached by pid"), "{older}");
+        assert!(older.contains("no CLONE_INTO_CGROUP"), "{older}");
+        let v1 = Layout::V1 {
+            controllers: Vec::new(),
+        };
+        let v1 = kill_and_placement(&v1, Some(false), true);
+        assert!(v1.contains("tasks files"), "{v1}");
+        assert!(v1.contains("cgroup v1 has no cgroup.kill"), "{v1}");
+        for text in [new, old, older, v1] {
+            assert!(text.contains("SIGKILL of the pid-namespace init"), "{text}");
+        }
+    }
 }

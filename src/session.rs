@@ -537,7 +537,8 @@ impl Session {
         };
         if let Some(now) = &usage {
             outcome.oom_kills = oom_kills;
-            outcome.peak_memory_bytes = now.peak_memory;
+            // Where the kernel keeps no peak (v2 before 5.19): the limit if this call met it.
+            outcome.peak_memory_bytes = now.peak_memory_or_estimate(self.last_usage.as_ref(), None);
             outcome.pids_limit_hit = match &self.last_usage {
                 Some(before) => now.pids_limit_hits > before.pids_limit_hits,
                 None => now.pids_limit_hits > 0,

@@ -36,14 +36,51 @@ pub const PARENT: &str = "codecage";
 /// What a run's cgroup measured.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Peak memory of the whole sandbox (processes and the tmpfs pages they wrote).
+    /// Peak memory of the whole sandbox (processes and the tmpfs pages they wrote), as the
+    /// kernel keeps it: v2's memory.peak (Linux 5.19), v1's max_usage_in_bytes. None on an
+    /// older v2 kernel; [`Usage::peak_memory_or_estimate`] then gives the best figure there is.
     pub peak_memory: Option<u64>,
+    /// The memory limit the cgroup enforces (memory.max, memory.limit_in_bytes), if any.
+    pub memory_limit: Option<u64>,
+    /// Times a charge met the memory limit (v2's memory.events `max`): the sandbox's usage
+    /// reached its limit at least once when this grew.
+    pub memory_limit_hits: u64,
     /// CPU time of every process of the sandbox.
     pub cpu: Option<Duration>,
     /// Processes the kernel's OOM killer killed in the sandbox.
     pub oom_kills: u64,
     /// Times a fork failed because of the pids limit.
     pub pids_limit_hits: u64,
+}
+
+impl Usage {
+    /// The sandbox's peak memory since `before` (a session's previous reading; None: since
+    /// the start), where the kernel keeps no peak of its own (v2 before Linux 5.19):
+    ///
+    /// - the limit, when a charge met it since `before` (memory.events `max` grew): usage
+    ///   was then within one charge batch of it, which is what memory.peak would say;
+    /// - else `largest_rss` (the largest resident set of a process the init reaped, from
+    ///   wait4), capped at the limit. RSS counts pages the cgroup was never charged for
+    ///   (shared libraries and files already in the page cache, charged to whoever read them
+    ///   first), so it can exceed what the cgroup held, which memory.max bounds: 70.8-71.4
+    ///   MB for a Python bomb at a 64M limit on Linux 5.10.
+    pub fn peak_memory_or_estimate(
+        &self,
+        before: Option<&Usage>,
+        largest_rss: Option<u64>,
+    ) -> Option<u64> {
+        if self.peak_memory.is_some() {
+            return self.peak_memory;
+        }
+        let hits = self
+            .memory_limit_hits
+            .saturating_sub(before.map_or(0, |b| b.memory_limit_hits));
+        match self.memory_limit {
+            Some(limit) if hits > 0 => Some(limit),
+            Some(limit) => largest_rss.map(|rss| rss.min(limit)),
+            None => largest_rss,
+        }
+    }
 }
 
 /// A cgroup operation that failed, with the file and what to do.
@@ -398,15 +435,21 @@ impl RunCgroup {
         Ok(())
     }
 
-    /// Kills every process of the run's cgroup at once, where the kernel offers
-    /// `cgroup.kill` (v2, and the unified tree of a hybrid host; Linux 5.14). A run's
-    /// processes die with its init (the pid namespace); this is for a `RunCgroup` dropped
-    /// without [`RunCgroup::remove`] (an early return), whose processes may still run.
-    fn kill(&self) -> bool {
-        match &self.unified {
-            Some((dir, _)) => fs::write(dir.join("cgroup.kill"), "1").is_ok(),
-            None => false,
+    /// Kills every process of the run's cgroups. A run's processes die with its init (the
+    /// pid namespace); this is for a `RunCgroup` dropped without [`RunCgroup::remove`] (an
+    /// early return), whose processes may still run.
+    fn kill(&self) {
+        for dir in self.dirs() {
+            kill_members(&dir);
         }
+    }
+
+    /// Whether the kernel offers `cgroup.kill` for the run's unified cgroup (v2 and the
+    /// unified tree of a hybrid host, Linux 5.14), which [`RunCgroup::kill`] uses where it can.
+    pub fn has_cgroup_kill(&self) -> bool {
+        self.unified
+            .as_ref()
+            .is_some_and(|(dir, _)| dir.join("cgroup.kill").exists())
     }
 
     /// Starts the peak-memory figure afresh: v1's max_usage_in_bytes takes a write of 0,
@@ -467,6 +510,9 @@ impl RunCgroup {
                 return usage;
             };
             usage.peak_memory = read_u64(&dir.join("memory.peak"));
+            // "max" where no limit is set: not a number, so None.
+            usage.memory_limit = read_u64(&dir.join("memory.max"));
+            usage.memory_limit_hits = keyed(&dir.join("memory.events"), "max").unwrap_or(0);
             usage.oom_kills = keyed(&dir.join("memory.events"), "oom_kill").unwrap_or(0);
             usage.cpu = keyed(&dir.join("cpu.stat"), "usage_usec").map(Duration::from_micros);
             usage.pids_limit_hits = keyed(&dir.join("pids.events"), "max").unwrap_or(0);
@@ -474,6 +520,7 @@ impl RunCgroup {
         }
         if let Some(dir) = self.v1_dir(Controller::Memory) {
             usage.peak_memory = read_u64(&dir.join("memory.max_usage_in_bytes"));
+            usage.memory_limit = read_u64(&dir.join("memory.limit_in_bytes"));
             // The OOM signal on v1 is this counter: failcnt stays 0 when memsw fails first
             usage.oom_kills = keyed(&dir.join("memory.oom_control"), "oom_kill").unwrap_or(0);
         }
@@ -725,22 +772,30 @@ pub fn sweep_leftovers(layout: &Layout) {
         }
     }
     for dirs in leftovers.values() {
-        // Only processes of that run's own cgroup are killed: cgroup.kill where the
-        // kernel has it, else each member by pid.
+        // Only processes of that run's own cgroup are killed.
         for dir in dirs {
-            if fs::write(dir.join("cgroup.kill"), "1").is_err() {
-                for pid in read(&dir.join("cgroup.procs")).unwrap_or_default().lines() {
-                    if let Ok(pid) = pid.trim().parse::<i32>() {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
-                }
-            }
+            kill_members(dir);
         }
         for dir in dirs {
             let _ = remove_dir_patiently(dir, Duration::from_millis(500));
+        }
+    }
+}
+
+/// SIGKILLs every process of one run's cgroup: with `cgroup.kill` where the kernel has it
+/// (Linux 5.14, v2), else each member `cgroup.procs` lists, by pid. A member forked between
+/// the read and the kills escapes the latter, but not its pid namespace: its init's death
+/// kills it, and the directory's removal waits for it.
+fn kill_members(dir: &Path) {
+    if fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    for pid in read(&dir.join("cgroup.procs")).unwrap_or_default().lines() {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 }
@@ -785,6 +840,38 @@ mod tests {
         assert_eq!(keyed(&file, "max"), Some(70));
         assert_eq!(keyed(&file, "nope"), None);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Without memory.peak (v2 before 5.19) the peak is the limit once a charge met it,
+    /// else the largest RSS within the limit; where the kernel keeps a peak, it is that.
+    #[test]
+    fn the_peak_without_memory_peak_stays_within_the_limit() {
+        let limit = 64 << 20;
+        let old_v2 = Usage {
+            memory_limit: Some(limit),
+            ..Usage::default()
+        };
+        let rss = Some(71 << 20);
+        assert_eq!(old_v2.peak_memory_or_estimate(None, rss), Some(limit));
+        assert_eq!(
+            old_v2.peak_memory_or_estimate(None, Some(40 << 20)),
+            Some(40 << 20)
+        );
+        assert_eq!(old_v2.peak_memory_or_estimate(None, None), None);
+        let hit = Usage {
+            memory_limit_hits: 3,
+            ..old_v2
+        };
+        assert_eq!(hit.peak_memory_or_estimate(None, None), Some(limit));
+        // A session's call that met no limit since the last one: no figure.
+        assert_eq!(hit.peak_memory_or_estimate(Some(&hit), None), None);
+        let unlimited = Usage::default();
+        assert_eq!(unlimited.peak_memory_or_estimate(None, rss), rss);
+        let kept = Usage {
+            peak_memory: Some(50 << 20),
+            ..hit
+        };
+        assert_eq!(kept.peak_memory_or_estimate(None, rss), Some(50 << 20));
     }
 
     #[test]

@@ -666,9 +666,9 @@ impl ExecStreams {
 /// are only counted. Otherwise the run ended by OOM if the kernel's OOM killer took the
 /// program itself (SIGKILL) or the init.
 fn account(outcome: &mut Outcome, usage: Usage, limits: &Limits, payload_started: bool) {
-    if let Some(peak) = usage.peak_memory {
-        outcome.peak_memory_bytes = Some(peak);
-    }
+    // Where the kernel keeps no peak (v2 before 5.19), the init's rusage (the largest RSS
+    // it reaped) is the estimate, within the limit.
+    outcome.peak_memory_bytes = usage.peak_memory_or_estimate(None, outcome.peak_memory_bytes);
     if let Some(cpu) = usage.cpu {
         outcome.cpu = cpu;
     }

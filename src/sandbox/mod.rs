@@ -27,6 +27,9 @@ pub fn seccomp_policy_check() -> Result<&'static str, String> {
     seccomp::compile().map(|_| std::env::consts::ARCH)
 }
 
+/// The init's name (comm, what `ps` shows), the same as its argv[0].
+const INIT_COMM: &std::ffi::CStr = c"codecage";
+
 /// Call first thing in `main`: if this process was started as a sandbox init, it runs the
 /// sandbox and never returns. Anything that runs before it (a tokio runtime, threads)
 /// would be inherited by every sandbox.
@@ -40,6 +43,11 @@ pub fn dispatch_init() {
 }
 
 fn init_main() -> ! {
+    // Named the same on every kernel: older ones (5.10 in the VM lanes) name a program
+    // started with execveat(fd, "", AT_EMPTY_PATH) after the fd's number (`ps` showed pid 1
+    // as `7`), newer ones after the file. Nothing depends on the name, so a failure (there
+    // is none for a short name) is ignored.
+    let _ = nix::sys::prctl::set_name(INIT_COMM);
     // The channel moves out of 0..=3, where each payload gets its own fds.
     let channel = crate::sys::take_inherited_socket(CHANNEL_FD)
         .and_then(|fd| crate::sys::dup_above(std::os::fd::AsFd::as_fd(&fd), 10));

@@ -69,6 +69,13 @@ pub fn kill_launcher(child: &mut Child, mark: &str) {
     assert_eq!(next.error(), None, "{}", next.json);
 }
 
+/// The kernel's landlock ABI (landlock_create_ruleset's version query), None where it has
+/// no landlock: what the sandbox's rules get on this kernel, and what a test of them must
+/// expect. The VM lanes run kernels with ABI 2 (6.1) and none (5.10).
+pub fn kernel_landlock_abi() -> Option<u32> {
+    codecage::doctor::landlock_abi()
+}
+
 /// Seconds scaled for where the tests run: the VM lane (`CODECAGE_IN_VM=1`) emulates its CPU
 /// in software, and programs start 10-50 times slower there.
 /// Never past 120 s, the profiles' max_timeout.

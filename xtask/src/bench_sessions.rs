@@ -18,9 +18,15 @@ const CALLS: usize = 200;
 /// The density measurement stops when the host has this little memory available.
 const KEEP_AVAILABLE: u64 = 3 << 30;
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    socket: PathBuf,
+    pub(crate) socket: PathBuf,
+}
+
+impl Server {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Server {
@@ -33,13 +39,29 @@ impl Drop for Server {
 }
 
 fn start_server(codecage: &str, work: &Path, max_sessions: usize) -> Result<Server> {
+    // No warm pool: these figures are of sessions started on request.
+    start_server_with(
+        codecage,
+        work,
+        max_sessions,
+        "[pool]\nruns = {}\nsessions = {}\n",
+    )
+}
+
+/// A server of the release binary on a socket in `work`, with `extra` config (TOML tables).
+pub(crate) fn start_server_with(
+    codecage: &str,
+    work: &Path,
+    max_sessions: usize,
+    extra: &str,
+) -> Result<Server> {
     let socket = work.join("bench.sock");
     let config = work.join("bench-server.toml");
     std::fs::write(
         &config,
         format!(
             "[limits]\nmax_sandboxes = {0}\nmax_sessions = {0}\nqueue_timeout = \"60s\"\n\
-             [audit]\npath = {1:?}\n",
+             [audit]\npath = {1:?}\n{extra}",
             max_sessions + 8,
             work.join("audit").join("audit.db"),
         ),
@@ -66,7 +88,7 @@ fn start_server(codecage: &str, work: &Path, max_sessions: usize) -> Result<Serv
 }
 
 /// curl over the socket: the body and curl's own transfer time.
-fn curl(
+pub(crate) fn curl(
     server: &Server,
     method: &str,
     path: &str,
@@ -100,13 +122,13 @@ fn create(server: &Server, lang: &str) -> Result<String> {
         .with_context(|| format!("no session: {body}"))
 }
 
-fn median_ms(mut v: Vec<Duration>) -> f64 {
+pub(crate) fn median_ms(mut v: Vec<Duration>) -> f64 {
     v.sort();
     v[v.len() / 2].as_secs_f64() * 1000.0
 }
 
 /// Memory of the run cgroups under codecage's parent, in bytes (v1 or v2).
-fn session_cgroups_memory() -> Vec<u64> {
+pub(crate) fn session_cgroups_memory() -> Vec<u64> {
     let mut out = Vec::new();
     for parent in ["/sys/fs/cgroup/memory/codecage", "/sys/fs/cgroup/codecage"] {
         let Ok(entries) = std::fs::read_dir(parent) else {
@@ -136,7 +158,7 @@ fn mem_available() -> u64 {
 }
 
 /// Times one whole process, `n` times.
-fn time_process(argv: &[String], n: usize) -> Result<Vec<Duration>> {
+pub(crate) fn time_process(argv: &[String], n: usize) -> Result<Vec<Duration>> {
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         let start = Instant::now();
@@ -153,8 +175,15 @@ fn time_process(argv: &[String], n: usize) -> Result<Vec<Duration>> {
     Ok(times)
 }
 
-/// Writes the sessions table into `out`.
-pub fn table(codecage: &str, work: &Path, density: usize, out: &mut String) -> Result<()> {
+/// Writes the sessions table into `out`; the idle Python session's memory goes into
+/// `figures`.
+pub fn table(
+    codecage: &str,
+    work: &Path,
+    density: usize,
+    figures: &mut crate::bench::Figures,
+    out: &mut String,
+) -> Result<()> {
     status("Measuring", "sessions: round trips, memory, density");
     let server = start_server(codecage, work, density)?;
     let python = create(&server, "python")?;
@@ -214,6 +243,7 @@ pub fn table(codecage: &str, work: &Path, density: usize, out: &mut String) -> R
         Ok(new)
     };
     let idle_python = idle_of("python")?;
+    figures.idle_python_mib = Some(idle_python as f64 / (1 << 20) as f64);
     let idle_node = idle_of("node")?;
     let idle_bash = idle_of("bash")?;
     for id in [&python, &bash, &node] {

@@ -11,6 +11,7 @@
 //! apt-get and the Debian mirror, build steps, safe removal of trees.
 
 mod bench;
+mod bench_pool;
 mod bench_sessions;
 mod host;
 mod rootfs;

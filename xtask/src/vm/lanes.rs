@@ -129,53 +129,6 @@ const SUBSET_WITHOUT_SESSIONS: &[&str] = &[
 /// the built-in profiles, and not again under the opt-in.
 const PORTABILITY: &str = "suite::portability::";
 
-/// Tests that hold codecage to landlock's TCP rules and scopes (ABI 4 and 6): they fail on a
-/// kernel whose landlock is older, where the network and pid namespaces cover the same.
-const LANDLOCK_BELOW_ABI_4: &[KnownFailure] = &[
-    KnownFailure {
-        test: "suite::escape::proc_self_status_shows_every_layer",
-        why: "asserts landlock ABI 6 and an empty skipped_layers",
-    },
-    KnownFailure {
-        test: "suite::escape::tcp_to_the_hosts_loopback_is_unreachable",
-        why: "asserts EACCES from landlock's TCP rule (ABI 4); the connect fails with \
-              ECONNREFUSED instead (the network namespace: still unreachable)",
-    },
-    KnownFailure {
-        test: "suite::isolation::the_network_namespace_has_only_loopback_and_it_is_up",
-        why: "asserts EACCES from landlock's TCP rule (ABI 4) for a bind; it succeeds, \
-              in the sandbox's own network namespace",
-    },
-];
-
-/// What Linux 5.10 fails besides: landlock is missing altogether, and so are memory.peak
-/// and the comm fix for execveat.
-const LINUX_5_10: &[KnownFailure] = &[
-    LANDLOCK_BELOW_ABI_4[0],
-    LANDLOCK_BELOW_ABI_4[1],
-    LANDLOCK_BELOW_ABI_4[2],
-    KnownFailure {
-        test: "suite::bombs::the_cgroup_layout_is_the_expected_one_and_every_limit_is_enforceable",
-        why: "asserts every doctor check ok; the landlock check fails without landlock, \
-              by design (the default profiles refuse there)",
-    },
-    KnownFailure {
-        test: "suite::bombs::python_memory_bomb_is_oom_killed_at_the_limit",
-        why: "no memory.peak before 5.19: the fallback peak (the largest RSS reaped) counts \
-              file pages charged elsewhere and exceeds the limit (70.8-71.4 MB at --memory 64M)",
-    },
-    KnownFailure {
-        test: "suite::bombs::node_buffer_bomb_is_oom_killed",
-        why: "no memory.peak before 5.19: the fallback peak (the largest RSS reaped) exceeds \
-              the 160M limit",
-    },
-    KnownFailure {
-        test: "suite::isolation::ps_sees_only_the_sandbox_and_pid_1_is_codecage_init",
-        why: "5.10 names a program exec'd by execveat(fd, \"\", AT_EMPTY_PATH) after the fd: \
-              pid 1's comm is `7`, not `codecage`",
-    },
-];
-
 pub const LANES: &[Lane] = &[
     Lane {
         name: "v2-6.12",
@@ -198,7 +151,7 @@ pub const LANES: &[Lane] = &[
         skip: SKIP_EVERYWHERE,
         profiles: Profiles::Default,
         landlock: true,
-        known_failures: LANDLOCK_BELOW_ABI_4,
+        known_failures: &[],
     },
     Lane {
         name: "v1",
@@ -210,7 +163,7 @@ pub const LANES: &[Lane] = &[
         skip: SKIP_EVERYWHERE,
         profiles: Profiles::Default,
         landlock: true,
-        known_failures: LANDLOCK_BELOW_ABI_4,
+        known_failures: &[],
     },
     Lane {
         name: "no-landlock",
@@ -221,7 +174,7 @@ pub const LANES: &[Lane] = &[
         skip: SKIP_EVERYWHERE,
         profiles: Profiles::LandlockBestEffort,
         landlock: false,
-        known_failures: LINUX_5_10,
+        known_failures: &[],
     },
 ];
 

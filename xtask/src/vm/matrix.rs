@@ -707,7 +707,14 @@ mod tests {
 
     #[test]
     fn a_lane_passes_with_its_known_failures_only() {
-        let lane = *Lane::named("debian12-6.1").unwrap();
+        // A lane with a known failure (the real lanes have none at present).
+        let lane = Lane {
+            known_failures: &[KnownFailure {
+                test: "suite::a::known",
+                why: "this kernel cannot",
+            }],
+            ..*Lane::named("debian12-6.1").unwrap()
+        };
         let known = lane.known_failures[0].test;
         let log = |failed: &[&str]| {
             let mut l = String::from("test suite::a::x ... ok\n");
