@@ -38,6 +38,9 @@ impl GatewayConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct HostConfig {
     pub network: GatewayConfig,
+    /// `[audit]`: with this section, `codecage run` records each run in the audit log
+    /// (the same database as the server's when the paths agree).
+    pub audit: Option<crate::audit::AuditConfig>,
 }
 
 impl HostConfig {
@@ -64,12 +67,18 @@ impl HostConfig {
                 ))
             }
         };
-        toml::from_str(&text).map_err(|e| {
+        let config: HostConfig = toml::from_str(&text).map_err(|e| {
             format!(
                 "host config {}: {}",
                 path.display(),
                 e.to_string().trim_end()
             )
-        })
+        })?;
+        if let Some(audit) = &config.audit {
+            audit
+                .validate()
+                .map_err(|e| format!("host config {}: {e}", path.display()))?;
+        }
+        Ok(config)
     }
 }

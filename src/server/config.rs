@@ -1,5 +1,5 @@
 //! The server's one configuration file (`codecage serve --config FILE`, TOML, unknown keys
-//! refused): listeners, tokens, caps. Later sections (pool, audit, network) join it here.
+//! refused): listeners, tokens, caps, the warm pool, the network, MCP, the audit log.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,6 +29,9 @@ pub struct ServerConfig {
     pub network: crate::gateway::GatewayConfig,
     /// The MCP server (`codecage mcp`, and `/mcp` on the listeners).
     pub mcp: McpConfig,
+    /// The audit log: where, what it keeps, for how long, and what a request meets when it
+    /// cannot take a record.
+    pub audit: crate::audit::AuditConfig,
     /// The warm pool: sandboxes and sessions built ahead of requests, by profile.
     pub pool: super::pool::PoolConfig,
 }
@@ -129,7 +132,7 @@ fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error
     parse_duration(&text_of(d)?).map_err(serde::de::Error::custom)
 }
 
-fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+pub(crate) fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     parse_size(&text_of(d)?).map_err(serde::de::Error::custom)
 }
 
@@ -183,7 +186,7 @@ impl ServerConfig {
         if self.limits.max_sandboxes == 0 || self.limits.max_sessions == 0 {
             return Err("limits.max_sandboxes and limits.max_sessions must be 1 or more".into());
         }
-        Ok(())
+        self.audit.validate()
     }
 
     /// Reads tokens from a file: one per line, `NAME:TOKEN` or a bare token (named

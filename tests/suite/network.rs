@@ -670,11 +670,13 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
         std::fs::create_dir_all(&profiles).unwrap();
         std::fs::copy(net.profile("restricted", ""), profiles.join("net.toml")).unwrap();
         let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+        let audit = dir.join("audit").join("audit.db");
         std::fs::write(
             dir.join("server.toml"),
             // No warm pool: its refills would change the fds and threads counted here.
             format!(
-                "profiles_dir = {profiles:?}\n{config}\n[pool]\nruns = {{}}\nsessions = {{}}\n"
+                "profiles_dir = {profiles:?}\n{config}\n[pool]\nruns = {{}}\nsessions = {{}}\n\
+                 [audit]\npath = {audit:?}\n"
             ),
         )
         .unwrap();
