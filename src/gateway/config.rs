@@ -21,8 +21,15 @@ pub struct GatewayConfig {
     /// /run/netns/NAME) instead of the host's. For tests.
     pub dial_netns: Option<PathBuf>,
     /// The package index (PEP 503 simple API) that the gateway's index forwards allowed
-    /// Python packages from. Default https://pypi.org/simple/.
+    /// Python packages from, http:// or https://. Default https://pypi.org/simple/.
     pub python_index: Option<String>,
+    /// The npm registry that the gateway's registry forwards allowed npm packages from,
+    /// http:// or https://. Default https://registry.npmjs.org/.
+    pub npm_registry: Option<String>,
+    /// The CA certificates (PEM) the gateway trusts for https:// package indexes, instead
+    /// of the host's (rustls-native-certs: SSL_CERT_FILE, else the distribution's bundle).
+    /// For an internal mirror with its own CA, and for tests.
+    pub index_ca_file: Option<PathBuf>,
 }
 
 impl GatewayConfig {
@@ -30,6 +37,31 @@ impl GatewayConfig {
         self.python_index
             .as_deref()
             .unwrap_or("https://pypi.org/simple/")
+    }
+
+    pub fn npm_registry(&self) -> &str {
+        self.npm_registry
+            .as_deref()
+            .unwrap_or("https://registry.npmjs.org/")
+    }
+
+    /// Checks the index URLs (http:// or https://, with a host) and the CA file.
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, url) in [
+            ("python_index", self.python_index()),
+            ("npm_registry", self.npm_registry()),
+        ] {
+            super::client::Url::parse(url).map_err(|e| format!("network.{key}: {e}"))?;
+        }
+        if let Some(file) = &self.index_ca_file {
+            if !file.is_file() {
+                return Err(format!(
+                    "network.index_ca_file: {} is not a file",
+                    file.display()
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -64,12 +96,17 @@ impl HostConfig {
                 ))
             }
         };
-        toml::from_str(&text).map_err(|e| {
+        let config: HostConfig = toml::from_str(&text).map_err(|e| {
             format!(
                 "host config {}: {}",
                 path.display(),
                 e.to_string().trim_end()
             )
-        })
+        })?;
+        config
+            .network
+            .validate()
+            .map_err(|e| format!("host config {}: {e}", path.display()))?;
+        Ok(config)
     }
 }
