@@ -385,6 +385,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn links_to_other_hosts_go_only_to_public_addresses_or_the_profiles_ranges() {
+        let upstream = Arc::new(super::super::upstream::Upstream::new(None, None).unwrap());
+        let client = Arc::new(Client::new(upstream, None));
+        let ranges = vec![Cidr::parse("203.0.113.0/24").unwrap()];
+        let index = Upstream::new(
+            client,
+            "https://index.test/simple",
+            ranges,
+            Arc::new(Log::default()),
+        );
+        assert_eq!(index.base.path, "/simple/");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let url = |s: &str| Url::parse(s).unwrap();
+        // The configured index: the administrator's choice, wherever it is.
+        assert!(index.admit(&url("https://index.test/x"), ip("10.0.0.1")).is_ok());
+        let files = url("https://files.test/a.whl");
+        assert!(index.admit(&files, ip("93.184.215.14")).is_ok());
+        assert!(index.admit(&files, ip("203.0.113.7")).is_ok());
+        for refused in ["169.254.169.254", "127.0.0.1", "10.0.0.1", "198.51.100.1"] {
+            let err = index.admit(&files, ip(refused)).unwrap_err();
+            assert!(err.contains("allowed_ranges"), "{err}");
+        }
+    }
+
+    #[test]
     fn names_normalize_as_pep_503_says() {
         assert_eq!(normalize("Foo.Bar__baz-1"), "foo-bar-baz-1");
         assert_eq!(normalize("requests"), "requests");

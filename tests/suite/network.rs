@@ -14,6 +14,8 @@ use super::common::*;
 /// Server A and B of the test internet.
 const A: &str = "203.0.113.10";
 const B: &str = "198.51.100.20";
+/// The package files' host (files.test) of the https index test.
+const C: &str = "203.0.113.11";
 
 /// A network namespace with servers in it, the hosts file and config the gateway reads,
 /// and a test CA. Everything is removed on drop. The namespace is held by a process of its
@@ -184,7 +186,7 @@ impl Internet {
         ]));
         std::fs::write(
             d.join("ext.cnf"),
-            "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:rebind.test\n",
+            "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:rebind.test,DNS:index.test,DNS:files.test,DNS:registry.test\n",
         )
         .unwrap();
         sh(Command::new("openssl").args([
@@ -210,7 +212,7 @@ impl Internet {
     /// The names of the test internet; `rebind.test` points at `rebind`.
     fn write_hosts(&self, rebind: &str) {
         let text = format!(
-            "{A} allowed.test other.test udp.test\n{rebind} rebind.test\n127.0.0.1 loop.test\n\
+            "{A} allowed.test other.test udp.test\n{C} files.test\n{B} index.test registry.test\n{rebind} rebind.test\n127.0.0.1 loop.test\n\
              10.0.0.5 private.test\n169.254.169.254 metadata.test\n"
         );
         let path = self.dir.path().join("hosts");
@@ -252,6 +254,40 @@ impl Internet {
         cmd
     }
 
+    /// The gateway's config with `lines` (in its [network] section) instead of the test
+    /// index's python_index.
+    fn configure(&self, lines: &str) {
+        let path = self.dir.path().join("config.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let old = format!("python_index = \"http://{B}/simple/\"\n");
+        assert!(text.contains(&old), "{text}");
+        std::fs::write(path, text.replacen(&old, lines, 1)).unwrap();
+    }
+
+    /// A TLS file server on ADDR port 443 serving DIR (a directory of the internet's).
+    fn serve_tls(&mut self, addr: &str, dir: &str, log: &str) {
+        let d = self.dir.path().to_path_buf();
+        let args = [
+            d.join("tls.py").to_str().unwrap().to_string(),
+            addr.to_string(),
+            "443".to_string(),
+            d.join("srv.pem").to_str().unwrap().to_string(),
+            d.join("srv.key").to_str().unwrap().to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.serve(&args, &d.join(dir), log);
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                self.inside("bash")
+                    .arg("-c")
+                    .arg(format!("exec 3<>/dev/tcp/{addr}/443"))
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }),
+            "the TLS server on {addr} did not come up"
+        );
+    }
+
     fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
@@ -290,14 +326,18 @@ while True:
     s.sendto(b"pong", peer)
 "#;
 
-/// Builds a PEP 503 index under DIR: tinyok (needing tinydep), tinydep, tinybad.
+/// Builds a PEP 503 index under DIR: tinyok (needing tinydep), tinydep, tinybad. With
+/// FILES_URL FILES_DIR, the wheels go to FILES_DIR/packages and the pages link to them as
+/// FILES_URL/packages/... (another host), with PEP 658 metadata beside them.
 const MAKE_INDEX: &str = r#"
 import base64, hashlib, os, sys, zipfile
 root = sys.argv[1]
+files_url = sys.argv[2] if len(sys.argv) > 2 else None
+files_dir = sys.argv[3] if len(sys.argv) > 3 else root
 def wheel(name, deps=()):
     fn = f"{name}-1.0-py3-none-any.whl"
-    os.makedirs(f"{root}/packages", exist_ok=True)
-    path = f"{root}/packages/{fn}"
+    os.makedirs(f"{files_dir}/packages", exist_ok=True)
+    path = f"{files_dir}/packages/{fn}"
     meta = "Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n%s" % (name, "".join(f"Requires-Dist: {d}\n" for d in deps))
     files = {
         f"{name}/__init__.py": f"VALUE = {name!r}\n",
@@ -314,8 +354,14 @@ def wheel(name, deps=()):
         z.writestr(f"{name}-1.0.dist-info/RECORD", "\n".join(record) + "\n")
     digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
     os.makedirs(f"{root}/simple/{name}", exist_ok=True)
+    if files_url:
+        open(path + ".metadata", "w").write(meta)
+        md = hashlib.sha256(meta.encode()).hexdigest()
+        link = f'<a href="{files_url}/packages/{fn}#sha256={digest}" data-dist-info-metadata="sha256={md}" data-core-metadata="sha256={md}">{fn}</a>'
+    else:
+        link = f'<a href="../../packages/{fn}#sha256={digest}">{fn}</a>'
     with open(f"{root}/simple/{name}/index.html", "w") as f:
-        f.write(f'<!DOCTYPE html><html><body><a href="../../packages/{fn}#sha256={digest}">{fn}</a></body></html>\n')
+        f.write(f'<!DOCTYPE html><html><body>{link}</body></html>\n')
 wheel("tinydep")
 wheel("tinyok", ["tinydep"])
 wheel("tinybad")
@@ -803,5 +849,71 @@ fn pip_installs_allowed_packages_from_the_gateways_index_and_nothing_else() {
             "{}",
             net.log("b.log")
         );
+    });
+}
+
+#[test]
+fn pip_installs_allowed_packages_from_an_https_index_with_files_on_another_host() {
+    as_root(|| {
+        let mut net = Internet::new();
+        // index.test (B) serves the pages over TLS, files.test (C) the wheels; the gateway
+        // trusts the test CA only.
+        let d = net.dir.path().to_path_buf();
+        std::fs::create_dir_all(d.join("idx")).unwrap();
+        std::fs::create_dir_all(d.join("files")).unwrap();
+        sh(Command::new("/usr/bin/python3")
+            .args(["-c", MAKE_INDEX])
+            .arg(d.join("idx"))
+            .arg("https://files.test")
+            .arg(d.join("files")));
+        net.serve_tls(B, "idx", "idx.log");
+        net.serve_tls(C, "files", "files.log");
+        net.configure(&format!(
+            "python_index = \"https://index.test/simple/\"\nindex_ca_file = {:?}\n",
+            d.join("ca.pem")
+        ));
+        let profile = net.profile("pips", "python_packages = [\"tinyok\", \"tinydep\"]\n");
+        let script = "/usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/ok tinyok 2>&1 | tail -3; \
+             PYTHONPATH=/tmp/ok /usr/bin/python3 -c 'import tinyok, tinydep; print(\"installed\", tinyok.VALUE, tinydep.VALUE)'; \
+             /usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/bad tinybad 2>&1 | grep -o 'No matching distribution found for tinybad'; \
+             echo direct $(curl -s -o /dev/null -w '%{http_code}' https://files.test/packages/tinybad-1.0-py3-none-any.whl)";
+        let run = net.run(&profile, &["--timeout", "100s"], &["bash", "-c", script]);
+        let out = run.stdout();
+        assert!(
+            out.contains("installed tinyok tinydep"),
+            "{out}\n{}\n{}",
+            run.stderr_field(),
+            run.json["network"]
+        );
+        assert!(
+            out.contains("No matching distribution found for tinybad"),
+            "{out}"
+        );
+        // files.test is not in allowed_hosts: the sandbox's DNS does not even name it.
+        assert!(out.contains("direct 000"), "{out}");
+        let pip: Vec<&Value> = run.json["network"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["protocol"] == "pip")
+            .collect();
+        for name in ["tinyok", "tinydep", "tinyok-1.0-py3-none-any.whl"] {
+            assert!(
+                pip.iter().any(|e| e["host"] == name && e["verdict"] == "allowed"),
+                "{name}: {}",
+                run.json["network"]
+            );
+        }
+        assert!(
+            pip.iter().any(|e| e["host"] == "tinybad" && e["verdict"] == "denied"),
+            "{}",
+            run.json["network"]
+        );
+        let (idx, files) = (net.log("idx.log"), net.log("files.log"));
+        assert!(idx.contains("GET /simple/tinyok/"), "{idx}");
+        assert!(files.contains("GET /packages/tinyok-1.0-py3-none-any.whl "), "{files}");
+        // pip read the metadata first (PEP 658), through the gateway's link to it.
+        assert!(files.contains("GET /packages/tinyok-1.0-py3-none-any.whl.metadata "), "{files}");
+        assert!(!idx.contains("tinybad") && !files.contains("tinybad"), "{idx}\n{files}");
     });
 }
