@@ -258,7 +258,14 @@ impl Client {
                 .await
             {
                 Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => return Err(format!("{url}: TLS: {e}")),
+                Ok(Err(e)) => {
+                    let hint = match (e.to_string().contains("certificate"), &self.ca_file) {
+                        (false, _) => String::new(),
+                        (true, Some(file)) => format!(" (the gateway trusts the CAs of {})", file.display()),
+                        (true, None) => " (the gateway trusts the host's CAs, or the file index_ca_file names)".into(),
+                    };
+                    return Err(format!("{url}: TLS: {e}{hint}"));
+                }
                 Err(_) => {
                     return Err(format!(
                         "{url}: the TLS handshake took longer than {UPSTREAM_TIMEOUT:?}"

@@ -377,7 +377,11 @@ pub fn join(base: &str, href: &str) -> String {
             p => segments.push(p),
         }
     }
-    format!("{origin}/{}", segments.join("/"))
+    let slash = match href.ends_with('/') && !segments.is_empty() {
+        true => "/",
+        false => "",
+    };
+    format!("{origin}/{}{slash}", segments.join("/"))
 }
 
 #[cfg(test)]
@@ -427,6 +431,7 @@ mod tests {
             "http://index.test/packages/foo-1.whl"
         );
         assert_eq!(join(base, "/p/foo-1.whl"), "http://index.test/p/foo-1.whl");
+        assert_eq!(join(base, "../bar/"), "http://index.test/simple/bar/");
         assert_eq!(
             join(base, "https://files.test/foo-1.whl"),
             "https://files.test/foo-1.whl"

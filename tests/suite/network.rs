@@ -915,5 +915,37 @@ fn pip_installs_allowed_packages_from_an_https_index_with_files_on_another_host(
         // pip read the metadata first (PEP 658), through the gateway's link to it.
         assert!(files.contains("GET /packages/tinyok-1.0-py3-none-any.whl.metadata "), "{files}");
         assert!(!idx.contains("tinybad") && !files.contains("tinybad"), "{idx}\n{files}");
+        // With another CA, the index's certificate is not trusted: nothing is forwarded,
+        // and the run says why.
+        let other = d.join("other-ca.pem");
+        sh(Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=another CA", "-keyout"])
+            .arg(d.join("other-ca.key"))
+            .arg("-out")
+            .arg(&other));
+        let config = std::fs::read_to_string(d.join("config.toml")).unwrap();
+        let ca = format!("{:?}", d.join("ca.pem"));
+        std::fs::write(
+            d.join("config.toml"),
+            config.replace(&ca, &format!("{other:?}")),
+        )
+        .unwrap();
+        let run = net.run(
+            &profile,
+            &["--timeout", "100s"],
+            &["bash", "-c", "/usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/ok tinyok 2>&1 | tail -1"],
+        );
+        let failed = entries(&run, "tinyok")
+            .iter()
+            .find(|e| e["verdict"] == "failed")
+            .and_then(|e| e["reason"].as_str())
+            .unwrap_or_else(|| panic!("{}", run.json["network"]))
+            .to_string();
+        assert!(
+            failed.contains("https://index.test/simple/tinyok/: TLS: invalid peer certificate")
+                && failed.contains("other-ca.pem"),
+            "{failed}"
+        );
     });
 }
