@@ -49,7 +49,9 @@ impl Url {
             None => (rest, "/".to_string()),
         };
         if authority.contains('@') {
-            return Err(format!("{text:?}: credentials in the URL are not supported"));
+            return Err(format!(
+                "{text:?}: credentials in the URL are not supported"
+            ));
         }
         let default_port = if https { 443 } else { 80 };
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
@@ -261,8 +263,13 @@ impl Client {
                 Ok(Err(e)) => {
                     let hint = match (e.to_string().contains("certificate"), &self.ca_file) {
                         (false, _) => String::new(),
-                        (true, Some(file)) => format!(" (the gateway trusts the CAs of {})", file.display()),
-                        (true, None) => " (the gateway trusts the host's CAs, or the file index_ca_file names)".into(),
+                        (true, Some(file)) => {
+                            format!(" (the gateway trusts the CAs of {})", file.display())
+                        }
+                        (true, None) => {
+                            " (the gateway trusts the host's CAs, or the file index_ca_file names)"
+                                .into()
+                        }
                     };
                     return Err(format!("{url}: TLS: {e}{hint}"));
                 }
@@ -322,7 +329,13 @@ mod tests {
             ("2001:db8::1", 8443, "/x?y=1")
         );
         assert_eq!(u.to_string(), "https://[2001:db8::1]:8443/x?y=1");
-        for bad in ["ftp://x/", "https://", "http://a:0/", "http://u@a/", "pypi.org"] {
+        for bad in [
+            "ftp://x/",
+            "https://",
+            "http://a:0/",
+            "http://u@a/",
+            "pypi.org",
+        ] {
             assert!(Url::parse(bad).is_err(), "{bad}");
         }
     }

@@ -24,11 +24,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::client::Client;
 use super::config::GatewayConfig;
 use super::dns::{self, Answer};
 use super::forward::{self, Bucket, Limits};
 use super::log::Log;
-use super::client::Client;
 use super::npm::Registry;
 use super::packages::{self, Index, Packages};
 use super::sniff::{self, Sniffed};
@@ -92,15 +92,14 @@ impl Engine {
         log: Arc<Log>,
     ) -> Engine {
         let idle = Duration::from_millis(spec.connection_idle_timeout_ms.max(1000));
-        let to = |base: &str| {
-            packages::Upstream::new(client.clone(), base, spec.ranges(), log.clone())
-        };
+        let to =
+            |base: &str| packages::Upstream::new(client.clone(), base, spec.ranges(), log.clone());
         let python = (!spec.python_packages.is_empty())
             .then(|| Index::new(&spec.python_packages, to(config.python_index())));
         let npm = (!spec.npm_packages.is_empty())
             .then(|| Registry::new(&spec.npm_packages, to(config.npm_registry())));
-        let index = (python.is_some() || npm.is_some())
-            .then(|| Arc::new(Packages::new(python, npm)));
+        let index =
+            (python.is_some() || npm.is_some()).then(|| Arc::new(Packages::new(python, npm)));
         let inner = Inner {
             index,
             rules: spec.host_rules(),

@@ -177,7 +177,15 @@ mod tests {
         assert_eq!(package_of("@types%2fnode").as_deref(), Some("@types/node"));
         assert_eq!(package_of("@types%2Fnode").as_deref(), Some("@types/node"));
         assert_eq!(package_of("@types/node").as_deref(), Some("@types/node"));
-        for bad in ["", "..", "a/b", "left-pad/1.0.0", "@s/n/x", "a%20b", "-/v1/search"] {
+        for bad in [
+            "",
+            "..",
+            "a/b",
+            "left-pad/1.0.0",
+            "@s/n/x",
+            "a%20b",
+            "-/v1/search",
+        ] {
             assert_eq!(package_of(bad), None, "{bad}");
         }
     }

@@ -403,7 +403,9 @@ mod tests {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let url = |s: &str| Url::parse(s).unwrap();
         // The configured index: the administrator's choice, wherever it is.
-        assert!(index.admit(&url("https://index.test/x"), ip("10.0.0.1")).is_ok());
+        assert!(index
+            .admit(&url("https://index.test/x"), ip("10.0.0.1"))
+            .is_ok());
         let files = url("https://files.test/a.whl");
         assert!(index.admit(&files, ip("93.184.215.14")).is_ok());
         assert!(index.admit(&files, ip("203.0.113.7")).is_ok());

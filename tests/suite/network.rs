@@ -367,6 +367,36 @@ wheel("tinyok", ["tinydep"])
 wheel("tinybad")
 "#;
 
+/// Builds an npm registry under DIR, served as static files at URL: tinynpm (needing
+/// @tiny/scoped), @tiny/scoped, badnpm; packuments at /NAME (a scoped one at /@SCOPE/NAME,
+/// which the server reaches from /@SCOPE%2fNAME), tarballs under /tarballs/.
+const MAKE_REGISTRY: &str = r#"
+import base64, hashlib, io, json, os, sys, tarfile
+root, url = sys.argv[1], sys.argv[2]
+def package(name, deps={}):
+    version = "1.0.0"
+    manifest = {"name": name, "version": version, "main": "index.js", "dependencies": deps}
+    files = {"package/package.json": json.dumps(manifest), "package/index.js": f"module.exports = {name!r};\n"}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for n, c in files.items():
+            info = tarfile.TarInfo(n); data = c.encode(); info.size = len(data); info.mode = 0o644
+            t.addfile(info, io.BytesIO(data))
+    tgz = buf.getvalue()
+    file = f"{name.split('/')[-1]}-{version}.tgz"
+    os.makedirs(f"{root}/tarballs", exist_ok=True)
+    open(f"{root}/tarballs/{file}", "wb").write(tgz)
+    dist = {"tarball": f"{url}/tarballs/{file}", "shasum": hashlib.sha1(tgz).hexdigest(),
+            "integrity": "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode()}
+    doc = {"name": name, "dist-tags": {"latest": version},
+           "versions": {version: dict(manifest, dist=dist)}}
+    os.makedirs(os.path.dirname(f"{root}/{name}"), exist_ok=True)
+    open(f"{root}/{name}", "w").write(json.dumps(doc))
+package("@tiny/scoped")
+package("tinynpm", {"@tiny/scoped": "^1.0.0"})
+package("badnpm")
+"#;
+
 /// The network entries of a run for `host`.
 fn entries<'a>(run: &'a Run, host: &str) -> Vec<&'a Value> {
     run.json["network"]
@@ -899,27 +929,40 @@ fn pip_installs_allowed_packages_from_an_https_index_with_files_on_another_host(
             .collect();
         for name in ["tinyok", "tinydep", "tinyok-1.0-py3-none-any.whl"] {
             assert!(
-                pip.iter().any(|e| e["host"] == name && e["verdict"] == "allowed"),
+                pip.iter()
+                    .any(|e| e["host"] == name && e["verdict"] == "allowed"),
                 "{name}: {}",
                 run.json["network"]
             );
         }
         assert!(
-            pip.iter().any(|e| e["host"] == "tinybad" && e["verdict"] == "denied"),
+            pip.iter()
+                .any(|e| e["host"] == "tinybad" && e["verdict"] == "denied"),
             "{}",
             run.json["network"]
         );
         let (idx, files) = (net.log("idx.log"), net.log("files.log"));
         assert!(idx.contains("GET /simple/tinyok/"), "{idx}");
-        assert!(files.contains("GET /packages/tinyok-1.0-py3-none-any.whl "), "{files}");
+        assert!(
+            files.contains("GET /packages/tinyok-1.0-py3-none-any.whl "),
+            "{files}"
+        );
         // pip read the metadata first (PEP 658), through the gateway's link to it.
-        assert!(files.contains("GET /packages/tinyok-1.0-py3-none-any.whl.metadata "), "{files}");
-        assert!(!idx.contains("tinybad") && !files.contains("tinybad"), "{idx}\n{files}");
+        assert!(
+            files.contains("GET /packages/tinyok-1.0-py3-none-any.whl.metadata "),
+            "{files}"
+        );
+        assert!(
+            !idx.contains("tinybad") && !files.contains("tinybad"),
+            "{idx}\n{files}"
+        );
         // With another CA, the index's certificate is not trusted: nothing is forwarded,
         // and the run says why.
         let other = d.join("other-ca.pem");
         sh(Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
             .args(["-subj", "/CN=another CA", "-keyout"])
             .arg(d.join("other-ca.key"))
             .arg("-out")
@@ -947,5 +990,80 @@ fn pip_installs_allowed_packages_from_an_https_index_with_files_on_another_host(
                 && failed.contains("other-ca.pem"),
             "{failed}"
         );
+    });
+}
+
+#[test]
+fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
+    as_root(|| {
+        let mut net = Internet::new();
+        let d = net.dir.path().to_path_buf();
+        std::fs::create_dir_all(d.join("npm")).unwrap();
+        sh(Command::new("/usr/bin/python3")
+            .args(["-c", MAKE_REGISTRY])
+            .arg(d.join("npm"))
+            .arg("https://registry.test"));
+        net.serve_tls(B, "npm", "npm.log");
+        net.configure(&format!(
+            "python_index = \"http://{B}/simple/\"\nnpm_registry = \"https://registry.test/\"\nindex_ca_file = {:?}\n",
+            d.join("ca.pem")
+        ));
+        let profile = net.profile("npm", "npm_packages = [\"tinynpm\", \"@tiny/scoped\"]\n");
+        let script = "env | grep ^npm_config_registry; export npm_config_cache=/tmp/npm-cache; mkdir -p /tmp/app /tmp/bad; \
+             cd /tmp/app && npm install --no-fund tinynpm 2>&1 | tail -3; \
+             node -e 'console.log(\"installed\", require(\"tinynpm\"), require(\"@tiny/scoped\"))'; \
+             cd /tmp/bad && npm install --no-fund badnpm 2>&1 | grep -o 'npm package badnpm is not in the profile.s npm_packages' | head -1; \
+             echo guessed $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/-/tarballs/9/badnpm-1.0.0.tgz); \
+             echo direct $(curl -s -o /dev/null -w '%{http_code}' https://registry.test/tarballs/badnpm-1.0.0.tgz)";
+        let run = net.run(&profile, &["--timeout", "100s"], &["bash", "-c", script]);
+        let out = run.stdout();
+        assert!(
+            out.contains("npm_config_registry=http://198.18.0.1/npm/"),
+            "{out}"
+        );
+        assert!(
+            out.contains("installed tinynpm @tiny/scoped"),
+            "{out}\n{}\n{}",
+            run.stderr_field(),
+            run.json["network"]
+        );
+        assert!(
+            out.contains("npm package badnpm is not in the profile's npm_packages"),
+            "{out}"
+        );
+        assert!(out.contains("guessed 404"), "{out}");
+        assert!(out.contains("direct 000"), "{out}");
+        let npm: Vec<&Value> = run.json["network"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["protocol"] == "npm")
+            .collect();
+        for name in ["tinynpm", "@tiny/scoped"] {
+            assert!(
+                npm.iter()
+                    .filter(|e| e["host"] == name && e["verdict"] == "allowed")
+                    .count()
+                    >= 1,
+                "{name}: {}",
+                run.json["network"]
+            );
+        }
+        assert!(
+            npm.iter()
+                .any(|e| e["host"] == "badnpm" && e["verdict"] == "denied"),
+            "{}",
+            run.json["network"]
+        );
+        let log = net.log("npm.log");
+        for path in [
+            "GET /tinynpm ",
+            "GET /@tiny%2fscoped ",
+            "GET /tarballs/tinynpm-1.0.0.tgz ",
+            "GET /tarballs/scoped-1.0.0.tgz ",
+        ] {
+            assert!(log.contains(path), "{path}: {log}");
+        }
+        assert!(!log.contains("badnpm"), "{log}");
     });
 }
