@@ -256,12 +256,11 @@ impl Client {
             let connector = self.tls()?;
             let name = rustls::pki_types::ServerName::try_from(url.host.clone())
                 .map_err(|e| format!("{url}: {e}"))?;
-            let tls = match tokio::time::timeout(UPSTREAM_TIMEOUT, connector.connect(name, tcp))
-                .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    let hint = match (e.to_string().contains("certificate"), &self.ca_file) {
+            let tls =
+                match tokio::time::timeout(UPSTREAM_TIMEOUT, connector.connect(name, tcp)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        let hint = match (e.to_string().contains("certificate"), &self.ca_file) {
                         (false, _) => String::new(),
                         (true, Some(file)) => {
                             format!(" (the gateway trusts the CAs of {})", file.display())
@@ -271,14 +270,14 @@ impl Client {
                                 .into()
                         }
                     };
-                    return Err(format!("{url}: TLS: {e}{hint}"));
-                }
-                Err(_) => {
-                    return Err(format!(
-                        "{url}: the TLS handshake took longer than {UPSTREAM_TIMEOUT:?}"
-                    ))
-                }
-            };
+                        return Err(format!("{url}: TLS: {e}{hint}"));
+                    }
+                    Err(_) => {
+                        return Err(format!(
+                            "{url}: the TLS handshake took longer than {UPSTREAM_TIMEOUT:?}"
+                        ))
+                    }
+                };
             return send(tls, url, accept).await;
         }
         Err(last)

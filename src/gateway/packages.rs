@@ -193,8 +193,11 @@ impl Upstream {
 /// The upstream URLs a sandbox's pages linked to, by number (each URL once).
 #[derive(Default)]
 pub struct Links {
-    inner: Mutex<(Vec<(String, Url)>, HashMap<String, usize>)>,
+    inner: Mutex<LinkTable>,
 }
+
+/// Each link's package and URL, and the number of each URL.
+type LinkTable = (Vec<(String, Url)>, HashMap<String, usize>);
 
 impl Links {
     /// The number of the link to `url`, under the package `name`.
