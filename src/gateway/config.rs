@@ -110,3 +110,29 @@ impl HostConfig {
         Ok(config)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_urls_must_be_http_or_https_and_the_ca_file_must_exist() {
+        let parse = |text: &str| toml::from_str::<HostConfig>(text).unwrap().network;
+        let config = parse("[network]\n");
+        assert_eq!(config.python_index(), "https://pypi.org/simple/");
+        assert_eq!(config.npm_registry(), "https://registry.npmjs.org/");
+        assert!(config.validate().is_ok());
+        let config = parse(
+            "[network]\npython_index = \"http://10.0.0.1:3141/root/pypi/+simple/\"\nnpm_registry = \"https://npm.internal/\"\n",
+        );
+        assert!(config.validate().is_ok());
+        let err = parse("[network]\nnpm_registry = \"registry.npmjs.org\"\n")
+            .validate()
+            .unwrap_err();
+        assert!(err.starts_with("network.npm_registry: "), "{err}");
+        let err = parse("[network]\nindex_ca_file = \"/nonexistent/ca.pem\"\n")
+            .validate()
+            .unwrap_err();
+        assert!(err.contains("index_ca_file"), "{err}");
+    }
+}

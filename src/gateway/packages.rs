@@ -32,7 +32,7 @@ pub type Body = BoxBody<Bytes, hyper::Error>;
 /// The most a project page may be (pages of big projects run to a few MiB).
 const MAX_PAGE: usize = 32 << 20;
 /// The most file links one sandbox's indexes remember.
-const MAX_LINKS: usize = 1 << 20;
+const MAX_LINKS: usize = 1 << 18;
 
 /// The indexes one sandbox sees on the gateway's port 80.
 pub struct Packages {
