@@ -2,7 +2,9 @@
 //! there): the packument of a package the profile lists (`npm_packages`) is fetched from the
 //! registry the host is configured with (`npm_registry`), and every version's
 //! `dist.tarball` is rewritten to a numbered link of the gateway's own; a tarball is
-//! served only through such a link. Anything else is a 404 that says why.
+//! served only through such a link, or at the registry's own path for an allowed name's
+//! tarballs (`NAME/-/FILE.tgz`, where a lockfile's registry.npmjs.org URLs lead). Anything
+//! else is a 404 that says why.
 
 use std::collections::BTreeSet;
 
@@ -59,6 +61,9 @@ impl Registry {
     pub async fn handle(&self, path: &str, accept: Option<&str>) -> Response<Body> {
         if let Some(rest) = path.strip_prefix("-/tarballs/") {
             return self.tarball(rest).await;
+        }
+        if let Some((package, file)) = path.split_once("/-/") {
+            return self.tarball_by_name(package, file).await;
         }
         let Some(name) = package_of(path) else {
             return text(
@@ -139,6 +144,46 @@ impl Registry {
                 }
                 None => drop(dist.remove("tarball")),
             }
+        }
+    }
+
+    /// A tarball at the registry's own path for it, `NAME/-/BASENAME-VERSION.tgz`: what a
+    /// lockfile's `resolved` URL becomes when npm points registry.npmjs.org's URLs at the
+    /// configured registry (`replace-registry-host`). Served for an allowed name only, and
+    /// fetched from that path of the configured registry, which holds only that package's
+    /// tarballs there.
+    async fn tarball_by_name(&self, package: &str, file: &str) -> Response<Body> {
+        let Some(name) = package_of(package) else {
+            return json_error(StatusCode::NOT_FOUND, "not a package's tarball path");
+        };
+        if !self.allowed.contains(&name) {
+            let reason = format!(
+                "the npm package {name} is not in the profile's npm_packages: codecage's registry answers 404"
+            );
+            self.upstream
+                .log
+                .record("npm", &name, 80, Verdict::Denied, Some(reason.clone()));
+            return json_error(StatusCode::NOT_FOUND, &reason);
+        }
+        let base = name.rsplit('/').next().unwrap_or_default();
+        let version = file
+            .strip_suffix(".tgz")
+            .and_then(|f| f.strip_prefix(base))
+            .and_then(|f| f.strip_prefix('-'));
+        let well_formed = version.is_some_and(|v| {
+            !v.is_empty()
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.+".contains(c))
+        });
+        if !well_formed {
+            return json_error(
+                StatusCode::NOT_FOUND,
+                &format!("{file} is not a tarball of {name} ({base}-VERSION.tgz)"),
+            );
+        }
+        match self.upstream.base.join(&format!("{name}/-/{file}")) {
+            Ok(url) => self.upstream.file("npm", &name, &url).await,
+            Err(e) => self.upstream.failed("npm", &name, e),
         }
     }
 

@@ -367,9 +367,10 @@ wheel("tinyok", ["tinydep"])
 wheel("tinybad")
 "#;
 
-/// Builds an npm registry under DIR, served as static files at URL: tinynpm (needing
-/// @tiny/scoped), @tiny/scoped, badnpm; packuments at /NAME (a scoped one at /@SCOPE/NAME,
-/// which the server reaches from /@SCOPE%2fNAME), tarballs under /tarballs/.
+/// Builds an npm registry under DIR, served as static files at URL, laid out as
+/// registry.npmjs.org: tinynpm (needing @tiny/scoped), @tiny/scoped, badnpm; the packument
+/// of NAME at /NAME (a directory's index.html: the server redirects to /NAME/, and serves
+/// /@SCOPE%2fNAME from /@SCOPE/NAME), its tarballs at /NAME/-/BASENAME-VERSION.tgz.
 const MAKE_REGISTRY: &str = r#"
 import base64, hashlib, io, json, os, sys, tarfile
 root, url = sys.argv[1], sys.argv[2]
@@ -384,14 +385,13 @@ def package(name, deps={}):
             t.addfile(info, io.BytesIO(data))
     tgz = buf.getvalue()
     file = f"{name.split('/')[-1]}-{version}.tgz"
-    os.makedirs(f"{root}/tarballs", exist_ok=True)
-    open(f"{root}/tarballs/{file}", "wb").write(tgz)
-    dist = {"tarball": f"{url}/tarballs/{file}", "shasum": hashlib.sha1(tgz).hexdigest(),
+    os.makedirs(f"{root}/{name}/-", exist_ok=True)
+    open(f"{root}/{name}/-/{file}", "wb").write(tgz)
+    dist = {"tarball": f"{url}/{name}/-/{file}", "shasum": hashlib.sha1(tgz).hexdigest(),
             "integrity": "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode()}
     doc = {"name": name, "dist-tags": {"latest": version},
            "versions": {version: dict(manifest, dist=dist)}}
-    os.makedirs(os.path.dirname(f"{root}/{name}"), exist_ok=True)
-    open(f"{root}/{name}", "w").write(json.dumps(doc))
+    open(f"{root}/{name}/index.html", "w").write(json.dumps(doc))
 package("@tiny/scoped")
 package("tinynpm", {"@tiny/scoped": "^1.0.0"})
 package("badnpm")
@@ -1014,6 +1014,9 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
              node -e 'console.log(\"installed\", require(\"tinynpm\"), require(\"@tiny/scoped\"))'; \
              cd /tmp/bad && npm install --no-fund badnpm 2>&1 | grep -o 'npm package badnpm is not in the profile.s npm_packages' | head -1; \
              echo guessed $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/-/tarballs/9/badnpm-1.0.0.tgz); \
+             echo by-name $(curl -s http://198.18.0.1/npm/@tiny/scoped/-/scoped-1.0.0.tgz | tar -xzO package/index.js); \
+             echo by-name-bad $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/badnpm/-/badnpm-1.0.0.tgz); \
+             echo by-name-other $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/tinynpm/-/badnpm-1.0.0.tgz); \
              echo direct $(curl -s -o /dev/null -w '%{http_code}' https://registry.test/tarballs/badnpm-1.0.0.tgz)";
         let run = net.run(&profile, &["--timeout", "100s"], &["bash", "-c", script]);
         let out = run.stdout();
@@ -1033,6 +1036,13 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
         );
         assert!(out.contains("guessed 404"), "{out}");
         assert!(out.contains("direct 000"), "{out}");
+        // The registry's own tarball paths (where a lockfile's URLs lead): allowed names only.
+        assert!(
+            out.contains("by-name module.exports = '@tiny/scoped';"),
+            "{out}"
+        );
+        assert!(out.contains("by-name-bad 404"), "{out}");
+        assert!(out.contains("by-name-other 404"), "{out}");
         let npm: Vec<&Value> = run.json["network"]
             .as_array()
             .unwrap()
@@ -1059,8 +1069,8 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
         for path in [
             "GET /tinynpm ",
             "GET /@tiny%2fscoped ",
-            "GET /tarballs/tinynpm-1.0.0.tgz ",
-            "GET /tarballs/scoped-1.0.0.tgz ",
+            "GET /tinynpm/-/tinynpm-1.0.0.tgz ",
+            "GET /@tiny/scoped/-/scoped-1.0.0.tgz ",
         ] {
             assert!(log.contains(path), "{path}: {log}");
         }
