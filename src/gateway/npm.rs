@@ -1,9 +1,10 @@
 //! The gateway's npm registry, under /npm/ of its port 80 (npm_config_registry points
 //! there): the packument of a package the profile lists (`npm_packages`) is fetched from the
 //! registry the host is configured with (`npm_registry`), and every version's
-//! `dist.tarball` is rewritten to a numbered link of the gateway's own; a tarball is
-//! served only through such a link, or at the registry's own path for an allowed name's
-//! tarballs (`NAME/-/FILE.tgz`, where a lockfile's registry.npmjs.org URLs lead). Anything
+//! `dist.tarball` is rewritten to go through the gateway: to the registry's own path
+//! (`/npm/NAME/-/BASENAME-VERSION.tgz`, served for an allowed name only, fetched from that
+//! path of the registry) when the tarball is there, else to a numbered link of this
+//! sandbox's gateway, served only because an allowed packument linked to it. Anything
 //! else is a 404 that says why.
 
 use std::collections::BTreeSet;
@@ -130,18 +131,9 @@ impl Registry {
                 .get("tarball")
                 .and_then(|t| t.as_str())
                 .and_then(|t| super::client::Url::parse(&super::packages::join(base, t)).ok())
-                .and_then(|url| Some((file_name(&url), self.tarballs.add(name, url)?)));
+                .and_then(|url| self.link(name, url));
             match link {
-                Some((file, n)) => {
-                    dist.insert(
-                        "tarball".into(),
-                        format!(
-                            "http://{}/npm/-/tarballs/{n}/{file}",
-                            codecage::network::GATEWAY_ADDR
-                        )
-                        .into(),
-                    );
-                }
+                Some(link) => drop(dist.insert("tarball".into(), link.into())),
                 None => drop(dist.remove("tarball")),
             }
         }
@@ -165,17 +157,8 @@ impl Registry {
                 .record("npm", &name, 80, Verdict::Denied, Some(reason.clone()));
             return json_error(StatusCode::NOT_FOUND, &reason);
         }
-        let base = name.rsplit('/').next().unwrap_or_default();
-        let version = file
-            .strip_suffix(".tgz")
-            .and_then(|f| f.strip_prefix(base))
-            .and_then(|f| f.strip_prefix('-'));
-        let well_formed = version.is_some_and(|v| {
-            !v.is_empty()
-                && v.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.+".contains(c))
-        });
-        if !well_formed {
+        if tarball_version(&name, file).is_none() {
+            let base = name.rsplit('/').next().unwrap_or_default();
             return json_error(
                 StatusCode::NOT_FOUND,
                 &format!("{file} is not a tarball of {name} ({base}-VERSION.tgz)"),
@@ -185,6 +168,25 @@ impl Registry {
             Ok(url) => self.upstream.file("npm", &name, &url).await,
             Err(e) => self.upstream.failed("npm", &name, e),
         }
+    }
+
+    /// The gateway's link for a tarball of `name` at `url`: the registry's own path when the
+    /// tarball is there (the same in every sandbox, so a lockfile written in one works in
+    /// the next), else a numbered link (this sandbox's only).
+    fn link(&self, name: &str, url: super::client::Url) -> Option<String> {
+        let file = file_name(&url);
+        let gateway = codecage::network::GATEWAY_ADDR;
+        let standard = tarball_version(name, &file).is_some()
+            && self
+                .upstream
+                .base
+                .join(&format!("{name}/-/{file}"))
+                .is_ok_and(|own| own == url);
+        if standard {
+            return Some(format!("http://{gateway}/npm/{name}/-/{file}"));
+        }
+        let n = self.tarballs.add(name, url)?;
+        Some(format!("http://{gateway}/npm/-/tarballs/{n}/{file}"))
     }
 
     async fn tarball(&self, rest: &str) -> Response<Body> {
@@ -202,6 +204,20 @@ impl Registry {
     }
 }
 
+/// The version in `file` if it is a tarball of `name` as registries name them:
+/// `BASENAME-VERSION.tgz`, BASENAME the name without its scope.
+fn tarball_version<'a>(name: &str, file: &'a str) -> Option<&'a str> {
+    let base = name.rsplit('/').next().unwrap_or_default();
+    file.strip_suffix(".tgz")
+        .and_then(|f| f.strip_prefix(base))
+        .and_then(|f| f.strip_prefix('-'))
+        .filter(|v| {
+            !v.is_empty()
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.+".contains(c))
+        })
+}
+
 /// npm shows a registry's `error` field.
 fn json_error(status: StatusCode, message: &str) -> Response<Body> {
     let mut response = text(status, serde_json::json!({ "error": message }).to_string());
@@ -215,6 +231,22 @@ fn json_error(status: StatusCode, message: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tarball_names_carry_the_unscoped_name_and_a_version() {
+        assert_eq!(
+            tarball_version("left-pad", "left-pad-1.3.0.tgz"),
+            Some("1.3.0")
+        );
+        assert_eq!(
+            tarball_version("@types/node", "node-20.1.0-rc.1.tgz"),
+            Some("20.1.0-rc.1")
+        );
+        assert_eq!(tarball_version("left-pad", "right-pad-1.0.0.tgz"), None);
+        assert_eq!(tarball_version("left-pad", "left-pad-.tgz"), None);
+        assert_eq!(tarball_version("left-pad", "left-pad-1.0.0.tar"), None);
+        assert_eq!(tarball_version("left-pad", "left-pad-1/../x.tgz"), None);
+    }
 
     #[test]
     fn registry_paths_name_plain_and_scoped_packages() {

@@ -370,11 +370,12 @@ wheel("tinybad")
 /// Builds an npm registry under DIR, served as static files at URL, laid out as
 /// registry.npmjs.org: tinynpm (needing @tiny/scoped), @tiny/scoped, badnpm; the packument
 /// of NAME at /NAME (a directory's index.html: the server redirects to /NAME/, and serves
-/// /@SCOPE%2fNAME from /@SCOPE/NAME), its tarballs at /NAME/-/BASENAME-VERSION.tgz.
+/// /@SCOPE%2fNAME from /@SCOPE/NAME), its tarballs at /NAME/-/BASENAME-VERSION.tgz, linked
+/// at URL except @tiny/scoped's, linked at FILES_URL (another host serving the same DIR).
 const MAKE_REGISTRY: &str = r#"
 import base64, hashlib, io, json, os, sys, tarfile
-root, url = sys.argv[1], sys.argv[2]
-def package(name, deps={}):
+root, url, files_url = sys.argv[1], sys.argv[2], sys.argv[3]
+def package(name, deps={}, at=url):
     version = "1.0.0"
     manifest = {"name": name, "version": version, "main": "index.js", "dependencies": deps}
     files = {"package/package.json": json.dumps(manifest), "package/index.js": f"module.exports = {name!r};\n"}
@@ -387,12 +388,12 @@ def package(name, deps={}):
     file = f"{name.split('/')[-1]}-{version}.tgz"
     os.makedirs(f"{root}/{name}/-", exist_ok=True)
     open(f"{root}/{name}/-/{file}", "wb").write(tgz)
-    dist = {"tarball": f"{url}/{name}/-/{file}", "shasum": hashlib.sha1(tgz).hexdigest(),
+    dist = {"tarball": f"{at}/{name}/-/{file}", "shasum": hashlib.sha1(tgz).hexdigest(),
             "integrity": "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode()}
     doc = {"name": name, "dist-tags": {"latest": version},
            "versions": {version: dict(manifest, dist=dist)}}
     open(f"{root}/{name}/index.html", "w").write(json.dumps(doc))
-package("@tiny/scoped")
+package("@tiny/scoped", at=files_url)
 package("tinynpm", {"@tiny/scoped": "^1.0.0"})
 package("badnpm")
 "#;
@@ -1002,8 +1003,10 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
         sh(Command::new("/usr/bin/python3")
             .args(["-c", MAKE_REGISTRY])
             .arg(d.join("npm"))
-            .arg("https://registry.test"));
+            .arg("https://registry.test")
+            .arg("https://files.test"));
         net.serve_tls(B, "npm", "npm.log");
+        net.serve_tls(C, "npm", "files.log");
         net.configure(&format!(
             "python_index = \"http://{B}/simple/\"\nnpm_registry = \"https://registry.test/\"\nindex_ca_file = {:?}\n",
             d.join("ca.pem")
@@ -1012,6 +1015,7 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
         let script = "env | grep ^npm_config_registry; export npm_config_cache=/tmp/npm-cache; mkdir -p /tmp/app /tmp/bad; \
              cd /tmp/app && npm install --no-fund tinynpm 2>&1 | tail -3; \
              node -e 'console.log(\"installed\", require(\"tinynpm\"), require(\"@tiny/scoped\"))'; \
+             grep -o '\"resolved\": \"[^\"]*' package-lock.json | sed 's/\"resolved\": \"/resolved /'; \
              cd /tmp/bad && npm install --no-fund badnpm 2>&1 | grep -o 'npm package badnpm is not in the profile.s npm_packages' | head -1; \
              echo guessed $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/-/tarballs/9/badnpm-1.0.0.tgz); \
              echo by-name $(curl -s http://198.18.0.1/npm/@tiny/scoped/-/scoped-1.0.0.tgz | tar -xzO package/index.js); \
@@ -1070,10 +1074,26 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
             "GET /tinynpm ",
             "GET /@tiny%2fscoped ",
             "GET /tinynpm/-/tinynpm-1.0.0.tgz ",
-            "GET /@tiny/scoped/-/scoped-1.0.0.tgz ",
         ] {
             assert!(log.contains(path), "{path}: {log}");
         }
         assert!(!log.contains("badnpm"), "{log}");
+        // The tarball on another host went through a numbered link of the gateway's, the
+        // registry's own through its path there.
+        let files = net.log("files.log");
+        assert!(
+            files.contains("GET /@tiny/scoped/-/scoped-1.0.0.tgz "),
+            "{files}"
+        );
+        let lock = out
+            .lines()
+            .filter(|l| l.starts_with("resolved "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            lock.contains("resolved http://198.18.0.1/npm/tinynpm/-/tinynpm-1.0.0.tgz")
+                && lock.contains("resolved http://198.18.0.1/npm/-/tarballs/"),
+            "{out}"
+        );
     });
 }
