@@ -55,7 +55,7 @@ struct Inner {
     upstream: Arc<Upstream>,
     log: Arc<Log>,
     names: Mutex<Names>,
-    limits: Limits,
+    limits: Arc<Limits>,
     connections: Arc<Semaphore>,
     /// The package indexes on the gateway's port 80, when the profile lists packages.
     index: Option<Arc<Packages>>,
@@ -92,8 +92,18 @@ impl Engine {
         log: Arc<Log>,
     ) -> Engine {
         let idle = Duration::from_millis(spec.connection_idle_timeout_ms.max(1000));
-        let to =
-            |base: &str| packages::Upstream::new(client.clone(), base, spec.ranges(), log.clone());
+        let limits = Arc::new(Limits {
+            up: Bucket::new(spec.max_bandwidth),
+            down: Bucket::new(spec.max_bandwidth),
+            idle,
+        });
+        let to = |base: &str| packages::Upstream {
+            client: client.clone(),
+            base: packages::base_url(base),
+            ranges: spec.ranges(),
+            limits: limits.clone(),
+            log: log.clone(),
+        };
         let python = (!spec.python_packages.is_empty())
             .then(|| Index::new(&spec.python_packages, to(config.python_index())));
         let npm = (!spec.npm_packages.is_empty())
@@ -104,11 +114,7 @@ impl Engine {
             index,
             rules: spec.host_rules(),
             ranges: spec.ranges(),
-            limits: Limits {
-                up: Bucket::new(spec.max_bandwidth),
-                down: Bucket::new(spec.max_bandwidth),
-                idle,
-            },
+            limits,
             connections: Arc::new(Semaphore::new(spec.max_connections.max(1) as usize)),
             spec,
             config,

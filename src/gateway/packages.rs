@@ -17,13 +17,16 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use codecage::network::{not_public, Cidr, Verdict};
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use std::sync::atomic::Ordering;
+
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use ipstack::IpStackTcpStream;
 
 use super::client::{Client, Url};
+use super::forward::Limits;
 use super::log::Log;
 use super::npm::Registry;
 
@@ -92,35 +95,34 @@ impl Packages {
     }
 }
 
-/// Where an index's requests may go: its own host anywhere, others only at public
-/// addresses or in the profile's ranges.
+/// The configured index's URL (checked when the config was read), ending in `/`.
+pub fn base_url(text: &str) -> Url {
+    let mut base = Url::parse(text).unwrap_or_else(|_| Url {
+        https: true,
+        host: "invalid.".into(),
+        port: 443,
+        path: "/".into(),
+    });
+    if !base.path.ends_with('/') {
+        base.path.push('/');
+    }
+    base
+}
+
+/// Where an index's requests may go (its own host anywhere, others only at public
+/// addresses or in the profile's ranges), and what they count against.
 pub struct Upstream {
     pub client: Arc<Client>,
     /// The configured index (ends in `/`).
     pub base: Url,
     pub ranges: Vec<Cidr>,
+    /// The sandbox's bandwidth cap and idle timeout, which downloads are held to as the
+    /// sandbox's own connections are.
+    pub limits: Arc<Limits>,
     pub log: Arc<Log>,
 }
 
 impl Upstream {
-    pub fn new(client: Arc<Client>, base: &str, ranges: Vec<Cidr>, log: Arc<Log>) -> Upstream {
-        let mut base = Url::parse(base).unwrap_or_else(|_| Url {
-            https: true,
-            host: "invalid.".into(),
-            port: 443,
-            path: "/".into(),
-        });
-        if !base.path.ends_with('/') {
-            base.path.push('/');
-        }
-        Upstream {
-            client,
-            base,
-            ranges,
-            log,
-        }
-    }
-
     pub fn admit(&self, url: &Url, ip: IpAddr) -> Result<(), String> {
         if url.host == self.base.host {
             return Ok(());
@@ -168,19 +170,38 @@ impl Upstream {
                     ),
                 };
                 let bytes = self.log.record(protocol, name, 80, verdict, reason);
-                if let Some(len) = response
-                    .headers()
-                    .get(hyper::header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                {
-                    bytes
-                        .inn
-                        .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-                }
-                response.map(|b| b.boxed())
+                response.map(|body| self.paced(body, bytes))
             }
             Err(e) => self.failed(protocol, name, e),
         }
+    }
+
+    /// `body` as the sandbox gets it: at the sandbox's bandwidth cap (its download bucket,
+    /// shared with its connections), counted, and cut off when the index sends nothing for
+    /// the idle timeout.
+    fn paced(&self, body: Incoming, bytes: Arc<super::log::Bytes>) -> Body {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, hyper::Error>>(2);
+        let limits = self.limits.clone();
+        tokio::spawn(async move {
+            let mut body = body;
+            loop {
+                let frame = match tokio::time::timeout(limits.idle, body.frame()).await {
+                    Ok(Some(frame)) => frame,
+                    // The end, or the index went quiet: the sandbox sees the body end
+                    // short of its length.
+                    Ok(None) | Err(_) => return,
+                };
+                if let Ok(data) = frame.as_ref().map(|f| f.data_ref()) {
+                    let n = data.map_or(0, |d| d.len());
+                    limits.down.spend(n).await;
+                    bytes.inn.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                if tx.send(frame).await.is_err() {
+                    return;
+                }
+            }
+        });
+        StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed()
     }
 
     pub fn failed(&self, protocol: &'static str, name: &str, reason: String) -> Response<Body> {
@@ -393,15 +414,21 @@ mod tests {
 
     #[test]
     fn links_to_other_hosts_go_only_to_public_addresses_or_the_profiles_ranges() {
+        use super::super::forward::Bucket;
         let upstream = Arc::new(super::super::upstream::Upstream::new(None, None).unwrap());
         let client = Arc::new(Client::new(upstream, None));
         let ranges = vec![Cidr::parse("203.0.113.0/24").unwrap()];
-        let index = Upstream::new(
+        let index = Upstream {
             client,
-            "https://index.test/simple",
+            base: base_url("https://index.test/simple"),
             ranges,
-            Arc::new(Log::default()),
-        );
+            limits: Arc::new(Limits {
+                up: Bucket::new(1 << 20),
+                down: Bucket::new(1 << 20),
+                idle: std::time::Duration::from_secs(1),
+            }),
+            log: Arc::new(Log::default()),
+        };
         assert_eq!(index.base.path, "/simple/");
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let url = |s: &str| Url::parse(s).unwrap();

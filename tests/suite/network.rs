@@ -1097,3 +1097,49 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
         );
     });
 }
+
+#[test]
+fn package_downloads_are_held_to_the_bandwidth_cap() {
+    as_root(|| {
+        let net = Internet::new();
+        let b = net.dir.path().join("b");
+        std::fs::create_dir_all(b.join("simple/bigpkg")).unwrap();
+        std::fs::create_dir_all(b.join("packages")).unwrap();
+        let size = 3 << 20;
+        std::fs::write(
+            b.join("packages/bigpkg-1.0-py3-none-any.whl"),
+            vec![7u8; size],
+        )
+        .unwrap();
+        std::fs::write(
+            b.join("simple/bigpkg/index.html"),
+            "<a href=\"../../packages/bigpkg-1.0-py3-none-any.whl\">bigpkg</a>\n",
+        )
+        .unwrap();
+        let profile = net.profile(
+            "bigpkg",
+            "python_packages = [\"bigpkg\"]\nmax_bandwidth = \"1M\"\n",
+        );
+        let script =
+            "link=$(curl -s http://198.18.0.1/simple/bigpkg/ | grep -o '/files/[^\"#]*'); \
+             curl -sS -o /dev/null -w '%{size_download} %{time_total}' http://198.18.0.1$link";
+        let run = net.run(&profile, &["--timeout", "60s"], &["bash", "-c", script]);
+        let out = run.stdout().to_string();
+        let (bytes, secs) = out
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("{out} {}", run.json));
+        assert_eq!(bytes, size.to_string(), "{}", run.json);
+        let rate = size as f64 / secs.parse::<f64>().unwrap();
+        let cap = (1 << 20) as f64;
+        assert!(
+            (0.8 * cap..=1.2 * cap).contains(&rate),
+            "{rate:.0} B/s is not within 20 % of {cap} B/s"
+        );
+        let entry = entries(&run, "bigpkg-1.0-py3-none-any.whl");
+        assert!(
+            entry.iter().any(|e| e["bytes_in"] == size as u64),
+            "{}",
+            run.json["network"]
+        );
+    });
+}
