@@ -393,9 +393,19 @@ def package(name, deps={}, at=url):
     doc = {"name": name, "dist-tags": {"latest": version},
            "versions": {version: dict(manifest, dist=dist)}}
     open(f"{root}/{name}/index.html", "w").write(json.dumps(doc))
-package("@tiny/scoped", at=files_url)
-package("tinynpm", {"@tiny/scoped": "^1.0.0"})
+    return {"version": version, "resolved": f"https://registry.npmjs.org/{name}/-/{file}",
+            "integrity": dist["integrity"], "dependencies": deps}
+scoped = package("@tiny/scoped", at=files_url)
+tiny = package("tinynpm", {"@tiny/scoped": "^1.0.0"})
 package("badnpm")
+# A project whose lockfile names registry.npmjs.org, as lockfiles written anywhere do.
+deps = {"tinynpm": "^1.0.0"}
+lock = {"name": "ci", "version": "1.0.0", "lockfileVersion": 3, "requires": True,
+        "packages": {"": {"name": "ci", "version": "1.0.0", "dependencies": deps},
+                     "node_modules/tinynpm": tiny, "node_modules/@tiny/scoped": scoped}}
+os.makedirs(f"{root}/../ci", exist_ok=True)
+open(f"{root}/../ci/package.json", "w").write(json.dumps({"name": "ci", "version": "1.0.0", "dependencies": deps}))
+open(f"{root}/../ci/package-lock.json", "w").write(json.dumps(lock))
 "#;
 
 /// The network entries of a run for `host`.
@@ -1094,6 +1104,41 @@ fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
             lock.contains("resolved http://198.18.0.1/npm/tinynpm/-/tinynpm-1.0.0.tgz")
                 && lock.contains("resolved http://198.18.0.1/npm/-/tarballs/"),
             "{out}"
+        );
+        // In a new sandbox (a new gateway), `npm ci` with a lockfile that names
+        // registry.npmjs.org: npm sends those URLs to the configured registry
+        // (replace-registry-host), where the registry's own tarball paths serve them. (Had
+        // it not, registry.npmjs.org is not in allowed_hosts: the gateway's DNS answers
+        // NXDOMAIN and nothing leaves the machine.)
+        let read = |f: &str| std::fs::read_to_string(d.join("ci").join(f)).unwrap();
+        let (pkg, lock) = (read("package.json"), read("package-lock.json"));
+        let script = "export npm_config_cache=/tmp/npm-cache; mkdir -p /tmp/ci && cd /tmp/ci && \
+             printf '%s' \"$PKG\" > package.json && printf '%s' \"$LOCK\" > package-lock.json && \
+             npm ci --no-fund 2>&1 | tail -3; \
+             node -e 'console.log(\"ci\", require(\"tinynpm\"), require(\"@tiny/scoped\"))'";
+        let run = net.run(
+            &profile,
+            &[
+                "--timeout",
+                "100s",
+                "--env",
+                &format!("PKG={pkg}"),
+                "--env",
+                &format!("LOCK={lock}"),
+            ],
+            &["bash", "-c", script],
+        );
+        assert!(
+            run.stdout().contains("ci tinynpm @tiny/scoped"),
+            "{}\n{}\n{}",
+            run.stdout(),
+            run.stderr_field(),
+            run.json["network"]
+        );
+        let log = net.log("npm.log");
+        assert!(
+            log.contains("GET /@tiny/scoped/-/scoped-1.0.0.tgz "),
+            "{log}"
         );
     });
 }
