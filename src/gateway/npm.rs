@@ -108,7 +108,9 @@ impl Registry {
         self.rewrite(name, &mut doc, &url.to_string());
         self.upstream
             .log
-            .record("npm", name, 80, Verdict::Allowed, None);
+            .record("npm", name, 80, Verdict::Allowed, None)
+            .inn
+            .fetch_add(body.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let mut response = text(StatusCode::OK, doc.to_string());
         response.headers_mut().insert(
             hyper::header::CONTENT_TYPE,

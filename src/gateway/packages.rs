@@ -143,7 +143,7 @@ impl Upstream {
             .await
     }
 
-    /// GETs a page of at most `max` bytes with status 200.
+    /// GETs a page of at most `max` bytes with status 200, at the sandbox's bandwidth cap.
     pub async fn page(&self, url: &Url, accept: &str, max: usize) -> Result<Bytes, String> {
         let response = self.get(url, accept).await?;
         if response.status() != StatusCode::OK {
@@ -153,7 +153,12 @@ impl Upstream {
             .collect()
             .await
         {
-            Ok(body) => Ok(body.to_bytes()),
+            Ok(body) => {
+                let body = body.to_bytes();
+                // The page goes to the sandbox under its bandwidth cap, as files do.
+                self.limits.down.spend(body.len()).await;
+                Ok(body)
+            }
             Err(e) => Err(format!("reading {url}: {e}")),
         }
     }
@@ -311,7 +316,9 @@ impl Index {
         };
         self.upstream
             .log
-            .record("pip", &name, 80, Verdict::Allowed, None);
+            .record("pip", &name, 80, Verdict::Allowed, None)
+            .inn
+            .fetch_add(page.len() as u64, Ordering::Relaxed);
         let page = String::from_utf8_lossy(&page);
         let rewritten = self.rewrite(&name, &page, &url.to_string());
         let mut response = text(StatusCode::OK, rewritten);
