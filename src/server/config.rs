@@ -156,6 +156,7 @@ impl ServerConfig {
 
     pub fn validate(&self) -> Result<(), String> {
         self.pool.validate(self.limits.max_sandboxes)?;
+        self.network.validate()?;
         if !(16..=8192).contains(&self.mcp.image_max_edge) {
             return Err(format!(
                 "mcp.image_max_edge = {}: give 16 to 8192 pixels",
