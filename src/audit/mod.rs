@@ -384,6 +384,20 @@ struct Inner {
     /// The writer's last attempt failed; it keeps what it holds and retries.
     failing: Arc<AtomicBool>,
     last_error: Arc<Mutex<String>>,
+    refusals: Mutex<RefusalBudget>,
+}
+
+/// Refusals recorded one by one, at most [`REFUSAL_BURST`] at once and
+/// [`REFUSALS_PER_SECOND`] after: past it they are counted, and the next recorded one says
+/// how many were (so a client without credentials sending junk cannot fill the queue and
+/// the disk that executions' records need, and nothing goes uncounted).
+pub const REFUSALS_PER_SECOND: f64 = 20.0;
+pub const REFUSAL_BURST: f64 = 200.0;
+
+struct RefusalBudget {
+    tokens: f64,
+    at: std::time::Instant,
+    suppressed: u64,
 }
 
 /// A place in the queue, taken before an execution starts: its record can then be sent
@@ -436,8 +450,29 @@ impl Audit {
                 queue,
                 failing,
                 last_error,
+                refusals: Mutex::new(RefusalBudget {
+                    tokens: REFUSAL_BURST,
+                    at: std::time::Instant::now(),
+                    suppressed: 0,
+                }),
             }),
         })
+    }
+
+    /// Whether a refusal may be recorded now: `Some(n)` with the refusals counted but not
+    /// recorded since the last one that was, or `None` (this one is counted).
+    pub fn refusal_admitted(&self) -> Option<u64> {
+        let mut budget = self.inner.refusals.lock().ok()?;
+        let now = std::time::Instant::now();
+        let elapsed = now.duration_since(budget.at).as_secs_f64();
+        budget.tokens = (budget.tokens + elapsed * REFUSALS_PER_SECOND).min(REFUSAL_BURST);
+        budget.at = now;
+        if budget.tokens < 1.0 {
+            budget.suppressed += 1;
+            return None;
+        }
+        budget.tokens -= 1.0;
+        Some(std::mem::take(&mut budget.suppressed))
     }
 
     fn refused_now(&self) -> Option<AuditError> {

@@ -323,18 +323,26 @@ impl Store {
     }
 }
 
-/// Owner root (group `gid` if given) and `mode`, on a directory or file of ours.
+/// Owner root (group `gid` if given) and `mode`, on a directory or file of ours: opened
+/// without following a symbolic link, then changed through that fd (no window in which
+/// the path could be swapped for a link to something else).
 fn secure(path: &Path, mode: u32, gid: Option<u32>) -> std::io::Result<()> {
-    let meta = std::fs::symlink_metadata(path)?;
-    if meta.file_type().is_symlink() {
-        return Err(std::io::Error::other("it is a symbolic link"));
-    }
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::other("it is a symbolic link"),
+            _ => e,
+        })?;
+    let meta = file.metadata()?;
     if meta.uid() != 0 || gid.is_some_and(|g| meta.gid() != g) || (gid.is_none() && meta.gid() != 0)
     {
-        std::os::unix::fs::chown(path, Some(0), Some(gid.unwrap_or(0)))?;
+        std::os::unix::fs::fchown(&file, Some(0), Some(gid.unwrap_or(0)))?;
     }
     if meta.mode() & 0o7777 != mode {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }

@@ -95,7 +95,7 @@ impl Url {
 
     /// The URL `location` (absolute, or relative to this one) names.
     pub fn join(&self, location: &str) -> Result<Url, String> {
-        if location.contains("://") {
+        if super::packages::has_scheme(location) {
             return Url::parse(location);
         }
         let scheme = if self.https { "https" } else { "http" };

@@ -97,12 +97,14 @@ impl Engine {
             down: Bucket::new(spec.max_bandwidth),
             idle,
         });
+        let pages = packages::pages_in_flight();
         let to = |base: &str| packages::Upstream {
             client: client.clone(),
             base: packages::base_url(base),
             ranges: spec.ranges(),
             limits: limits.clone(),
             log: log.clone(),
+            pages: pages.clone(),
         };
         let python = (!spec.python_packages.is_empty())
             .then(|| Index::new(&spec.python_packages, to(config.python_index())));
@@ -284,6 +286,23 @@ impl Inner {
     async fn tcp(&self, mut flow: IpStackTcpStream) {
         let dst = flow.peer_addr();
         if let (Some(index), true) = (&self.index, dst == SocketAddr::from((GATEWAY_ADDR, 80))) {
+            // The indexes' connections count against max_connections like any other: each
+            // may hold a page in the gateway's memory, which no cgroup of the sandbox's
+            // pays for.
+            let Ok(_permit) = self.connections.clone().try_acquire_owned() else {
+                self.record(
+                    "tcp",
+                    &GATEWAY_ADDR.to_string(),
+                    80,
+                    &denied(format!(
+                        "more than {} connections open at once (the profile's max_connections)",
+                        self.spec.max_connections
+                    )),
+                );
+                let _ = tokio::time::timeout(Duration::from_secs(1), forward::shutdown(&mut flow))
+                    .await;
+                return;
+            };
             return index.clone().serve(flow).await;
         }
         let refused = self.tcp_inner(&mut flow).await;

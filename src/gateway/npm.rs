@@ -15,10 +15,12 @@ use hyper::StatusCode;
 use super::packages::{file_name, text, Body, Links, Upstream};
 use hyper::Response;
 
-/// The most a packument may be (the full documents of old, busy packages run to tens of
-/// MiB; the abbreviated ones npm asks for are far smaller).
-const MAX_PACKUMENT: usize = 64 << 20;
-/// What npm asks for, when the sandbox's request says nothing.
+/// The most a packument may be. The gateway always asks for the abbreviated form npm
+/// installs from (a few MiB for the busiest packages; the full documents run to tens of
+/// MiB and are never asked for, whatever the sandbox's request says).
+const MAX_PACKUMENT: usize = 32 << 20;
+/// What the gateway asks the registry for: the abbreviated packument, which is all an
+/// install needs.
 const ACCEPT: &str = "application/vnd.npm.install-v1+json; q=1.0, application/json; q=0.8";
 
 pub struct Registry {
@@ -30,6 +32,9 @@ pub struct Registry {
 /// The package a registry path names: `NAME`, `@SCOPE/NAME` or `@SCOPE%2fNAME`, with no
 /// further segment. npm names are lowercase: compared as they are.
 pub fn package_of(path: &str) -> Option<String> {
+    if path.len() > super::packages::MAX_NAME + 4 {
+        return None;
+    }
     let decoded = path.replace("%2f", "/").replace("%2F", "/");
     let decoded = decoded.strip_suffix('/').unwrap_or(&decoded);
     let segments: Vec<&str> = decoded.split('/').collect();
@@ -59,7 +64,7 @@ impl Registry {
     }
 
     /// A request for /npm/`path`.
-    pub async fn handle(&self, path: &str, accept: Option<&str>) -> Response<Body> {
+    pub async fn handle(&self, path: &str) -> Response<Body> {
         if let Some(rest) = path.strip_prefix("-/tarballs/") {
             return self.tarball(rest).await;
         }
@@ -76,24 +81,29 @@ impl Registry {
             );
         };
         if !self.allowed.contains(&name) {
-            let reason = format!(
-                "the npm package {name} is not in the profile's npm_packages: codecage's registry answers 404"
-            );
-            self.upstream
-                .log
-                .record("npm", &name, 80, Verdict::Denied, Some(reason.clone()));
-            return json_error(StatusCode::NOT_FOUND, &reason);
+            return self.not_allowed(&name);
         }
-        self.packument(&name, accept.unwrap_or(ACCEPT)).await
+        self.packument(&name).await
     }
 
-    async fn packument(&self, name: &str, accept: &str) -> Response<Body> {
+    /// The 404 of a package not in the profile's list, logged as denied.
+    fn not_allowed(&self, name: &str) -> Response<Body> {
+        let reason = format!(
+            "the npm package {name} is not in the profile's npm_packages: codecage's registry answers 404"
+        );
+        self.upstream
+            .log
+            .record("npm", name, 80, Verdict::Denied, Some(reason.clone()));
+        json_error(StatusCode::NOT_FOUND, &reason)
+    }
+
+    async fn packument(&self, name: &str) -> Response<Body> {
         // The registry's form: a scoped name's slash escaped.
         let url = match self.upstream.base.join(&name.replace('/', "%2f")) {
             Ok(url) => url,
             Err(e) => return self.upstream.failed("npm", name, e),
         };
-        let body = match self.upstream.page(&url, accept, MAX_PACKUMENT).await {
+        let body = match self.upstream.page(&url, ACCEPT, MAX_PACKUMENT).await {
             Ok(body) => body,
             Err(e) => return self.upstream.failed("npm", name, e),
         };
@@ -151,13 +161,7 @@ impl Registry {
             return json_error(StatusCode::NOT_FOUND, "not a package's tarball path");
         };
         if !self.allowed.contains(&name) {
-            let reason = format!(
-                "the npm package {name} is not in the profile's npm_packages: codecage's registry answers 404"
-            );
-            self.upstream
-                .log
-                .record("npm", &name, 80, Verdict::Denied, Some(reason.clone()));
-            return json_error(StatusCode::NOT_FOUND, &reason);
+            return self.not_allowed(&name);
         }
         if tarball_version(&name, file).is_none() {
             let base = name.rsplit('/').next().unwrap_or_default();

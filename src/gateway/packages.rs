@@ -33,7 +33,13 @@ use super::npm::Registry;
 pub type Body = BoxBody<Bytes, hyper::Error>;
 
 /// The most a project page may be (pages of big projects run to a few MiB).
-const MAX_PAGE: usize = 32 << 20;
+const MAX_PAGE: usize = 16 << 20;
+/// Pages and packuments one sandbox may have in flight at once: each is held whole in the
+/// gateway's memory (to rewrite its links), which no cgroup of the sandbox's pays for.
+const PAGES_IN_FLIGHT: usize = 4;
+/// The longest package name either index takes (npm's own limit; PyPI's names are
+/// shorter): a longer one is refused without being fetched or logged in full.
+pub const MAX_NAME: usize = 214;
 /// The most file links one sandbox's indexes remember.
 const MAX_LINKS: usize = 1 << 18;
 
@@ -68,12 +74,7 @@ impl Packages {
             );
         }
         if let (Some(rest), Some(npm)) = (path.strip_prefix("/npm/"), &self.npm) {
-            let accept = request
-                .headers()
-                .get(hyper::header::ACCEPT)
-                .and_then(|a| a.to_str().ok())
-                .map(str::to_string);
-            return npm.handle(rest, accept.as_deref()).await;
+            return npm.handle(rest).await;
         }
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         match (parts.as_slice(), &self.python) {
@@ -120,11 +121,21 @@ pub struct Upstream {
     /// sandbox's own connections are.
     pub limits: Arc<Limits>,
     pub log: Arc<Log>,
+    /// Pages in flight, at most [`PAGES_IN_FLIGHT`] (shared by the sandbox's indexes).
+    pub pages: Arc<tokio::sync::Semaphore>,
+}
+
+/// The semaphore of a sandbox's pages in flight, shared by its indexes.
+pub fn pages_in_flight() -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(PAGES_IN_FLIGHT))
 }
 
 impl Upstream {
     pub fn admit(&self, url: &Url, ip: IpAddr) -> Result<(), String> {
-        if url.host == self.base.host {
+        // The configured index itself, exactly: its scheme, host and port (a link to
+        // another port of the same host is judged like any other host's).
+        if url.host == self.base.host && url.port == self.base.port && url.https == self.base.https
+        {
             return Ok(());
         }
         match not_public(ip) {
@@ -143,23 +154,41 @@ impl Upstream {
             .await
     }
 
-    /// GETs a page of at most `max` bytes with status 200, at the sandbox's bandwidth cap.
+    /// GETs a page of at most `max` bytes with status 200, read frame by frame at the
+    /// sandbox's bandwidth cap and cut off when the index sends nothing for the idle
+    /// timeout; at most [`PAGES_IN_FLIGHT`] of a sandbox's pages at once.
     pub async fn page(&self, url: &Url, accept: &str, max: usize) -> Result<Bytes, String> {
+        let _permit = self
+            .pages
+            .acquire()
+            .await
+            .map_err(|_| "the gateway is shutting down".to_string())?;
         let response = self.get(url, accept).await?;
         if response.status() != StatusCode::OK {
             return Err(format!("{url} answered {}", response.status()));
         }
-        match http_body_util::Limited::new(response.into_body(), max)
-            .collect()
-            .await
-        {
-            Ok(body) => {
-                let body = body.to_bytes();
-                // The page goes to the sandbox under its bandwidth cap, as files do.
-                self.limits.down.spend(body.len()).await;
-                Ok(body)
+        let mut body = response.into_body();
+        let mut page = Vec::new();
+        loop {
+            let frame = match tokio::time::timeout(self.limits.idle, body.frame()).await {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => return Ok(Bytes::from(page)),
+                Ok(Some(Err(e))) => return Err(format!("reading {url}: {e}")),
+                Err(_) => {
+                    return Err(format!(
+                        "reading {url}: the index sent nothing for {} s",
+                        self.limits.idle.as_secs()
+                    ))
+                }
+            };
+            if let Some(data) = frame.data_ref() {
+                if page.len() + data.len() > max {
+                    return Err(format!("reading {url}: longer than {} MiB", max >> 20));
+                }
+                // The page comes in under the sandbox's bandwidth cap, as files do.
+                self.limits.down.spend(data.len()).await;
+                page.extend_from_slice(data);
             }
-            Err(e) => Err(format!("reading {url}: {e}")),
         }
     }
 
@@ -296,6 +325,12 @@ impl Index {
     }
 
     async fn project(&self, asked: &str) -> Response<Body> {
+        if asked.len() > MAX_NAME {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("codecage's index takes package names of at most {MAX_NAME} characters\n"),
+            );
+        }
         let name = normalize(asked);
         if !self.allowed.contains(&name) {
             let reason = format!(
@@ -361,8 +396,11 @@ impl Index {
 
     /// A file a page linked to, or its PEP 658 metadata (the link's URL with `.metadata`).
     async fn file(&self, n: &str, asked: &str) -> Response<Body> {
+        // pip quotes the links it follows again (`+` as `%2B`): compared decoded; what is
+        // fetched is the stored URL, never the request's.
+        let asked = percent_decode(asked);
         let found = self.files.get(n).and_then(|(_, url)| {
-            let name = file_name(&url);
+            let name = percent_decode(&file_name(&url));
             if asked == name {
                 Some((name, url))
             } else if asked.strip_suffix(".metadata") == Some(name.as_str()) {
@@ -386,12 +424,54 @@ impl Index {
     }
 }
 
+/// `%XX` escapes decoded (an invalid one kept as it is), for comparing names.
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `href` begins with a URL scheme (`http:`, `https:`, `data:` ...).
+pub fn has_scheme(href: &str) -> bool {
+    match href.split_once(':') {
+        Some((scheme, _)) => {
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        }
+        None => false,
+    }
+}
+
 /// `href` relative to the page at `base`.
 pub fn join(base: &str, href: &str) -> String {
-    if href.contains("://") {
+    if has_scheme(href) {
         return href.to_string();
     }
     let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    // Protocol-relative (`//host/path`): another host, in the page's scheme.
+    if let Some(rest) = href.strip_prefix("//") {
+        return format!("{}{rest}", &base[..scheme_end]);
+    }
     let origin_end = base[scheme_end..]
         .find('/')
         .map_or(base.len(), |i| scheme_end + i);
@@ -399,6 +479,11 @@ pub fn join(base: &str, href: &str) -> String {
     if let Some(absolute) = href.strip_prefix('/') {
         return format!("{origin}/{absolute}");
     }
+    // The path's segments resolve; a query is kept as it is.
+    let (href, query) = match href.find('?') {
+        Some(at) => href.split_at(at),
+        None => (href, ""),
+    };
     let dir = &base[origin_end..base.rfind('/').map_or(origin_end, |i| i.max(origin_end))];
     let mut segments: Vec<&str> = dir.split('/').filter(|s| !s.is_empty()).collect();
     for part in href.split('/') {
@@ -412,7 +497,7 @@ pub fn join(base: &str, href: &str) -> String {
         true => "/",
         false => "",
     };
-    format!("{origin}/{}{slash}", segments.join("/"))
+    format!("{origin}/{}{slash}{query}", segments.join("/"))
 }
 
 #[cfg(test)]
@@ -435,6 +520,7 @@ mod tests {
                 idle: std::time::Duration::from_secs(1),
             }),
             log: Arc::new(Log::default()),
+            pages: pages_in_flight(),
         };
         assert_eq!(index.base.path, "/simple/");
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
@@ -443,6 +529,16 @@ mod tests {
         assert!(index
             .admit(&url("https://index.test/x"), ip("10.0.0.1"))
             .is_ok());
+        // Another port or scheme of the index's host is another place.
+        assert!(index
+            .admit(
+                &url("http://index.test:2375/containers/json"),
+                ip("10.0.0.1")
+            )
+            .is_err());
+        assert!(index
+            .admit(&url("http://index.test/x"), ip("10.0.0.1"))
+            .is_err());
         let files = url("https://files.test/a.whl");
         assert!(index.admit(&files, ip("93.184.215.14")).is_ok());
         assert!(index.admit(&files, ip("203.0.113.7")).is_ok());
@@ -475,5 +571,23 @@ mod tests {
             join(base, "https://files.test/foo-1.whl"),
             "https://files.test/foo-1.whl"
         );
+        assert_eq!(
+            join(base, "//files.test/foo-1.whl"),
+            "http://files.test/foo-1.whl"
+        );
+        assert_eq!(
+            join(base, "foo-1.whl?src=https://x"),
+            "http://index.test/simple/foo/foo-1.whl?src=https://x"
+        );
+        assert!(!has_scheme("foo-1.whl?src=https://x") && has_scheme("HTTPS://x/y"));
+    }
+
+    #[test]
+    fn file_names_compare_decoded() {
+        assert_eq!(
+            percent_decode("torch-2.1.0%2Bcpu.whl"),
+            "torch-2.1.0+cpu.whl"
+        );
+        assert_eq!(percent_decode("a%2bb%zz%"), "a+b%zz%");
     }
 }

@@ -174,7 +174,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            let inner = e.into_inner();
+            let inner = without_string_values(&e.into_inner().to_string());
             if path == "." || path.is_empty() {
                 ApiError::invalid(format!("the body is not the expected JSON object: {inner}"))
             } else {
@@ -1196,6 +1196,37 @@ async fn upload(
 
 use tokio_stream::StreamExt as _;
 
+/// serde's message without the string values it quotes (`invalid type: string "...",
+/// expected a sequence` becomes `invalid type: a string, expected a sequence`): a value may
+/// be code (an argv sent as one string), which the client knows and the audit log must not
+/// receive when `log_code` is off.
+fn without_string_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("string \"") {
+        out.push_str(&rest[..at]);
+        out.push_str("a string");
+        let mut chars = rest[at + 8..].char_indices();
+        let mut end = rest.len() - at - 8;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => drop(chars.next()),
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[at + 8 + end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The longest endpoint a refusal's record keeps.
+const MAX_ENDPOINT: usize = 256;
+
 /// The audit of refusals that no service function recorded (a body that does not parse,
 /// 401, 404, 413, an audit request without the role): outside every other layer, it sees
 /// each error response and records it with the caller, when one was found, and the
@@ -1208,7 +1239,17 @@ pub async fn audit_errors(
     let Some(audit) = state.audit.clone() else {
         return next.run(request).await;
     };
-    let endpoint = format!("{} {}", request.method(), request.uri().path());
+    // The path as the client sent it, cut to a bound (it may be anything up to the
+    // request line's limit).
+    let mut endpoint = format!("{} {}", request.method(), request.uri().path());
+    if endpoint.len() > MAX_ENDPOINT {
+        let mut end = MAX_ENDPOINT;
+        while !endpoint.is_char_boundary(end) {
+            end -= 1;
+        }
+        endpoint.truncate(end);
+        endpoint.push('…');
+    }
     let via = if request.uri().path().starts_with("/mcp") {
         Via::Mcp
     } else {
@@ -1239,10 +1280,18 @@ pub async fn audit_errors(
             format!("HTTP {status}"),
         ),
     };
+    // Past the refusal budget a refusal is counted, and the next recorded one says how
+    // many were.
+    let Some(suppressed) = audit.refusal_admitted() else {
+        return response;
+    };
     let start = Start::new(Kind::Refused, via, caller);
     let mut details = serde_json::json!({"status": status.as_u16(), "endpoint": endpoint});
     if let Some(peer) = peer {
         details["peer"] = peer.into();
+    }
+    if suppressed > 0 {
+        details["refusals_not_recorded_before"] = suppressed.into();
     }
     let end = End::error(&kind, &message).details(details);
     match audit.refusal(start, end).await {
@@ -1389,4 +1438,25 @@ async fn audit_show(
                 format!("there is no audit record {id}"),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parse_error_names_the_type_and_never_the_string_it_was_given() {
+        let err = serde_json::from_str::<Vec<String>>(r#""python3 -c 'print(\"SECRET\")'""#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("SECRET"), "{err}");
+        let clean = without_string_values(&err);
+        assert!(!clean.contains("SECRET"), "{clean}");
+        assert!(
+            clean.starts_with("invalid type: a string, expected a sequence"),
+            "{clean}"
+        );
+        assert_eq!(without_string_values("no values"), "no values");
+        assert_eq!(without_string_values("string \"unterminated"), "a string");
+    }
 }

@@ -330,6 +330,63 @@ fn a_normal_token_gets_403_on_the_audit_api() {
     });
 }
 
+/// Refusals past the audit's budget are counted, not recorded one by one, and an
+/// endpoint is kept to a bound: a client without credentials cannot fill the log.
+#[test]
+fn a_flood_of_refusals_is_counted_and_cannot_fill_the_log() {
+    as_root(|| {
+        let server = Server::start("", true);
+        let tcp = server.tcp_address();
+        let (host, port) = tcp.rsplit_once(':').unwrap();
+        let script = format!(
+            r#"
+import http.client, time
+c = http.client.HTTPConnection("{host}", {port})
+for i in range(400):
+    c.request("GET", "/" + "a" * 60000)
+    r = c.getresponse(); r.read()
+    assert r.status == 401, r.status
+time.sleep(0.3)
+c.request("GET", "/after-the-flood")
+r = c.getresponse(); r.read()
+print("sent")
+"#
+        );
+        let out = Command::new("/usr/bin/python3")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("sent"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut recorded = Vec::new();
+        for _ in 0..100 {
+            recorded = export(&server.audit_db(), &["--error", "unauthorized"]);
+            if recorded
+                .last()
+                .is_some_and(|r| r["details"]["endpoint"] == "GET /after-the-flood")
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let counted: u64 = recorded
+            .iter()
+            .filter_map(|r| r["details"]["refusals_not_recorded_before"].as_u64())
+            .sum();
+        assert!(recorded.len() < 400, "{} records", recorded.len());
+        assert!(counted > 0, "nothing was counted");
+        assert_eq!(recorded.len() as u64 + counted, 401);
+        for r in &recorded {
+            let endpoint = r["details"]["endpoint"].as_str().unwrap();
+            assert!(endpoint.len() <= 256 + '…'.len_utf8(), "{}", endpoint.len());
+        }
+        server.stop();
+    });
+}
+
 /// Every occurrence of `needle` in the database's files.
 fn files_containing(db: &Path, needle: &[u8]) -> Vec<PathBuf> {
     ["", "-wal", "-shm"]
@@ -365,6 +422,20 @@ fn with_log_code_off_no_byte_of_the_code_reaches_the_database() {
         let (status, out) =
             server.request("POST", "/v1/run", Some(json!({"argv": ["true", &secret]})));
         assert_eq!(status, 200, "{out}");
+        // Refused requests whose error would quote the code: an argv sent as one string
+        // (serde names the value it could not take), an argument with a NUL byte.
+        let (status, out) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"argv": format!("sh -c {secret}")})),
+        );
+        assert_eq!(status, 400, "{out}");
+        let (status, out) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"argv": ["sh", "-c", format!("{secret}\u{0}")]})),
+        );
+        assert_eq!(status, 400, "{out}");
         let (status, _) = server.request(
             "POST",
             "/v1/run",
@@ -381,9 +452,14 @@ fn with_log_code_off_no_byte_of_the_code_reaches_the_database() {
         );
         assert_eq!(status, 200, "{out}");
         server.request("DELETE", &format!("/v1/sessions/{id}"), None);
-        let records = wait_for_records(&db, &["--status", "complete"], 5);
-        let hashed: Vec<&Value> = records.iter().filter(|r| r["kind"] != "session").collect();
-        assert_eq!(hashed.len(), 4, "{records:?}");
+        let records = wait_for_records(&db, &["--status", "complete"], 7);
+        // Every record but the session's and the body that did not parse (no code in it
+        // was read) carries the code's hash.
+        let hashed: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["kind"] != "session" && r["details"]["endpoint"].is_null())
+            .collect();
+        assert_eq!(hashed.len(), 5, "{records:?}");
         for r in hashed {
             assert!(r["code"].is_null() && r["argv"].is_null(), "{r}");
             assert_eq!(r["code_sha256"].as_str().unwrap().len(), 64, "{r}");

@@ -721,6 +721,36 @@ for s in held:
     });
 }
 
+/// The package indexes' connections (the gateway's port 80) count against
+/// max_connections too: each may hold a page in the gateway's memory.
+#[test]
+fn index_connections_count_against_the_cap() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile(
+            "few-index",
+            "max_connections = 2\npython_packages = [\"tiny\"]\n",
+        );
+        let code = r#"
+import socket, time
+held = [socket.create_connection(("198.18.0.1", 80), timeout=5) for _ in range(3)]
+time.sleep(0.5)
+for s in held: s.sendall(b"GET /simple/not-listed/ HTTP/1.1\r\nHost: x\r\n\r\n")
+for s in held:
+    try: print(s.recv(100)[:12])
+    except Exception as e: print("ERROR", e)
+"#;
+        let run = net.run(&profile, &[], &["/usr/bin/python3", "-c", code]);
+        assert_eq!(
+            run.stdout().matches("HTTP/1.1 404").count(),
+            2,
+            "{}",
+            run.json
+        );
+        assert!(tcp_denial(&run, "198.18.0.1").contains("max_connections"));
+    });
+}
+
 #[test]
 fn a_request_may_only_tighten_the_mode_and_full_needs_the_host() {
     as_root(|| {
