@@ -1,5 +1,6 @@
 //! The `codecage` command. The library does the work; `cli` parses and prints.
 
+mod audit;
 mod cli;
 mod client;
 mod gateway;

@@ -160,6 +160,16 @@ impl NetworkSpec {
             ));
             env.push(("PIP_TRUSTED_HOST".into(), GATEWAY_ADDR.to_string()));
         }
+        if self.mode.has_gateway() && !self.npm_packages.is_empty() {
+            env.push((
+                "npm_config_registry".into(),
+                format!("http://{GATEWAY_ADDR}/npm/"),
+            ));
+            // npm's audit and update check would ask the registry for what it does not
+            // serve, and fail with a warning.
+            env.push(("npm_config_audit".into(), "false".into()));
+            env.push(("npm_config_update_notifier".into(), "false".into()));
+        }
         env
     }
 

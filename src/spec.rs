@@ -582,9 +582,11 @@ impl Exec {
         if self.argv.is_empty() || self.argv[0].is_empty() {
             return Err("argv is empty: give the program to run".into());
         }
-        if let Some(arg) = self.argv.iter().find(|a| a.contains('\0')) {
+        // Named by position, not content: an argument may be code, which an audit log
+        // with log_code off must not receive by way of an error message.
+        if let Some(i) = self.argv.iter().position(|a| a.contains('\0')) {
             return Err(format!(
-                "argument {arg:?} contains a NUL byte, which no program can receive"
+                "argument {i} of argv contains a NUL byte, which no program can receive"
             ));
         }
         for (key, value) in &self.env {

@@ -1,5 +1,6 @@
 //! The `codecage` command line. It parses and translates; the library decides.
 
+mod audit;
 mod mcp;
 mod run;
 mod serve;
@@ -44,6 +45,8 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// Print the server's OpenAPI document.
     Openapi,
+    /// Read and prune the audit log: every run, session call and refusal.
+    Audit(audit::AuditArgs),
 }
 
 /// Runs the CLI; returns the process exit status.
@@ -59,6 +62,7 @@ pub fn main() -> i32 {
         Command::Serve(args) => serve::main(args),
         Command::Session(args) => session::main(args),
         Command::Mcp(args) => mcp::main(args),
+        Command::Audit(args) => audit::main(args),
         Command::Openapi => {
             print!("{}", crate::server::openapi_document());
             0

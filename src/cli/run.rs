@@ -16,6 +16,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::print_json;
+use crate::audit::{self, Audit, End, Kind, Start, Via};
 
 #[derive(Args)]
 #[command(
@@ -85,29 +86,81 @@ pub fn main(args: RunArgs) -> i32 {
     let (json, timings) = (args.json, args.timings);
     let out_dir = args.out_dir.clone();
     let caller = Caller::from_sudo();
+    let host = match crate::gateway::HostConfig::load() {
+        Ok(config) => config,
+        Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
+    };
+    // The audit log, when the host config has an [audit] section.
+    let audit = match host.audit.as_ref().filter(|a| a.enabled) {
+        Some(config) => match Audit::open(config) {
+            Ok(audit) => Some(audit),
+            Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
+        },
+        None => None,
+    };
+    let who = match &caller {
+        Some(c) => format!("uid:{}", c.uid),
+        None => format!("uid:{}", nix::unistd::getuid()),
+    };
+    let mut start = Start::new(Kind::Run, Via::Cli, who);
+    let built = build_spec(args, &mut start);
+    let slot = match audit.as_ref().map(Audit::slot_blocking).transpose() {
+        Ok(slot) => slot,
+        Err(e) => {
+            return report(&Outcome::failed(ErrorKind::Setup, e.to_string()), json);
+        }
+    };
     // The volumes' directories stay open until the launcher has cloned their trees.
-    let (spec, _volumes, profile, profile_name) = match build_spec(args) {
+    let (spec, _volumes, profile, profile_name) = match built {
         Ok(built) => built,
-        Err(outcome) => return report(&outcome, json),
+        Err(outcome) => {
+            if let (Some(slot), Some(kind)) = (slot, outcome.error) {
+                start.kind = Kind::Refused;
+                let end = End::error(
+                    &audit::error_name(kind),
+                    outcome.message.as_deref().unwrap_or(""),
+                );
+                slot.whole(start, end.details(serde_json::json!({"request": "run"})));
+            }
+            close(audit.as_ref());
+            return report(&outcome, json);
+        }
     };
     // The gateway (and its runtime, only when a sandbox needs it) under the host's config.
     if spec.sandbox.network.mode.has_gateway() {
-        let config = match crate::gateway::HostConfig::load() {
-            Ok(config) => config.network,
-            Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
-        };
-        if let Err(e) = crate::gateway::Gateway::check_mode(&config, spec.sandbox.network.mode) {
+        if let Err(e) =
+            crate::gateway::Gateway::check_mode(&host.network, spec.sandbox.network.mode)
+        {
+            if let Some(slot) = slot {
+                start.kind = Kind::Refused;
+                slot.whole(start, End::error("policy", &e));
+            }
+            close(audit.as_ref());
             return report(&Outcome::failed(ErrorKind::Policy, e), json);
         }
-        crate::gateway::Gateway::install(config);
+        crate::gateway::Gateway::install(host.network.clone());
     }
+    let pending = slot.map(|slot| {
+        slot.begin(
+            start
+                .input_files(&spec.exec.files)
+                .spec(&spec.sandbox, Some(&spec.exec)),
+        )
+    });
     // CODECAGE_PREPARED=1: the server's warm-pool path for this one run (the sandbox built
     // from the profile alone and, for Python, the interpreter pre-started; then the request
     // handed over), so that the run suite proves pooled runs give cold runs' outcomes.
     let prepared = if std::env::var_os("CODECAGE_PREPARED").is_some_and(|v| v == "1") {
         match prepare(&spec, &profile, &profile_name) {
             Ok(prepared) => prepared,
-            Err(outcome) => return report(&outcome, json),
+            Err(outcome) => {
+                if let Some(pending) = pending {
+                    let end = pending.end_of(&outcome);
+                    pending.finish_with_output(end, &outcome.stdout, &outcome.stderr);
+                }
+                close(audit.as_ref());
+                return report(&outcome, json);
+            }
         }
     } else {
         None
@@ -150,6 +203,11 @@ pub fn main(args: RunArgs) -> i32 {
         let _ = writer.join();
         outcome
     };
+    if let Some(pending) = pending {
+        let end = pending.end_of(&outcome);
+        pending.finish_with_output(end, &outcome.stdout, &outcome.stderr);
+    }
+    close(audit.as_ref());
     if !timings {
         outcome.phases = None;
     } else if !json {
@@ -226,6 +284,13 @@ fn save_outputs(
     }
 }
 
+/// Writes what the audit holds before the process ends.
+fn close(audit: Option<&Audit>) {
+    if let Some(audit) = audit {
+        audit.close();
+    }
+}
+
 fn report(outcome: &Outcome, json: bool) -> i32 {
     if json {
         print_json(outcome);
@@ -264,10 +329,20 @@ fn prepare(
 }
 
 /// Translates the flags into a Request, picks the profile, and resolves both into a Spec
-/// (with the profile and its name). Also returns the volumes' directories, opened (with
-/// the sudo caller's credentials when codecage runs for someone), which must stay open
-/// until the sandbox has started.
-fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Box<Outcome>> {
+/// (with the profile and its name); notes what was asked in `asked` (for the audit), as
+/// far as it got. Also returns the volumes' directories, opened (with the sudo caller's
+/// credentials when codecage runs for someone), which must stay open until the sandbox
+/// has started.
+fn build_spec(
+    args: RunArgs,
+    asked: &mut Start,
+) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Box<Outcome>> {
+    asked.language = args.lang.map(|l| l.name().to_string());
+    asked.profile = args.profile.clone();
+    asked.code = args.code.clone();
+    if !args.argv.is_empty() {
+        asked.argv = Some(args.argv.clone());
+    }
     let invalid = |message: String| Box::new(Outcome::failed(ErrorKind::InvalidRequest, message));
     let caller = Caller::from_sudo();
     let mut request = Request {
@@ -282,6 +357,8 @@ fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Bo
         (None, Some(file), true) => {
             request.lang = request.lang.or_else(|| Lang::from_extension(&file));
             request.code = Some(read_code(&file, caller.as_ref()).map_err(invalid)?);
+            asked.code = request.code.clone();
+            asked.language = request.lang.map(|l| l.name().to_string());
         }
         (None, None, false) => {
             if request.lang.is_some() {
@@ -341,6 +418,7 @@ fn build_spec(args: RunArgs) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Bo
             ))
         }
     };
+    asked.profile = Some(profile_name.clone());
     let profile = Profile::load(&profile_name).map_err(|e| invalid(e.to_string()))?;
     let spec =
         profile::resolve(&profile, &profile_name, &request, &DataDir::from_env()).map_err(|e| {

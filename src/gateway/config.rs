@@ -21,8 +21,15 @@ pub struct GatewayConfig {
     /// /run/netns/NAME) instead of the host's. For tests.
     pub dial_netns: Option<PathBuf>,
     /// The package index (PEP 503 simple API) that the gateway's index forwards allowed
-    /// Python packages from. Default https://pypi.org/simple/.
+    /// Python packages from, http:// or https://. Default https://pypi.org/simple/.
     pub python_index: Option<String>,
+    /// The npm registry that the gateway's registry forwards allowed npm packages from,
+    /// http:// or https://. Default https://registry.npmjs.org/.
+    pub npm_registry: Option<String>,
+    /// The CA certificates (PEM) the gateway trusts for https:// package indexes, instead
+    /// of the host's (rustls-native-certs: SSL_CERT_FILE, else the distribution's bundle).
+    /// For an internal mirror with its own CA, and for tests.
+    pub index_ca_file: Option<PathBuf>,
 }
 
 impl GatewayConfig {
@@ -31,6 +38,31 @@ impl GatewayConfig {
             .as_deref()
             .unwrap_or("https://pypi.org/simple/")
     }
+
+    pub fn npm_registry(&self) -> &str {
+        self.npm_registry
+            .as_deref()
+            .unwrap_or("https://registry.npmjs.org/")
+    }
+
+    /// Checks the index URLs (http:// or https://, with a host) and the CA file.
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, url) in [
+            ("python_index", self.python_index()),
+            ("npm_registry", self.npm_registry()),
+        ] {
+            super::client::Url::parse(url).map_err(|e| format!("network.{key}: {e}"))?;
+        }
+        if let Some(file) = &self.index_ca_file {
+            if !file.is_file() {
+                return Err(format!(
+                    "network.index_ca_file: {} is not a file",
+                    file.display()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The CLI's host configuration: what the host's administrator allows every run.
@@ -38,6 +70,9 @@ impl GatewayConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct HostConfig {
     pub network: GatewayConfig,
+    /// `[audit]`: with this section, `codecage run` records each run in the audit log
+    /// (the same database as the server's when the paths agree).
+    pub audit: Option<crate::audit::AuditConfig>,
 }
 
 impl HostConfig {
@@ -64,12 +99,48 @@ impl HostConfig {
                 ))
             }
         };
-        toml::from_str(&text).map_err(|e| {
+        let config: HostConfig = toml::from_str(&text).map_err(|e| {
             format!(
                 "host config {}: {}",
                 path.display(),
                 e.to_string().trim_end()
             )
-        })
+        })?;
+        config
+            .network
+            .validate()
+            .map_err(|e| format!("host config {}: {e}", path.display()))?;
+        if let Some(audit) = &config.audit {
+            audit
+                .validate()
+                .map_err(|e| format!("host config {}: {e}", path.display()))?;
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_urls_must_be_http_or_https_and_the_ca_file_must_exist() {
+        let parse = |text: &str| toml::from_str::<HostConfig>(text).unwrap().network;
+        let config = parse("[network]\n");
+        assert_eq!(config.python_index(), "https://pypi.org/simple/");
+        assert_eq!(config.npm_registry(), "https://registry.npmjs.org/");
+        assert!(config.validate().is_ok());
+        let config = parse(
+            "[network]\npython_index = \"http://10.0.0.1:3141/root/pypi/+simple/\"\nnpm_registry = \"https://npm.internal/\"\n",
+        );
+        assert!(config.validate().is_ok());
+        let err = parse("[network]\nnpm_registry = \"registry.npmjs.org\"\n")
+            .validate()
+            .unwrap_err();
+        assert!(err.starts_with("network.npm_registry: "), "{err}");
+        let err = parse("[network]\nindex_ca_file = \"/nonexistent/ca.pem\"\n")
+            .validate()
+            .unwrap_err();
+        assert!(err.contains("index_ca_file"), "{err}");
     }
 }

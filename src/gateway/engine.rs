@@ -24,11 +24,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::client::Client;
 use super::config::GatewayConfig;
 use super::dns::{self, Answer};
 use super::forward::{self, Bucket, Limits};
 use super::log::Log;
-use super::packages::Index;
+use super::npm::Registry;
+use super::packages::{self, Index, Packages};
 use super::sniff::{self, Sniffed};
 use super::tun::TunDevice;
 use super::upstream::Upstream;
@@ -53,10 +55,10 @@ struct Inner {
     upstream: Arc<Upstream>,
     log: Arc<Log>,
     names: Mutex<Names>,
-    limits: Limits,
+    limits: Arc<Limits>,
     connections: Arc<Semaphore>,
-    /// The package index on the gateway's port 80, when the profile lists packages.
-    index: Option<Arc<Index>>,
+    /// The package indexes on the gateway's port 80, when the profile lists packages.
+    index: Option<Arc<Packages>>,
 }
 
 /// The names the gateway's DNS has answered: each with the address it handed out and the
@@ -86,26 +88,35 @@ impl Engine {
         spec: NetworkSpec,
         config: Arc<GatewayConfig>,
         upstream: Arc<Upstream>,
+        client: Arc<Client>,
         log: Arc<Log>,
     ) -> Engine {
         let idle = Duration::from_millis(spec.connection_idle_timeout_ms.max(1000));
-        let index = (!spec.python_packages.is_empty()).then(|| {
-            Arc::new(Index::new(
-                &spec.python_packages,
-                config.python_index(),
-                upstream.clone(),
-                log.clone(),
-            ))
+        let limits = Arc::new(Limits {
+            up: Bucket::new(spec.max_bandwidth),
+            down: Bucket::new(spec.max_bandwidth),
+            idle,
         });
+        let pages = packages::pages_in_flight();
+        let to = |base: &str| packages::Upstream {
+            client: client.clone(),
+            base: packages::base_url(base),
+            ranges: spec.ranges(),
+            limits: limits.clone(),
+            log: log.clone(),
+            pages: pages.clone(),
+        };
+        let python = (!spec.python_packages.is_empty())
+            .then(|| Index::new(&spec.python_packages, to(config.python_index())));
+        let npm = (!spec.npm_packages.is_empty())
+            .then(|| Registry::new(&spec.npm_packages, to(config.npm_registry())));
+        let index =
+            (python.is_some() || npm.is_some()).then(|| Arc::new(Packages::new(python, npm)));
         let inner = Inner {
             index,
             rules: spec.host_rules(),
             ranges: spec.ranges(),
-            limits: Limits {
-                up: Bucket::new(spec.max_bandwidth),
-                down: Bucket::new(spec.max_bandwidth),
-                idle,
-            },
+            limits,
             connections: Arc::new(Semaphore::new(spec.max_connections.max(1) as usize)),
             spec,
             config,
@@ -275,6 +286,23 @@ impl Inner {
     async fn tcp(&self, mut flow: IpStackTcpStream) {
         let dst = flow.peer_addr();
         if let (Some(index), true) = (&self.index, dst == SocketAddr::from((GATEWAY_ADDR, 80))) {
+            // The indexes' connections count against max_connections like any other: each
+            // may hold a page in the gateway's memory, which no cgroup of the sandbox's
+            // pays for.
+            let Ok(_permit) = self.connections.clone().try_acquire_owned() else {
+                self.record(
+                    "tcp",
+                    &GATEWAY_ADDR.to_string(),
+                    80,
+                    &denied(format!(
+                        "more than {} connections open at once (the profile's max_connections)",
+                        self.spec.max_connections
+                    )),
+                );
+                let _ = tokio::time::timeout(Duration::from_secs(1), forward::shutdown(&mut flow))
+                    .await;
+                return;
+            };
             return index.clone().serve(flow).await;
         }
         let refused = self.tcp_inner(&mut flow).await;

@@ -9,6 +9,22 @@ use codecage::network::{Connection, Verdict};
 /// The most distinct entries a run reports; the rest are counted in one more.
 pub const MAX_ENTRIES: usize = 256;
 
+/// The longest host an entry keeps (a DNS name's own limit), and the longest reason.
+const MAX_HOST: usize = 253;
+const MAX_REASON: usize = 1024;
+
+/// `s` cut to at most `max` bytes, at a character's boundary, marked with `…` when cut.
+fn cut(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
+
 #[derive(Default)]
 pub struct Bytes {
     pub out: AtomicU64,
@@ -40,6 +56,10 @@ impl Log {
         verdict: Verdict,
         reason: Option<String>,
     ) -> Arc<Bytes> {
+        // What the payload chose (a name it asked for, a path) is cut to a bound, so the
+        // outcome and the audit record stay small whatever it asks.
+        let host = cut(host, MAX_HOST);
+        let reason = reason.map(|r| cut(&r, MAX_REASON).to_string());
         let Ok(mut entries) = self.entries.lock() else {
             return Arc::default();
         };
@@ -101,5 +121,28 @@ impl Log {
                 bytes_in: e.bytes.inn.load(Ordering::Relaxed),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_payload_chose_is_cut_to_a_bound() {
+        let log = Log::default();
+        let long = "a".repeat(60_000);
+        log.record(
+            "npm",
+            &long,
+            80,
+            Verdict::Denied,
+            Some(format!("{long} is not allowed")),
+        );
+        let taken = log.take();
+        assert_eq!(taken[0].host.len(), MAX_HOST + '…'.len_utf8());
+        assert!(taken[0].reason.as_ref().unwrap().len() <= MAX_REASON + 3);
+        assert_eq!(cut("é", 1), "…");
+        assert_eq!(cut("short", 10), "short");
     }
 }

@@ -7,11 +7,13 @@
 //! it: `codecage run` with network mode `none` never starts it, and the server's request
 //! handling never shares its workers with packet processing.
 
+mod client;
 mod config;
 mod dns;
 mod engine;
 mod forward;
 mod log;
+mod npm;
 mod packages;
 mod sniff;
 mod tun;
@@ -29,6 +31,9 @@ pub struct Gateway {
     config: Arc<GatewayConfig>,
     runtime: OnceLock<Result<tokio::runtime::Runtime, String>>,
     upstream: OnceLock<Result<Arc<upstream::Upstream>, String>>,
+    /// The package indexes' HTTP(S) client, shared by every sandbox (its TLS settings
+    /// are made once).
+    client: OnceLock<Arc<client::Client>>,
 }
 
 impl Gateway {
@@ -37,6 +42,7 @@ impl Gateway {
             config: Arc::new(config),
             runtime: OnceLock::new(),
             upstream: OnceLock::new(),
+            client: OnceLock::new(),
         }
     }
 
@@ -90,8 +96,23 @@ impl codecage::network::Gateway for Gateway {
         Gateway::check_mode(&self.config, spec.mode)?;
         let runtime = self.runtime()?;
         let upstream = self.upstream()?;
+        let client = self
+            .client
+            .get_or_init(|| {
+                Arc::new(client::Client::new(
+                    upstream.clone(),
+                    self.config.index_ca_file.clone(),
+                ))
+            })
+            .clone();
         let log = Arc::new(log::Log::default());
-        let engine = engine::Engine::new(spec.clone(), self.config.clone(), upstream, log.clone());
+        let engine = engine::Engine::new(
+            spec.clone(),
+            self.config.clone(),
+            upstream,
+            client,
+            log.clone(),
+        );
         let task = {
             let _guard = runtime.enter();
             let device = tun::TunDevice::new(tun)

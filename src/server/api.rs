@@ -2,7 +2,10 @@
 //! follow one rule: a request that ran returns 200 with the verdict in the body (timeout,
 //! oom, exception are verdicts, not HTTP errors); refused before running: 400 invalid (the
 //! message names the field), 401 no or bad token, 403 policy, 404 unknown session, 409
-//! session busy, 413 body too large, 503 (with Retry-After) at capacity.
+//! session busy, 413 body too large, 503 (with Retry-After) at capacity or when the audit
+//! log cannot take the request's record (`audit.on_full = "refuse"`). Every execution and
+//! every refusal is recorded in the audit log (src/audit); `/v1/audit` reads it, for
+//! administrators.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +29,7 @@ use codecage::{Canceller, Stream};
 
 use super::registry::{self, Caps, Entry, Missing};
 use super::{Caller, Shared};
+use crate::audit::{self, AuditError, End, Kind, Start, Via};
 
 /// The routes, on whatever listener.
 pub fn router(state: Shared) -> Router {
@@ -42,6 +46,9 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/sessions/{id}/interrupt", post(interrupt))
         .route("/v1/sessions/{id}/files", get(list_files))
         .route("/v1/sessions/{id}/files/{*path}", get(download).put(upload))
+        .route("/v1/audit", get(audit_list))
+        .route("/v1/audit/export", get(audit_export))
+        .route("/v1/audit/{id}", get(audit_show))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
@@ -54,13 +61,25 @@ pub struct ApiError {
     kind: &'static str,
     message: String,
     retry_after: Option<u64>,
+    /// Its refusal is in the audit log already (or cannot be: the audit's own refusal).
+    audited: bool,
+}
+
+/// On an error response: what went wrong, for the audit of refusals outside the routes.
+#[derive(Clone)]
+struct ErrorInfo {
+    kind: &'static str,
+    message: String,
+    audited: bool,
 }
 
 #[derive(Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// What went wrong, for a program: `invalid_request`, `unauthorized`, `policy`,
-    /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `capacity`, `setup`.
+    /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `capacity`, `setup`,
+    /// `forbidden` (the audit API without the admin role), `audit_unavailable` (the audit
+    /// log cannot take the request's record and its `on_full` is `refuse`).
     pub error: String,
     /// What went wrong and what to do, for a person or an agent.
     pub message: String,
@@ -73,7 +92,13 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after: None,
+            audited: false,
         }
+    }
+
+    fn audited(mut self) -> ApiError {
+        self.audited = true;
+        self
     }
 
     pub(super) fn invalid(message: impl Into<String>) -> ApiError {
@@ -96,11 +121,17 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let info = ErrorInfo {
+            kind: self.kind,
+            message: self.message.clone(),
+            audited: self.audited,
+        };
         let body = ErrorBody {
             error: self.kind.to_string(),
             message: self.message,
         };
         let mut response = (self.status, Json(body)).into_response();
+        response.extensions_mut().insert(info);
         if let Some(seconds) = self.retry_after {
             response
                 .headers_mut()
@@ -143,7 +174,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            let inner = e.into_inner();
+            let inner = without_string_values(&e.into_inner().to_string());
             if path == "." || path.is_empty() {
                 ApiError::invalid(format!("the body is not the expected JSON object: {inner}"))
             } else {
@@ -386,29 +417,148 @@ async fn run(
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<RunRequest>,
 ) -> Result<Json<Outcome>, ApiError> {
-    run_request(&state, &caller, body, state.canceller.clone())
+    run_request(&state, &caller, Via::Api, body, state.canceller.clone())
         .await
         .map(Json)
 }
 
+/// The audit's refusal (`on_full = "refuse"`): 503, naming the audit.
+fn audit_unavailable(e: AuditError) -> ApiError {
+    let mut error = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "audit_unavailable",
+        e.to_string(),
+    );
+    error.retry_after = Some(1);
+    error.audited()
+}
+
+/// A place in the audit's queue for an execution about to start (None: no audit).
+async fn audit_slot(state: &Shared) -> Result<Option<audit::Slot>, ApiError> {
+    match &state.audit {
+        Some(audit) => audit.slot().await.map(Some).map_err(audit_unavailable),
+        None => Ok(None),
+    }
+}
+
+/// Records a refusal with what the service function knew of the request.
+async fn refused(state: &Shared, start: Start, error: ApiError) -> ApiError {
+    let Some(audit) = &state.audit else {
+        return error;
+    };
+    if error.audited {
+        return error;
+    }
+    let end = End::error(error.kind, &error.message).details(serde_json::json!({
+        "status": error.status.as_u16(),
+        "request": start.kind.name(),
+    }));
+    let mut start = start;
+    start.kind = Kind::Refused;
+    match audit.refusal(start, end).await {
+        Ok(()) => error.audited(),
+        Err(e) => audit_unavailable(e),
+    }
+}
+
 /// A run, resolved against its profile and run on a blocking thread until it ends or
-/// `canceller` fires (`POST /v1/run`; MCP's tools without a session).
+/// `canceller` fires (`POST /v1/run`; MCP's tools without a session). Its audit record is
+/// written before it starts and completed on that thread, whatever becomes of the request.
 pub(super) async fn run_request(
     state: &Shared,
     caller: &Caller,
+    via: Via,
     body: RunRequest,
     canceller: Canceller,
 ) -> Result<Outcome, ApiError> {
-    let knobs = knobs_of(&body.limits, "a run")?;
-    let profile_name =
-        match (&body.profile, body.language) {
-            (Some(name), _) => name.clone(),
-            (None, Some(lang)) => lang.name().to_string(),
-            (None, None) if body.argv.is_some() => "bash".to_string(),
-            (None, None) => return Err(ApiError::invalid(
-                "field `language`: give python, node, typescript or bash (or a profile, or argv)",
-            )),
+    let mut start = Start::new(Kind::Run, via, caller.to_string());
+    start.code = body.code.clone();
+    start.argv = body.argv.clone();
+    start.stdin = body.stdin.as_ref().map(|s| s.clone().into_bytes());
+    start.language = body.language.map(|l| l.name().to_string());
+    start.profile = run_profile(&body).ok();
+    let names_only = body.file_data == Some(false);
+    let language = body.language;
+    let (spec, profile_name, opened) = match resolve_run(state, body) {
+        Ok(resolved) => resolved,
+        Err(e) => return Err(refused(state, start, e).await),
+    };
+    start.profile = Some(profile_name);
+    let (pooled, _permit) = match state
+        .pool
+        .take_run(&start.profile.clone().unwrap_or_default(), &spec)
+    {
+        Some(pooled) => (Some(pooled.item), pooled.permit),
+        None => match room(&state.sandboxes, state, "sandboxes").await {
+            Ok(permit) => (None, permit),
+            Err(e) => return Err(refused(state, start, e).await),
+        },
+    };
+    let slot = audit_slot(state).await?;
+    // The outcome comes back as soon as the run ends; its record is completed after, on
+    // the same thread (hashing a large output takes milliseconds).
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        let warm = pooled.is_some();
+        let pending = slot.map(|slot| {
+            let mut start = start
+                .input_files(&spec.exec.files)
+                .spec(&spec.sandbox, Some(&spec.exec));
+            start.details = serde_json::json!({ "warm": warm });
+            slot.begin(start)
+        });
+        let outcome = match pooled {
+            Some(prepared) => prepared.run(&spec, &mut |_, _| {}, None, Some(&canceller)),
+            None => codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller),
         };
+        drop(opened);
+        match pending {
+            Some(pending) => {
+                let end = pending.end_of(&outcome);
+                let (stdout, stderr) = (outcome.stdout.clone(), outcome.stderr.clone());
+                let _ = answer.send(outcome);
+                pending.finish_with_output(end, &stdout, &stderr);
+            }
+            None => {
+                let _ = answer.send(outcome);
+            }
+        }
+    });
+    let mut outcome = answered.await.map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "setup",
+            "the run's thread ended without an outcome",
+        )
+    })?;
+    outcome.phases = None;
+    if names_only {
+        outcome.files.iter_mut().for_each(|f| f.data = None);
+    }
+    log_call(caller, "run", language, None, &outcome);
+    Ok(outcome)
+}
+
+/// The profile a run asks for: by name, else the language's (bash for a program).
+fn run_profile(body: &RunRequest) -> Result<String, ApiError> {
+    match (&body.profile, body.language) {
+        (Some(name), _) => Ok(name.clone()),
+        (None, Some(lang)) => Ok(lang.name().to_string()),
+        (None, None) if body.argv.is_some() => Ok("bash".to_string()),
+        (None, None) => Err(ApiError::invalid(
+            "field `language`: give python, node, typescript or bash (or a profile, or argv)",
+        )),
+    }
+}
+
+/// A run's request checked and resolved into its Spec (and the profile's name, and the
+/// volumes' directories, opened, which must stay open until the sandbox has started).
+fn resolve_run(
+    state: &Shared,
+    body: RunRequest,
+) -> Result<(codecage::Spec, String, Vec<std::os::fd::OwnedFd>), ApiError> {
+    let knobs = knobs_of(&body.limits, "a run")?;
+    let profile_name = run_profile(&body)?;
     let profile = load_profile(state, &profile_name)?;
     codecage::files::check_inputs(
         &body.files,
@@ -435,27 +585,7 @@ pub(super) async fn run_request(
     spec.sandbox.volumes = volumes;
     spec.validate()
         .map_err(|e| ApiError::invalid(format!("field `volumes`: {e}")))?;
-    let (pooled, _permit) = match state.pool.take_run(&profile_name, &spec) {
-        Some(pooled) => (Some(pooled.item), pooled.permit),
-        None => (None, room(&state.sandboxes, state, "sandboxes").await?),
-    };
-    let outcome = tokio::task::spawn_blocking(move || {
-        let outcome = match pooled {
-            Some(prepared) => prepared.run(&spec, &mut |_, _| {}, None, Some(&canceller)),
-            None => codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller),
-        };
-        drop(opened);
-        outcome
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
-    let mut outcome = outcome;
-    outcome.phases = None;
-    if body.file_data == Some(false) {
-        outcome.files.iter_mut().for_each(|f| f.data = None);
-    }
-    log_call(caller, "run", body.language, None, &outcome);
-    Ok(outcome)
+    Ok((spec, profile_name, opened))
 }
 
 /// A run's volumes, each opened by the server (as root) and only if it lies under the
@@ -533,16 +663,94 @@ async fn create_session(
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<(StatusCode, Json<SessionInfo>), ApiError> {
-    let entry = open_session(&state, &caller, body).await?;
+    let entry = open_session(&state, &caller, Via::Api, body).await?;
     Ok((StatusCode::CREATED, Json(info(&entry))))
 }
 
-/// Starts a session and registers it (`POST /v1/sessions`; MCP's sessions).
+/// Starts a session and registers it (`POST /v1/sessions`; MCP's sessions). Its audit
+/// record runs from here to its close.
 pub(super) async fn open_session(
     state: &Shared,
     caller: &Caller,
+    via: Via,
     body: SessionRequest,
 ) -> Result<Arc<Entry>, ApiError> {
+    let mut start = Start::new(Kind::Session, via, caller.to_string());
+    start.language = Some(body.language.name().to_string());
+    start.profile = body.profile.clone();
+    let language = body.language;
+    let (session_spec, caps, lifetimes, profile_name) = match resolve_session(state, body) {
+        Ok(resolved) => resolved,
+        Err(e) => return Err(refused(state, start, e).await),
+    };
+    start.profile = Some(profile_name.clone());
+    let session_permit = match room(&state.session_slots, state, "sessions").await {
+        Ok(permit) => permit,
+        Err(e) => return Err(refused(state, start, e).await),
+    };
+    let slot = audit_slot(state).await?;
+    let id = new_id();
+    start.session = Some(id.clone());
+    let (pooled, sandbox_permit) = match state.pool.take_session(&profile_name, &session_spec) {
+        Some(pooled) => (Some(pooled.item), pooled.permit),
+        None => match room(&state.sandboxes, state, "sandboxes").await {
+            Ok(permit) => (None, permit),
+            Err(e) => return Err(refused(state, start, e).await),
+        },
+    };
+    let started = tokio::task::spawn_blocking(move || {
+        let warm = pooled.is_some();
+        let pending = slot.map(|slot| {
+            let mut start = start.spec(&session_spec.sandbox, None);
+            start.details = serde_json::json!({ "warm": warm });
+            slot.begin(start)
+        });
+        let session = match pooled {
+            Some(session) => Ok(session),
+            None => Session::start(session_spec),
+        };
+        match session {
+            Ok(session) => Ok((session, pending)),
+            Err(e) => {
+                if let Some(pending) = pending {
+                    pending.finish(End::error(&audit::error_name(e.kind), &e.message));
+                }
+                Err(e)
+            }
+        }
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
+    let (session, pending) = started.map_err(|e| {
+        let status = if e.kind == ErrorKind::InvalidRequest {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        ApiError::new(status, "setup", e.message).audited()
+    })?;
+    let (idle, max) = lifetimes;
+    let entry = Entry::new(
+        id,
+        profile_name,
+        session,
+        idle,
+        max,
+        caps,
+        (session_permit, sandbox_permit),
+    );
+    *entry.audit.lock().unwrap_or_else(|e| e.into_inner()) = pending;
+    let entry = state.sessions.insert(entry);
+    tracing::info!(caller = %caller, session = %entry.id, language = language.name(), "session created");
+    Ok(entry)
+}
+
+/// A session's request checked and resolved: its spec, caps, lifetimes (idle, maximum)
+/// and profile name.
+fn resolve_session(
+    state: &Shared,
+    body: SessionRequest,
+) -> Result<(SessionSpec, Caps, (Duration, Duration), String), ApiError> {
     let knobs = knobs_of(&body.limits, "a session")?;
     let profile_name = body
         .profile
@@ -570,41 +778,9 @@ pub(super) async fn open_session(
         output_dir: profile.output_rules().dir,
         max_timeout: Duration::from_millis(profile.max(Knob::Timeout)),
     };
-    let session_permit = room(&state.session_slots, state, "sessions").await?;
-    let (session, sandbox_permit) = match state.pool.take_session(&profile_name, &session_spec) {
-        Some(pooled) => (pooled.item, pooled.permit),
-        None => {
-            let sandbox_permit = room(&state.sandboxes, state, "sandboxes").await?;
-            let session = tokio::task::spawn_blocking(move || Session::start(session_spec))
-                .await
-                .map_err(|e| {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string())
-                })?
-                .map_err(|e| {
-                    let status = if e.kind == ErrorKind::InvalidRequest {
-                        StatusCode::BAD_REQUEST
-                    } else {
-                        StatusCode::INTERNAL_SERVER_ERROR
-                    };
-                    ApiError::new(status, "setup", e.message)
-                })?;
-            (session, sandbox_permit)
-        }
-    };
     let idle = Duration::from_millis(profile.value(Knob::IdleTimeout));
     let max = Duration::from_millis(profile.value(Knob::MaxDuration));
-    let entry = Entry::new(
-        new_id(),
-        profile_name,
-        session,
-        idle,
-        max,
-        caps,
-        (session_permit, sandbox_permit),
-    );
-    let entry = state.sessions.insert(entry);
-    tracing::info!(caller = %caller, session = %entry.id, language = entry.lang.name(), "session created");
-    Ok(entry)
+    Ok((session_spec, caps, (idle, max), profile_name))
 }
 
 /// A session's spec: the profile resolved with `request` (its limits, env and network) as
@@ -673,7 +849,7 @@ async fn delete_session(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    close_session(&state, &caller, &id).await?;
+    close_session(&state, &caller, Via::Api, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -681,11 +857,13 @@ async fn delete_session(
 pub(super) async fn close_session(
     state: &Shared,
     caller: &Caller,
+    via: Via,
     id: &str,
 ) -> Result<(), ApiError> {
     lookup(state, id)?;
     if let Some(entry) = state.sessions.remove(id, false) {
-        tokio::task::spawn_blocking(move || registry::close(&entry))
+        let why = format!("closed by {caller} ({})", via.name());
+        tokio::task::spawn_blocking(move || registry::close(&entry, &why))
             .await
             .map_err(|e| {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string())
@@ -755,7 +933,14 @@ async fn execute(
         };
         let _ = events.blocking_send(event);
     };
-    let worker = call_session(state.clone(), caller.clone(), entry, call, forward);
+    let worker = call_session(
+        state.clone(),
+        caller.clone(),
+        Via::Api,
+        entry,
+        call,
+        forward,
+    );
     if streaming {
         tokio::spawn(async move {
             if let Ok(mut outcome) = worker.await {
@@ -800,12 +985,22 @@ pub(super) fn timeout_of(raw: Option<&Raw>) -> Result<Option<Duration>, ApiError
 pub(super) async fn call_session(
     state: Shared,
     caller: Caller,
+    via: Via,
     entry: Arc<Entry>,
     call: Call,
     mut forward: impl FnMut(Event) + Send + 'static,
 ) -> Result<CallOutcome, ApiError> {
+    let mut start = Start::new(Kind::Call, via, caller.to_string());
+    start.code = Some(call.code.clone());
+    start.stdin = call.stdin.as_ref().map(|s| s.clone().into_bytes());
+    start.session = Some(entry.id.clone());
+    start.profile = Some(entry.profile.clone());
+    start.language = Some(entry.lang.name().to_string());
+    if let Some(t) = call.timeout {
+        start.limits = Some(serde_json::json!({"timeout_ms": t.as_millis() as u64}));
+    }
     if let Some(asked) = call.timeout.filter(|t| *t > entry.caps.max_timeout) {
-        return Err(ApiError::new(
+        let e = ApiError::new(
             StatusCode::FORBIDDEN,
             "policy",
             format!(
@@ -814,30 +1009,72 @@ pub(super) async fn call_session(
                 entry.profile,
                 codecage::units::format_duration(entry.caps.max_timeout)
             ),
-        ));
+        );
+        return Err(refused(&state, start, e).await);
     }
-    let claim = entry.claim().ok_or_else(|| busy(&entry.id))?;
+    let Some(claim) = entry.claim() else {
+        return Err(refused(&state, start, busy(&entry.id)).await);
+    };
+    let slot = audit_slot(&state).await?;
     let worker_entry = entry.clone();
-    let outcome = tokio::task::spawn_blocking(move || {
-        let _claim = claim;
+    // As for a run: the outcome goes back first, the record is completed after, with the
+    // session already free for its next call.
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        let claim = claim;
+        let pending = slot.map(|slot| slot.begin(start.input_files(&call.files)));
         let mut guard = worker_entry
             .session
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let session = guard.as_mut()?;
+        let Some(session) = guard.as_mut() else {
+            if let Some(pending) = pending {
+                pending.finish(End::error(
+                    "not_found",
+                    "the session was closed before the call ran",
+                ));
+            }
+            let _ = answer.send(None);
+            return;
+        };
         let outcome = session.execute(&call, &mut forward);
         worker_entry
             .executions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(outcome)
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?
-    .ok_or_else(|| {
-        lookup(&state, &entry.id)
-            .err()
-            .unwrap_or_else(|| busy(&entry.id))
-    })?;
+        drop(guard);
+        drop(claim);
+        match pending {
+            Some(pending) => {
+                let details = serde_json::json!({
+                    "execution_count": outcome.execution_count,
+                    "exception": outcome.exception.as_ref().map(|e| &e.name),
+                    "state": outcome.state,
+                });
+                let end = pending.end_of(&outcome.outcome).details(details);
+                let stdout = outcome.outcome.stdout.clone();
+                let stderr = outcome.outcome.stderr.clone();
+                let _ = answer.send(Some(outcome));
+                pending.finish_with_output(end, &stdout, &stderr);
+            }
+            None => {
+                let _ = answer.send(Some(outcome));
+            }
+        }
+    });
+    let outcome = answered
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "setup",
+                "the call's thread ended without an outcome",
+            )
+        })?
+        .ok_or_else(|| {
+            lookup(&state, &entry.id)
+                .err()
+                .unwrap_or_else(|| busy(&entry.id))
+        })?;
     log_call(
         &caller,
         "execute",
@@ -850,22 +1087,43 @@ pub(super) async fn call_session(
 
 async fn reset(
     State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    reset_session(lookup(&state, &id)?).await?;
+    reset_session(&state, &caller, Via::Api, lookup(&state, &id)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// A fresh interpreter in the session's sandbox (409 if it is busy).
-pub(super) async fn reset_session(entry: Arc<Entry>) -> Result<(), ApiError> {
-    let claim = entry.claim().ok_or_else(|| busy(&entry.id))?;
+pub(super) async fn reset_session(
+    state: &Shared,
+    caller: &Caller,
+    via: Via,
+    entry: Arc<Entry>,
+) -> Result<(), ApiError> {
+    let mut start = Start::new(Kind::Reset, via, caller.to_string());
+    start.session = Some(entry.id.clone());
+    start.profile = Some(entry.profile.clone());
+    start.language = Some(entry.lang.name().to_string());
+    let Some(claim) = entry.claim() else {
+        return Err(refused(state, start, busy(&entry.id)).await);
+    };
+    let slot = audit_slot(state).await?;
     let result = tokio::task::spawn_blocking(move || {
         let _claim = claim;
+        let pending = slot.map(|slot| slot.begin(start));
         let mut guard = entry.session.lock().unwrap_or_else(|e| e.into_inner());
-        match guard.as_mut() {
+        let result = match guard.as_mut() {
             Some(session) => session.reset(),
             None => Err("the session is closed".to_string()),
+        };
+        if let Some(pending) = pending {
+            pending.finish(match &result {
+                Ok(()) => End::default(),
+                Err(e) => End::error("session_lost", e),
+            });
         }
+        result
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "setup", e.to_string()))?;
@@ -991,3 +1249,268 @@ async fn upload(
 }
 
 use tokio_stream::StreamExt as _;
+
+/// serde's message without the string values it quotes (`invalid type: string "...",
+/// expected a sequence` becomes `invalid type: a string, expected a sequence`): a value may
+/// be code (an argv sent as one string), which the client knows and the audit log must not
+/// receive when `log_code` is off.
+fn without_string_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("string \"") {
+        out.push_str(&rest[..at]);
+        out.push_str("a string");
+        let mut chars = rest[at + 8..].char_indices();
+        let mut end = rest.len() - at - 8;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => drop(chars.next()),
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[at + 8 + end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The longest endpoint a refusal's record keeps.
+const MAX_ENDPOINT: usize = 256;
+
+/// The audit of refusals that no service function recorded (a body that does not parse,
+/// 401, 404, 413, an audit request without the role): outside every other layer, it sees
+/// each error response and records it with the caller, when one was found, and the
+/// endpoint. A refusal the audit cannot take (`on_full = "refuse"`) becomes its 503.
+pub async fn audit_errors(
+    State(state): State<Shared>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(audit) = state.audit.clone() else {
+        return next.run(request).await;
+    };
+    // The path as the client sent it, cut to a bound (it may be anything up to the
+    // request line's limit).
+    let mut endpoint = format!("{} {}", request.method(), request.uri().path());
+    if endpoint.len() > MAX_ENDPOINT {
+        let mut end = MAX_ENDPOINT;
+        while !endpoint.is_char_boundary(end) {
+            end -= 1;
+        }
+        endpoint.truncate(end);
+        endpoint.push('…');
+    }
+    let via = if request.uri().path().starts_with("/mcp") {
+        Via::Mcp
+    } else {
+        Via::Api
+    };
+    let peer = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.to_string());
+    let response = next.run(request).await;
+    let status = response.status();
+    let info = response.extensions().get::<ErrorInfo>().cloned();
+    if status.as_u16() < 400 || info.as_ref().is_some_and(|i| i.audited) {
+        return response;
+    }
+    let caller = response
+        .extensions()
+        .get::<Caller>()
+        .map_or_else(|| "unauthenticated".to_string(), |c| c.to_string());
+    let (kind, message) = match &info {
+        Some(i) => (i.kind.to_string(), i.message.clone()),
+        None => (
+            status
+                .canonical_reason()
+                .unwrap_or("error")
+                .to_lowercase()
+                .replace(' ', "_"),
+            format!("HTTP {status}"),
+        ),
+    };
+    // Past the refusal budget a refusal is counted, and the next recorded one says how
+    // many were.
+    let Some(suppressed) = audit.refusal_admitted() else {
+        return response;
+    };
+    let start = Start::new(Kind::Refused, via, caller);
+    let mut details = serde_json::json!({"status": status.as_u16(), "endpoint": endpoint});
+    if let Some(peer) = peer {
+        details["peer"] = peer.into();
+    }
+    if suppressed > 0 {
+        details["refusals_not_recorded_before"] = suppressed.into();
+    }
+    let end = End::error(&kind, &message).details(details);
+    match audit.refusal(start, end).await {
+        Ok(()) => response,
+        Err(e) => audit_unavailable(e).into_response(),
+    }
+}
+
+/// The audit API is for administrators: a token with the admin role, or root on the unix
+/// socket.
+fn admin_only(state: &Shared, caller: &Caller) -> Result<std::path::PathBuf, ApiError> {
+    let admin = match caller {
+        Caller::Unix { uid } => *uid == 0,
+        Caller::Token { role, .. } => *role == super::config::Role::Admin,
+    };
+    if !admin {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "the audit log is for administrators: a token with role \"admin\", or root on the unix socket",
+        ));
+    }
+    if !state.config.audit.enabled {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this server keeps no audit log (audit.enabled = false)",
+        ));
+    }
+    Ok(state.config.audit.path.clone())
+}
+
+/// `GET /v1/audit` and `/v1/audit/export`: the filters.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    since: Option<String>,
+    until: Option<String>,
+    profile: Option<String>,
+    error: Option<String>,
+    session: Option<String>,
+    kind: Option<String>,
+    caller: Option<String>,
+    status: Option<String>,
+    limit: Option<u64>,
+}
+
+impl AuditQuery {
+    fn filter(self, export: bool) -> Result<audit::Filter, ApiError> {
+        let now = SystemTime::now();
+        let time = |t: Option<String>, name: &str| {
+            t.map(|t| {
+                audit::time::parse(&t, now)
+                    .map(audit::time::millis)
+                    .map_err(|e| ApiError::invalid(format!("`{name}`: {e}")))
+            })
+            .transpose()
+        };
+        let limit = match (export, self.limit) {
+            (true, _) => None,
+            (false, Some(n)) if (1..=10_000).contains(&n) => Some(n),
+            (false, Some(n)) => {
+                return Err(ApiError::invalid(format!("`limit` = {n}: give 1 to 10000")))
+            }
+            (false, None) => Some(100),
+        };
+        Ok(audit::Filter {
+            since: time(self.since, "since")?,
+            until: time(self.until, "until")?,
+            profile: self.profile,
+            error: self.error,
+            session: self.session,
+            kind: self.kind,
+            caller: self.caller,
+            status: self.status,
+            limit,
+        })
+    }
+}
+
+/// `{"records": [...]}` of `GET /v1/audit`.
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditList {
+    /// Newest first; code and output are left out (see `GET /v1/audit/{id}`).
+    pub records: Vec<audit::Record>,
+}
+
+async fn read_audit<T: Send + 'static>(
+    path: std::path::PathBuf,
+    f: impl FnOnce(&audit::Store) -> rusqlite::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || {
+        let store = audit::Store::open_existing(&path)?;
+        f(&store).map_err(|e| format!("audit database {}: {e}", path.display()))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit", e.to_string()))?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit", e))
+}
+
+async fn audit_list(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Query(query): axum::extract::Query<AuditQuery>,
+) -> Result<Json<AuditList>, ApiError> {
+    let path = admin_only(&state, &caller)?;
+    let filter = query.filter(false)?;
+    let records = read_audit(path, move |store| store.query(&filter, false)).await?;
+    Ok(Json(AuditList { records }))
+}
+
+async fn audit_export(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Query(query): axum::extract::Query<AuditQuery>,
+) -> Result<Response, ApiError> {
+    let path = admin_only(&state, &caller)?;
+    let filter = query.filter(true)?;
+    let records = read_audit(path, move |store| store.query(&filter, true)).await?;
+    let mut body = Vec::new();
+    for record in &records {
+        if serde_json::to_writer(&mut body, record).is_ok() {
+            body.push(b'\n');
+        }
+    }
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
+}
+
+async fn audit_show(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<audit::Record>, ApiError> {
+    let path = admin_only(&state, &caller)?;
+    let wanted = id.clone();
+    read_audit(path, move |store| store.get(&wanted))
+        .await?
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("there is no audit record {id}"),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parse_error_names_the_type_and_never_the_string_it_was_given() {
+        let err = serde_json::from_str::<Vec<String>>(r#""python3 -c 'print(\"SECRET\")'""#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("SECRET"), "{err}");
+        let clean = without_string_values(&err);
+        assert!(!clean.contains("SECRET"), "{clean}");
+        assert!(
+            clean.starts_with("invalid type: a string, expected a sequence"),
+            "{clean}"
+        );
+        assert_eq!(without_string_values("no values"), "no values");
+        assert_eq!(without_string_values("string \"unterminated"), "a string");
+    }
+}

@@ -1,5 +1,5 @@
 //! The server's one configuration file (`codecage serve --config FILE`, TOML, unknown keys
-//! refused): listeners, tokens, caps. Later sections (pool, audit, network) join it here.
+//! refused): listeners, tokens, caps, the warm pool, the network, MCP, the audit log.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +32,9 @@ pub struct ServerConfig {
     pub network: crate::gateway::GatewayConfig,
     /// The MCP server (`codecage mcp`, and `/mcp` on the listeners).
     pub mcp: McpConfig,
+    /// The audit log: where, what it keeps, for how long, and what a request meets when it
+    /// cannot take a record.
+    pub audit: crate::audit::AuditConfig,
     /// The warm pool: sandboxes and sessions built ahead of requests, by profile.
     pub pool: super::pool::PoolConfig,
 }
@@ -132,7 +135,7 @@ fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error
     parse_duration(&text_of(d)?).map_err(serde::de::Error::custom)
 }
 
-fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+pub(crate) fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     parse_size(&text_of(d)?).map_err(serde::de::Error::custom)
 }
 
@@ -156,6 +159,7 @@ impl ServerConfig {
 
     pub fn validate(&self) -> Result<(), String> {
         self.pool.validate(self.limits.max_sandboxes)?;
+        self.network.validate()?;
         if !(16..=8192).contains(&self.mcp.image_max_edge) {
             return Err(format!(
                 "mcp.image_max_edge = {}: give 16 to 8192 pixels",
@@ -186,7 +190,7 @@ impl ServerConfig {
         if self.limits.max_sandboxes == 0 || self.limits.max_sessions == 0 {
             return Err("limits.max_sandboxes and limits.max_sessions must be 1 or more".into());
         }
-        Ok(())
+        self.audit.validate()
     }
 
     /// Reads tokens from a file: one per line, `NAME:TOKEN` or a bare token (named

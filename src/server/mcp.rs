@@ -42,6 +42,7 @@ use codecage::Canceller;
 use super::api::{self, ApiError, RunRequest, SessionRequest};
 use super::registry::Entry;
 use super::{Caller, Shared};
+use crate::audit::Via;
 
 /// How many calls' full output is kept for `codecage://outputs/...` (the oldest go first).
 const KEPT_OUTPUTS: usize = 16;
@@ -229,7 +230,7 @@ impl CodecageMcp {
         };
         let ids: Vec<String> = connection.lock().await.drain().map(|(_, id)| id).collect();
         for id in ids {
-            let _ = api::close_session(&self.state, &self.caller, &id).await;
+            let _ = api::close_session(&self.state, &self.caller, Via::Mcp, &id).await;
         }
     }
 
@@ -310,7 +311,7 @@ impl CodecageMcp {
             }
             Err(e) => return Ok(e),
         };
-        Ok(match api::reset_session(entry).await {
+        Ok(match api::reset_session(&self.state, &caller, Via::Mcp, entry).await {
             Ok(()) => CallToolResult::success(vec![ContentBlock::text(
                 "The interpreter was restarted: variables, imports and functions are gone; files in /work are kept.",
             )]),
@@ -492,7 +493,7 @@ impl CodecageMcp {
                 .retain(|_, id| *id != args.session_id);
         }
         Ok(
-            match api::close_session(&self.state, &caller, &args.session_id).await {
+            match api::close_session(&self.state, &caller, Via::Mcp, &args.session_id).await {
                 Ok(()) => CallToolResult::success(vec![ContentBlock::text(format!(
                     "session {} is closed",
                     args.session_id
@@ -690,7 +691,7 @@ impl CodecageMcp {
             network: None,
             limits: Default::default(),
         };
-        api::open_session(&self.state, caller, request).await
+        api::open_session(&self.state, caller, Via::Mcp, request).await
     }
 
     /// The session a call uses: `session_id`'s, else (stdio) the connection's for the
@@ -828,8 +829,15 @@ impl CodecageMcp {
             files: Vec::new(),
         };
         wait_idle(&entry).await;
-        let result =
-            api::call_session(self.state.clone(), caller, entry.clone(), call, forward).await;
+        let result = api::call_session(
+            self.state.clone(),
+            caller,
+            Via::Mcp,
+            entry.clone(),
+            call,
+            forward,
+        )
+        .await;
         watcher.abort();
         if let Some(reporter) = reporter {
             let _ = reporter.await;
@@ -891,7 +899,7 @@ impl CodecageMcp {
             }
             stop.cancel();
         });
-        let result = api::run_request(&self.state, caller, request, canceller).await;
+        let result = api::run_request(&self.state, caller, Via::Mcp, request, canceller).await;
         watcher.abort();
         match result {
             Ok(outcome) => {
@@ -1312,6 +1320,9 @@ pub async fn serve_stdio(config: super::ServerConfig, caller: Caller) -> Result<
     server.close_connection().await;
     state.sessions.close_all().await;
     reaper.abort();
+    if let Some(audit) = state.audit.clone() {
+        let _ = tokio::task::spawn_blocking(move || audit.close()).await;
+    }
     result
 }
 

@@ -32,7 +32,7 @@ use codecage::Canceller;
 pub use config::{Listen, ServerConfig};
 pub use openapi::document as openapi_document;
 
-/// Who made a request, for logs (and the audit log to come).
+/// Who made a request, for logs and the audit log.
 #[derive(Debug, Clone)]
 pub enum Caller {
     /// A peer of the unix socket, by uid.
@@ -68,6 +68,8 @@ pub struct AppState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// What MCP connections share (kept outputs).
     pub mcp: mcp::McpStore,
+    /// The audit log, unless `audit.enabled = false`.
+    pub audit: Option<crate::audit::Audit>,
     /// Sandboxes and sessions built ahead of requests.
     pub pool: pool::Pool,
 }
@@ -78,7 +80,13 @@ impl AppState {
     pub fn new(config: ServerConfig) -> Result<Shared, String> {
         let canceller =
             Canceller::new().map_err(|e| format!("cannot create the canceller: {e}"))?;
+        let audit = if config.audit.enabled {
+            Some(crate::audit::Audit::open(&config.audit)?)
+        } else {
+            None
+        };
         Ok(Arc::new(AppState {
+            audit,
             sandboxes: Arc::new(Semaphore::new(config.limits.max_sandboxes)),
             session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),
             sessions: registry::Registry::default(),
@@ -108,7 +116,12 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                 let listener = bind_unix(&path, state.config.socket_group.as_deref())?;
                 sockets.push(path.clone());
                 tracing::info!(socket = %path.display(), "listening");
-                let app = routes(&state).layer(axum::middleware::from_fn(unix_caller));
+                let app = routes(&state)
+                    .layer(axum::middleware::from_fn(unix_caller))
+                    .layer(axum::middleware::from_fn_with_state(
+                        state.clone(),
+                        api::audit_errors,
+                    ));
                 let signal = shutdown.subscribe();
                 tasks.push(tokio::spawn(async move {
                     axum::serve(
@@ -129,20 +142,32 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                     .await
                     .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
                 tracing::info!(%addr, "listening");
-                let app = routes(&state).layer(axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    bearer_caller,
-                ));
+                let app = routes(&state)
+                    .layer(axum::middleware::from_fn_with_state(
+                        state.clone(),
+                        bearer_caller,
+                    ))
+                    .layer(axum::middleware::from_fn_with_state(
+                        state.clone(),
+                        api::audit_errors,
+                    ));
                 let signal = shutdown.subscribe();
                 tasks.push(tokio::spawn(async move {
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(wait(signal))
-                        .await
+                    axum::serve(
+                        listener,
+                        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                    )
+                    .with_graceful_shutdown(wait(signal))
+                    .await
                 }));
             }
         }
     }
     let reaper = tokio::spawn(registry::reap_forever(state.clone()));
+    let pruner = state
+        .audit
+        .clone()
+        .map(|audit| tokio::spawn(audit.prune_daily()));
     let refills = pool::start(&state, &state.config.pool.clone());
     wait_for_termination().await;
     tracing::info!("shutting down: no new requests; stopping runs and closing sessions");
@@ -158,6 +183,9 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     })
     .await;
     reaper.abort();
+    if let Some(pruner) = pruner {
+        pruner.abort();
+    }
     for refill in refills {
         refill.abort();
     }
@@ -165,6 +193,9 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     let closed = state.sessions.close_all().await;
     for path in sockets {
         let _ = std::fs::remove_file(path);
+    }
+    if let Some(audit) = state.audit.clone() {
+        let _ = tokio::task::spawn_blocking(move || audit.close()).await;
     }
     tracing::info!(sessions = closed, "stopped");
     Ok(())
@@ -250,10 +281,12 @@ async fn unix_caller(
     mut request: Request,
     next: Next,
 ) -> Response {
-    request
-        .extensions_mut()
-        .insert(Caller::Unix { uid: peer.uid });
-    next.run(request).await
+    let caller = Caller::Unix { uid: peer.uid };
+    request.extensions_mut().insert(caller.clone());
+    let mut response = next.run(request).await;
+    // For the audit of refusals, which sits outside this layer.
+    response.extensions_mut().insert(caller);
+    response
 }
 
 /// TCP: `Authorization: Bearer TOKEN`, or 401.
@@ -274,11 +307,15 @@ async fn bearer_caller(State(state): State<Shared>, mut request: Request, next: 
     });
     match token {
         Some(t) => {
-            request.extensions_mut().insert(Caller::Token {
+            let caller = Caller::Token {
                 name: t.name,
                 role: t.role,
-            });
-            next.run(request).await
+            };
+            request.extensions_mut().insert(caller.clone());
+            let mut response = next.run(request).await;
+            // For the audit of refusals, which sits outside this layer.
+            response.extensions_mut().insert(caller);
+            response
         }
         None if request.uri().path() == "/healthz" => next.run(request).await,
         None => api::ApiError::new(

@@ -17,7 +17,8 @@ use utoipa::PartialSchema;
 use codecage::knobs::{Knob, Unit};
 
 use super::api::{
-    ErrorBody, ExecuteRequest, FileEntry, PoolStatus, RunRequest, SessionInfo, SessionRequest,
+    AuditList, ErrorBody, ExecuteRequest, FileEntry, PoolStatus, RunRequest, SessionInfo,
+    SessionRequest,
 };
 
 /// The document, as JSON.
@@ -76,6 +77,36 @@ fn path_parameter() -> utoipa::openapi::path::Parameter {
         .description(Some("the file, relative to /work (no `..`)"))
         .schema(Some(String::schema()))
         .build()
+}
+
+/// The filters of `GET /v1/audit` and `/v1/audit/export`.
+fn audit_filters(mut op: OperationBuilder) -> OperationBuilder {
+    let time = "RFC 3339 (2026-11-26T05:00:00Z), a date (2026-11-26), or a duration back from now (24h, 7d, 30m)";
+    let filters = [
+        ("since", format!("records that started at or after this: {time}")),
+        ("until", format!("records that started before this: {time}")),
+        ("profile", "under this profile".to_string()),
+        ("error", "with this error kind (timeout, oom, policy, invalid_request, unauthorized, ...), or `none`".to_string()),
+        ("session", "of this session (its life, calls and resets)".to_string()),
+        ("kind", "run, call, session, reset or refused".to_string()),
+        ("caller", "token:NAME, uid:N or unauthenticated".to_string()),
+        ("status", "running, complete or incomplete".to_string()),
+    ];
+    for (name, text) in filters {
+        op = op.parameter(
+            ParameterBuilder::new()
+                .name(name)
+                .parameter_in(ParameterIn::Query)
+                .required(Required::False)
+                .description(Some(text))
+                .schema(Some(String::schema())),
+        );
+    }
+    op.response(
+        "403",
+        error("not an administrator: the audit needs a token with role admin, or root on the unix socket"),
+    )
+    .response("400", error("a filter that does not parse"))
 }
 
 fn build() -> utoipa::openapi::OpenApi {
@@ -274,6 +305,71 @@ fn build() -> utoipa::openapi::OpenApi {
                 .build(),
         )
         .path(
+            "/v1/audit",
+            PathItem::new(
+                HttpMethod::Get,
+                audit_filters(
+                    OperationBuilder::new()
+                        .summary(Some("The audit log's newest records (administrators)"))
+                        .description(Some(
+                            "Every run, session call, session, reset and refused request, newest first, \
+                             without code and output (see /v1/audit/{id}).",
+                        ))
+                        .parameter(
+                            ParameterBuilder::new()
+                                .name("limit")
+                                .parameter_in(ParameterIn::Query)
+                                .required(Required::False)
+                                .description(Some("at most this many (1 to 10000, default 100)"))
+                                .schema(Some(u64::schema())),
+                        ),
+                )
+                .response("200", answer("the records", Some("AuditList")))
+                .build(),
+            ),
+        )
+        .path(
+            "/v1/audit/export",
+            PathItem::new(
+                HttpMethod::Get,
+                audit_filters(
+                    OperationBuilder::new()
+                        .summary(Some("Every record the filters select, whole, oldest first (administrators)")),
+                )
+                .response(
+                    "200",
+                    ResponseBuilder::new()
+                        .description("JSON Lines: one AuditRecord per line")
+                        .content("application/x-ndjson", ContentBuilder::new().build())
+                        .build(),
+                )
+                .build(),
+            ),
+        )
+        .path(
+            "/v1/audit/{id}",
+            PathItem::new(
+                HttpMethod::Get,
+                OperationBuilder::new()
+                    .summary(Some("One audit record, with its code and output (administrators)"))
+                    .parameter(
+                        ParameterBuilder::new()
+                            .name("id")
+                            .parameter_in(ParameterIn::Path)
+                            .required(Required::True)
+                            .description(Some("the record's id"))
+                            .schema(Some(String::schema())),
+                    )
+                    .response("200", answer("the record", Some("AuditRecord")))
+                    .response(
+                        "403",
+                        error("not an administrator: the audit needs a token with role admin, or root on the unix socket"),
+                    )
+                    .response("404", error("no such record"))
+                    .build(),
+            ),
+        )
+        .path(
             "/v1/pool",
             PathItem::new(
                 HttpMethod::Get,
@@ -312,6 +408,8 @@ fn build() -> utoipa::openapi::OpenApi {
         .schema_from::<FileEntry>()
         .schema_from::<PoolStatus>()
         .schema_from::<ErrorBody>()
+        .schema_from::<AuditList>()
+        .schema_from::<crate::audit::Record>()
         .schema("Outcome", outcome_schema())
         .schema("CallOutcome", call_outcome_schema())
         .build();

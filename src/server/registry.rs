@@ -46,6 +46,8 @@ pub struct Entry {
     busy: AtomicBool,
     pub executions: AtomicU64,
     pub caps: Caps,
+    /// The session's audit record, completed when it closes.
+    pub audit: Mutex<Option<crate::audit::Pending>>,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
@@ -73,6 +75,7 @@ impl Entry {
             busy: AtomicBool::new(false),
             executions: AtomicU64::new(0),
             caps,
+            audit: Mutex::new(None),
             _permits: permits,
         }
     }
@@ -188,9 +191,9 @@ impl Registry {
     pub async fn close_all(&self) -> usize {
         let entries: Vec<Arc<Entry>> = self.lock().sessions.drain().map(|(_, e)| e).collect();
         let count = entries.len();
-        let closing = entries
-            .into_iter()
-            .map(|entry| tokio::task::spawn_blocking(move || close(&entry)));
+        let closing = entries.into_iter().map(|entry| {
+            tokio::task::spawn_blocking(move || close(&entry, "the server shut down"))
+        });
         for task in closing {
             let _ = task.await;
         }
@@ -198,8 +201,9 @@ impl Registry {
     }
 }
 
-/// Closes an entry's session: every process killed, its cgroup removed.
-pub fn close(entry: &Entry) {
+/// Closes an entry's session: every process killed, its cgroup removed; its audit record
+/// is completed with `why`.
+pub fn close(entry: &Entry, why: &str) {
     entry.interrupter.interrupt();
     let session = entry
         .session
@@ -210,6 +214,17 @@ pub fn close(entry: &Entry) {
         if let Err(e) = session.close() {
             tracing::warn!(session = %entry.id, error = %e, "closing a session left something behind");
         }
+    }
+    let pending = entry.audit.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(pending) = pending {
+        pending.finish(crate::audit::End {
+            message: Some(why.to_string()),
+            duration: Some(entry.created.elapsed().unwrap_or_default()),
+            details: serde_json::json!({
+                "executions": entry.executions.load(Ordering::Relaxed),
+            }),
+            ..crate::audit::End::default()
+        });
     }
 }
 
@@ -229,7 +244,10 @@ pub async fn reap_forever(state: Shared) {
         for id in due {
             if let Some(entry) = state.sessions.remove(&id, true) {
                 tracing::info!(session = %id, "session expired; closing it");
-                let _ = tokio::task::spawn_blocking(move || close(&entry)).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    close(&entry, "expired (idle or maximum lifetime)")
+                })
+                .await;
             }
         }
     }

@@ -48,7 +48,11 @@ fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
     let plan = dir.path().join("plan.json");
     let pidfile = dir.path().join("server.pid");
     if transport.get("stdio").is_some() {
-        transport["env"] = json!({"PIDFILE": pidfile});
+        // Its audit log in the test's dir, not the host's.
+        let config = dir.path().join("mcp.toml");
+        let db = dir.path().join("audit").join("audit.db");
+        std::fs::write(&config, format!("[audit]\npath = {db:?}\n")).unwrap();
+        transport["env"] = json!({"PIDFILE": pidfile, "MCP_CONFIG": config});
     }
     std::fs::write(
         &plan,
@@ -79,7 +83,7 @@ fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
 /// harness reads (its cgroups are named after it).
 fn stdio(args: &[&str]) -> Value {
     let command = format!(
-        "echo $$ > \"$PIDFILE\"; exec {} mcp {}",
+        "echo $$ > \"$PIDFILE\"; exec {} mcp --config \"$MCP_CONFIG\" {}",
         env!("CARGO_BIN_EXE_codecage"),
         args.join(" ")
     );
@@ -343,6 +347,7 @@ fn files_go_in_and_come_back_as_images_text_and_links() {
 fn over_http_sessions_are_explicit_and_the_token_is_needed() {
     mcp_test(|python| {
         let server = Server::start("", true);
+        let server_db = server.audit_db();
         let address = server.tcp_address();
         let url = format!("http://{address}/mcp");
         // Without the token: refused before anything runs.
@@ -426,7 +431,39 @@ fn over_http_sessions_are_explicit_and_the_token_is_needed() {
             gone.contains(&id) && gone.contains("create_session"),
             "{gone}"
         );
+        // The audit log has each of them, through MCP, by the token's name.
+        let mut records: Vec<Value> = Vec::new();
+        let closed = wait_for(std::time::Duration::from_secs(10), || {
+            let out = codecage()
+                .args(["audit", "--db"])
+                .arg(&server_db)
+                .args(["export", "--caller", "token:tests"])
+                .launch_output();
+            records = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            records
+                .iter()
+                .any(|r| r["kind"] == "session" && r["status"] == "complete")
+        });
+        assert!(closed, "{records:?}");
         server.stop();
+        let of = |kind: &str| -> Vec<&Value> {
+            records
+                .iter()
+                .filter(|r| r["kind"] == kind && r["via"] == "mcp")
+                .collect()
+        };
+        assert_eq!(of("run").len(), 2, "{records:?}");
+        assert_eq!(of("run")[0]["code"], "y = 5\nprint(y)");
+        let calls = of("call");
+        assert_eq!(calls.len(), 2, "{records:?}");
+        assert!(calls.iter().all(|c| c["session"] == id.as_str()));
+        let session = of("session");
+        assert_eq!(session.len(), 1, "{records:?}");
+        assert_eq!(session[0]["message"], "closed by token:tests (mcp)");
+        assert_eq!(session[0]["details"]["executions"], 2);
     });
 }
 

@@ -1,6 +1,7 @@
 mod common;
 mod host;
 
+mod audit;
 mod basic;
 mod bombs;
 mod cleanup;

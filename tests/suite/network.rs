@@ -14,6 +14,8 @@ use super::common::*;
 /// Server A and B of the test internet.
 const A: &str = "203.0.113.10";
 const B: &str = "198.51.100.20";
+/// The package files' host (files.test) of the https index test.
+const C: &str = "203.0.113.11";
 
 /// A network namespace with servers in it, the hosts file and config the gateway reads,
 /// and a test CA. Everything is removed on drop. The namespace is held by a process of its
@@ -184,7 +186,7 @@ impl Internet {
         ]));
         std::fs::write(
             d.join("ext.cnf"),
-            "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:rebind.test\n",
+            "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:rebind.test,DNS:index.test,DNS:files.test,DNS:registry.test\n",
         )
         .unwrap();
         sh(Command::new("openssl").args([
@@ -210,7 +212,7 @@ impl Internet {
     /// The names of the test internet; `rebind.test` points at `rebind`.
     fn write_hosts(&self, rebind: &str) {
         let text = format!(
-            "{A} allowed.test other.test udp.test\n{rebind} rebind.test\n127.0.0.1 loop.test\n\
+            "{A} allowed.test other.test udp.test\n{C} files.test\n{B} index.test registry.test\n{rebind} rebind.test\n127.0.0.1 loop.test\n\
              10.0.0.5 private.test\n169.254.169.254 metadata.test\n"
         );
         let path = self.dir.path().join("hosts");
@@ -252,6 +254,40 @@ impl Internet {
         cmd
     }
 
+    /// The gateway's config with `lines` (in its [network] section) instead of the test
+    /// index's python_index.
+    fn configure(&self, lines: &str) {
+        let path = self.dir.path().join("config.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let old = format!("python_index = \"http://{B}/simple/\"\n");
+        assert!(text.contains(&old), "{text}");
+        std::fs::write(path, text.replacen(&old, lines, 1)).unwrap();
+    }
+
+    /// A TLS file server on ADDR port 443 serving DIR (a directory of the internet's).
+    fn serve_tls(&mut self, addr: &str, dir: &str, log: &str) {
+        let d = self.dir.path().to_path_buf();
+        let args = [
+            d.join("tls.py").to_str().unwrap().to_string(),
+            addr.to_string(),
+            "443".to_string(),
+            d.join("srv.pem").to_str().unwrap().to_string(),
+            d.join("srv.key").to_str().unwrap().to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.serve(&args, &d.join(dir), log);
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                self.inside("bash")
+                    .arg("-c")
+                    .arg(format!("exec 3<>/dev/tcp/{addr}/443"))
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }),
+            "the TLS server on {addr} did not come up"
+        );
+    }
+
     fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
@@ -290,14 +326,18 @@ while True:
     s.sendto(b"pong", peer)
 "#;
 
-/// Builds a PEP 503 index under DIR: tinyok (needing tinydep), tinydep, tinybad.
+/// Builds a PEP 503 index under DIR: tinyok (needing tinydep), tinydep, tinybad. With
+/// FILES_URL FILES_DIR, the wheels go to FILES_DIR/packages and the pages link to them as
+/// FILES_URL/packages/... (another host), with PEP 658 metadata beside them.
 const MAKE_INDEX: &str = r#"
 import base64, hashlib, os, sys, zipfile
 root = sys.argv[1]
+files_url = sys.argv[2] if len(sys.argv) > 2 else None
+files_dir = sys.argv[3] if len(sys.argv) > 3 else root
 def wheel(name, deps=()):
     fn = f"{name}-1.0-py3-none-any.whl"
-    os.makedirs(f"{root}/packages", exist_ok=True)
-    path = f"{root}/packages/{fn}"
+    os.makedirs(f"{files_dir}/packages", exist_ok=True)
+    path = f"{files_dir}/packages/{fn}"
     meta = "Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n%s" % (name, "".join(f"Requires-Dist: {d}\n" for d in deps))
     files = {
         f"{name}/__init__.py": f"VALUE = {name!r}\n",
@@ -314,11 +354,58 @@ def wheel(name, deps=()):
         z.writestr(f"{name}-1.0.dist-info/RECORD", "\n".join(record) + "\n")
     digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
     os.makedirs(f"{root}/simple/{name}", exist_ok=True)
+    if files_url:
+        open(path + ".metadata", "w").write(meta)
+        md = hashlib.sha256(meta.encode()).hexdigest()
+        link = f'<a href="{files_url}/packages/{fn}#sha256={digest}" data-dist-info-metadata="sha256={md}" data-core-metadata="sha256={md}">{fn}</a>'
+    else:
+        link = f'<a href="../../packages/{fn}#sha256={digest}">{fn}</a>'
     with open(f"{root}/simple/{name}/index.html", "w") as f:
-        f.write(f'<!DOCTYPE html><html><body><a href="../../packages/{fn}#sha256={digest}">{fn}</a></body></html>\n')
+        f.write(f'<!DOCTYPE html><html><body>{link}</body></html>\n')
 wheel("tinydep")
 wheel("tinyok", ["tinydep"])
 wheel("tinybad")
+"#;
+
+/// Builds an npm registry under DIR, served as static files at URL, laid out as
+/// registry.npmjs.org: tinynpm (needing @tiny/scoped), @tiny/scoped, badnpm; the packument
+/// of NAME at /NAME (a directory's index.html: the server redirects to /NAME/, and serves
+/// /@SCOPE%2fNAME from /@SCOPE/NAME), its tarballs at /NAME/-/BASENAME-VERSION.tgz, linked
+/// at URL except @tiny/scoped's, linked at FILES_URL (another host serving the same DIR).
+const MAKE_REGISTRY: &str = r#"
+import base64, hashlib, io, json, os, sys, tarfile
+root, url, files_url = sys.argv[1], sys.argv[2], sys.argv[3]
+def package(name, deps={}, at=url):
+    version = "1.0.0"
+    manifest = {"name": name, "version": version, "main": "index.js", "dependencies": deps}
+    files = {"package/package.json": json.dumps(manifest), "package/index.js": f"module.exports = {name!r};\n"}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for n, c in files.items():
+            info = tarfile.TarInfo(n); data = c.encode(); info.size = len(data); info.mode = 0o644
+            t.addfile(info, io.BytesIO(data))
+    tgz = buf.getvalue()
+    file = f"{name.split('/')[-1]}-{version}.tgz"
+    os.makedirs(f"{root}/{name}/-", exist_ok=True)
+    open(f"{root}/{name}/-/{file}", "wb").write(tgz)
+    dist = {"tarball": f"{at}/{name}/-/{file}", "shasum": hashlib.sha1(tgz).hexdigest(),
+            "integrity": "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode()}
+    doc = {"name": name, "dist-tags": {"latest": version},
+           "versions": {version: dict(manifest, dist=dist)}}
+    open(f"{root}/{name}/index.html", "w").write(json.dumps(doc))
+    return {"version": version, "resolved": f"https://registry.npmjs.org/{name}/-/{file}",
+            "integrity": dist["integrity"], "dependencies": deps}
+scoped = package("@tiny/scoped", at=files_url)
+tiny = package("tinynpm", {"@tiny/scoped": "^1.0.0"})
+package("badnpm")
+# A project whose lockfile names registry.npmjs.org, as lockfiles written anywhere do.
+deps = {"tinynpm": "^1.0.0"}
+lock = {"name": "ci", "version": "1.0.0", "lockfileVersion": 3, "requires": True,
+        "packages": {"": {"name": "ci", "version": "1.0.0", "dependencies": deps},
+                     "node_modules/tinynpm": tiny, "node_modules/@tiny/scoped": scoped}}
+os.makedirs(f"{root}/../ci", exist_ok=True)
+open(f"{root}/../ci/package.json", "w").write(json.dumps({"name": "ci", "version": "1.0.0", "dependencies": deps}))
+open(f"{root}/../ci/package-lock.json", "w").write(json.dumps(lock))
 "#;
 
 /// The network entries of a run for `host`.
@@ -634,6 +721,36 @@ for s in held:
     });
 }
 
+/// The package indexes' connections (the gateway's port 80) count against
+/// max_connections too: each may hold a page in the gateway's memory.
+#[test]
+fn index_connections_count_against_the_cap() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile(
+            "few-index",
+            "max_connections = 2\npython_packages = [\"tiny\"]\n",
+        );
+        let code = r#"
+import socket, time
+held = [socket.create_connection(("198.18.0.1", 80), timeout=5) for _ in range(3)]
+time.sleep(0.5)
+for s in held: s.sendall(b"GET /simple/not-listed/ HTTP/1.1\r\nHost: x\r\n\r\n")
+for s in held:
+    try: print(s.recv(100)[:12])
+    except Exception as e: print("ERROR", e)
+"#;
+        let run = net.run(&profile, &[], &["/usr/bin/python3", "-c", code]);
+        assert_eq!(
+            run.stdout().matches("HTTP/1.1 404").count(),
+            2,
+            "{}",
+            run.json
+        );
+        assert!(tcp_denial(&run, "198.18.0.1").contains("max_connections"));
+    });
+}
+
 #[test]
 fn a_request_may_only_tighten_the_mode_and_full_needs_the_host() {
     as_root(|| {
@@ -670,11 +787,13 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
         std::fs::create_dir_all(&profiles).unwrap();
         std::fs::copy(net.profile("restricted", ""), profiles.join("net.toml")).unwrap();
         let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+        let audit = dir.join("audit").join("audit.db");
         std::fs::write(
             dir.join("server.toml"),
             // No warm pool: its refills would change the fds and threads counted here.
             format!(
-                "profiles_dir = {profiles:?}\n{config}\n[pool]\nruns = {{}}\nsessions = {{}}\n"
+                "profiles_dir = {profiles:?}\n{config}\n[pool]\nruns = {{}}\nsessions = {{}}\n\
+                 [audit]\npath = {audit:?}\n"
             ),
         )
         .unwrap();
@@ -802,6 +921,302 @@ fn pip_installs_allowed_packages_from_the_gateways_index_and_nothing_else() {
             !net.log("b.log").contains("tinybad"),
             "{}",
             net.log("b.log")
+        );
+    });
+}
+
+#[test]
+fn pip_installs_allowed_packages_from_an_https_index_with_files_on_another_host() {
+    as_root(|| {
+        let mut net = Internet::new();
+        // index.test (B) serves the pages over TLS, files.test (C) the wheels; the gateway
+        // trusts the test CA only.
+        let d = net.dir.path().to_path_buf();
+        std::fs::create_dir_all(d.join("idx")).unwrap();
+        std::fs::create_dir_all(d.join("files")).unwrap();
+        sh(Command::new("/usr/bin/python3")
+            .args(["-c", MAKE_INDEX])
+            .arg(d.join("idx"))
+            .arg("https://files.test")
+            .arg(d.join("files")));
+        net.serve_tls(B, "idx", "idx.log");
+        net.serve_tls(C, "files", "files.log");
+        net.configure(&format!(
+            "python_index = \"https://index.test/simple/\"\nindex_ca_file = {:?}\n",
+            d.join("ca.pem")
+        ));
+        let profile = net.profile("pips", "python_packages = [\"tinyok\", \"tinydep\"]\n");
+        let script = "/usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/ok tinyok 2>&1 | tail -3; \
+             PYTHONPATH=/tmp/ok /usr/bin/python3 -c 'import tinyok, tinydep; print(\"installed\", tinyok.VALUE, tinydep.VALUE)'; \
+             /usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/bad tinybad 2>&1 | grep -o 'No matching distribution found for tinybad'; \
+             echo direct $(curl -s -o /dev/null -w '%{http_code}' https://files.test/packages/tinybad-1.0-py3-none-any.whl)";
+        let run = net.run(&profile, &["--timeout", "100s"], &["bash", "-c", script]);
+        let out = run.stdout();
+        assert!(
+            out.contains("installed tinyok tinydep"),
+            "{out}\n{}\n{}",
+            run.stderr_field(),
+            run.json["network"]
+        );
+        assert!(
+            out.contains("No matching distribution found for tinybad"),
+            "{out}"
+        );
+        // files.test is not in allowed_hosts: the sandbox's DNS does not even name it.
+        assert!(out.contains("direct 000"), "{out}");
+        let pip: Vec<&Value> = run.json["network"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["protocol"] == "pip")
+            .collect();
+        for name in ["tinyok", "tinydep", "tinyok-1.0-py3-none-any.whl"] {
+            assert!(
+                pip.iter()
+                    .any(|e| e["host"] == name && e["verdict"] == "allowed"),
+                "{name}: {}",
+                run.json["network"]
+            );
+        }
+        assert!(
+            pip.iter()
+                .any(|e| e["host"] == "tinybad" && e["verdict"] == "denied"),
+            "{}",
+            run.json["network"]
+        );
+        let (idx, files) = (net.log("idx.log"), net.log("files.log"));
+        assert!(idx.contains("GET /simple/tinyok/"), "{idx}");
+        assert!(
+            files.contains("GET /packages/tinyok-1.0-py3-none-any.whl "),
+            "{files}"
+        );
+        // pip read the metadata first (PEP 658), through the gateway's link to it.
+        assert!(
+            files.contains("GET /packages/tinyok-1.0-py3-none-any.whl.metadata "),
+            "{files}"
+        );
+        assert!(
+            !idx.contains("tinybad") && !files.contains("tinybad"),
+            "{idx}\n{files}"
+        );
+        // With another CA, the index's certificate is not trusted: nothing is forwarded,
+        // and the run says why.
+        let other = d.join("other-ca.pem");
+        sh(Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args(["-subj", "/CN=another CA", "-keyout"])
+            .arg(d.join("other-ca.key"))
+            .arg("-out")
+            .arg(&other));
+        let config = std::fs::read_to_string(d.join("config.toml")).unwrap();
+        let ca = format!("{:?}", d.join("ca.pem"));
+        std::fs::write(
+            d.join("config.toml"),
+            config.replace(&ca, &format!("{other:?}")),
+        )
+        .unwrap();
+        let run = net.run(
+            &profile,
+            &["--timeout", "100s"],
+            &["bash", "-c", "/usr/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --target /tmp/ok tinyok 2>&1 | tail -1"],
+        );
+        let failed = entries(&run, "tinyok")
+            .iter()
+            .find(|e| e["verdict"] == "failed")
+            .and_then(|e| e["reason"].as_str())
+            .unwrap_or_else(|| panic!("{}", run.json["network"]))
+            .to_string();
+        assert!(
+            failed.contains("https://index.test/simple/tinyok/: TLS: invalid peer certificate")
+                && failed.contains("other-ca.pem"),
+            "{failed}"
+        );
+    });
+}
+
+#[test]
+fn npm_installs_allowed_packages_from_the_gateways_registry_and_nothing_else() {
+    as_root(|| {
+        let mut net = Internet::new();
+        let d = net.dir.path().to_path_buf();
+        std::fs::create_dir_all(d.join("npm")).unwrap();
+        sh(Command::new("/usr/bin/python3")
+            .args(["-c", MAKE_REGISTRY])
+            .arg(d.join("npm"))
+            .arg("https://registry.test")
+            .arg("https://files.test"));
+        net.serve_tls(B, "npm", "npm.log");
+        net.serve_tls(C, "npm", "files.log");
+        net.configure(&format!(
+            "python_index = \"http://{B}/simple/\"\nnpm_registry = \"https://registry.test/\"\nindex_ca_file = {:?}\n",
+            d.join("ca.pem")
+        ));
+        let profile = net.profile("npm", "npm_packages = [\"tinynpm\", \"@tiny/scoped\"]\n");
+        let script = "env | grep ^npm_config_registry; export npm_config_cache=/tmp/npm-cache; mkdir -p /tmp/app /tmp/bad; \
+             cd /tmp/app && npm install --no-fund tinynpm 2>&1 | tail -3; \
+             node -e 'console.log(\"installed\", require(\"tinynpm\"), require(\"@tiny/scoped\"))'; \
+             grep -o '\"resolved\": \"[^\"]*' package-lock.json | sed 's/\"resolved\": \"/resolved /'; \
+             cd /tmp/bad && npm install --no-fund badnpm 2>&1 | grep -o 'npm package badnpm is not in the profile.s npm_packages' | head -1; \
+             echo guessed $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/-/tarballs/9/badnpm-1.0.0.tgz); \
+             echo by-name $(curl -s http://198.18.0.1/npm/@tiny/scoped/-/scoped-1.0.0.tgz | tar -xzO package/index.js); \
+             echo by-name-bad $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/badnpm/-/badnpm-1.0.0.tgz); \
+             echo by-name-other $(curl -s -o /dev/null -w '%{http_code}' http://198.18.0.1/npm/tinynpm/-/badnpm-1.0.0.tgz); \
+             echo direct $(curl -s -o /dev/null -w '%{http_code}' https://registry.test/tarballs/badnpm-1.0.0.tgz)";
+        let run = net.run(&profile, &["--timeout", "100s"], &["bash", "-c", script]);
+        let out = run.stdout();
+        assert!(
+            out.contains("npm_config_registry=http://198.18.0.1/npm/"),
+            "{out}"
+        );
+        assert!(
+            out.contains("installed tinynpm @tiny/scoped"),
+            "{out}\n{}\n{}",
+            run.stderr_field(),
+            run.json["network"]
+        );
+        assert!(
+            out.contains("npm package badnpm is not in the profile's npm_packages"),
+            "{out}"
+        );
+        assert!(out.contains("guessed 404"), "{out}");
+        assert!(out.contains("direct 000"), "{out}");
+        // The registry's own tarball paths (where a lockfile's URLs lead): allowed names only.
+        assert!(
+            out.contains("by-name module.exports = '@tiny/scoped';"),
+            "{out}"
+        );
+        assert!(out.contains("by-name-bad 404"), "{out}");
+        assert!(out.contains("by-name-other 404"), "{out}");
+        let npm: Vec<&Value> = run.json["network"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["protocol"] == "npm")
+            .collect();
+        for name in ["tinynpm", "@tiny/scoped"] {
+            assert!(
+                npm.iter()
+                    .filter(|e| e["host"] == name && e["verdict"] == "allowed")
+                    .count()
+                    >= 1,
+                "{name}: {}",
+                run.json["network"]
+            );
+        }
+        assert!(
+            npm.iter()
+                .any(|e| e["host"] == "badnpm" && e["verdict"] == "denied"),
+            "{}",
+            run.json["network"]
+        );
+        let log = net.log("npm.log");
+        for path in [
+            "GET /tinynpm ",
+            "GET /@tiny%2fscoped ",
+            "GET /tinynpm/-/tinynpm-1.0.0.tgz ",
+        ] {
+            assert!(log.contains(path), "{path}: {log}");
+        }
+        assert!(!log.contains("badnpm"), "{log}");
+        // The tarball on another host went through a numbered link of the gateway's, the
+        // registry's own through its path there.
+        let files = net.log("files.log");
+        assert!(
+            files.contains("GET /@tiny/scoped/-/scoped-1.0.0.tgz "),
+            "{files}"
+        );
+        let lock = out
+            .lines()
+            .filter(|l| l.starts_with("resolved "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            lock.contains("resolved http://198.18.0.1/npm/tinynpm/-/tinynpm-1.0.0.tgz")
+                && lock.contains("resolved http://198.18.0.1/npm/-/tarballs/"),
+            "{out}"
+        );
+        // In a new sandbox (a new gateway), `npm ci` with a lockfile that names
+        // registry.npmjs.org: npm sends those URLs to the configured registry
+        // (replace-registry-host), where the registry's own tarball paths serve them. (Had
+        // it not, registry.npmjs.org is not in allowed_hosts: the gateway's DNS answers
+        // NXDOMAIN and nothing leaves the machine.)
+        let read = |f: &str| std::fs::read_to_string(d.join("ci").join(f)).unwrap();
+        let (pkg, lock) = (read("package.json"), read("package-lock.json"));
+        let script = "export npm_config_cache=/tmp/npm-cache; mkdir -p /tmp/ci && cd /tmp/ci && \
+             printf '%s' \"$PKG\" > package.json && printf '%s' \"$LOCK\" > package-lock.json && \
+             npm ci --no-fund 2>&1 | tail -3; \
+             node -e 'console.log(\"ci\", require(\"tinynpm\"), require(\"@tiny/scoped\"))'";
+        let run = net.run(
+            &profile,
+            &[
+                "--timeout",
+                "100s",
+                "--env",
+                &format!("PKG={pkg}"),
+                "--env",
+                &format!("LOCK={lock}"),
+            ],
+            &["bash", "-c", script],
+        );
+        assert!(
+            run.stdout().contains("ci tinynpm @tiny/scoped"),
+            "{}\n{}\n{}",
+            run.stdout(),
+            run.stderr_field(),
+            run.json["network"]
+        );
+        let log = net.log("npm.log");
+        assert!(
+            log.contains("GET /@tiny/scoped/-/scoped-1.0.0.tgz "),
+            "{log}"
+        );
+    });
+}
+
+#[test]
+fn package_downloads_are_held_to_the_bandwidth_cap() {
+    as_root(|| {
+        let net = Internet::new();
+        let b = net.dir.path().join("b");
+        std::fs::create_dir_all(b.join("simple/bigpkg")).unwrap();
+        std::fs::create_dir_all(b.join("packages")).unwrap();
+        let size = 3 << 20;
+        std::fs::write(
+            b.join("packages/bigpkg-1.0-py3-none-any.whl"),
+            vec![7u8; size],
+        )
+        .unwrap();
+        std::fs::write(
+            b.join("simple/bigpkg/index.html"),
+            "<a href=\"../../packages/bigpkg-1.0-py3-none-any.whl\">bigpkg</a>\n",
+        )
+        .unwrap();
+        let profile = net.profile(
+            "bigpkg",
+            "python_packages = [\"bigpkg\"]\nmax_bandwidth = \"1M\"\n",
+        );
+        let script =
+            "link=$(curl -s http://198.18.0.1/simple/bigpkg/ | grep -o '/files/[^\"#]*'); \
+             curl -sS -o /dev/null -w '%{size_download} %{time_total}' http://198.18.0.1$link";
+        let run = net.run(&profile, &["--timeout", "60s"], &["bash", "-c", script]);
+        let out = run.stdout().to_string();
+        let (bytes, secs) = out
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("{out} {}", run.json));
+        assert_eq!(bytes, size.to_string(), "{}", run.json);
+        let rate = size as f64 / secs.parse::<f64>().unwrap();
+        let cap = (1 << 20) as f64;
+        assert!(
+            (0.8 * cap..=1.2 * cap).contains(&rate),
+            "{rate:.0} B/s is not within 20 % of {cap} B/s"
+        );
+        let entry = entries(&run, "bigpkg-1.0-py3-none-any.whl");
+        assert!(
+            entry.iter().any(|e| e["bytes_in"] == size as u64),
+            "{}",
+            run.json["network"]
         );
     });
 }

@@ -16,6 +16,9 @@ pub(super) const TOKEN: &str = "test-token-0123456789abcdef";
 /// A server of the test's own.
 pub(super) struct Server {
     child: Option<Child>,
+    /// Reads the server's log as it comes (a pipe left unread would stall the server after
+    /// some 64 KiB of it), and gives it back at the end.
+    log: Option<std::thread::JoinHandle<String>>,
     dir: TempDir,
     socket: PathBuf,
     tcp: Option<String>,
@@ -23,7 +26,8 @@ pub(super) struct Server {
 
 impl Server {
     /// Starts `codecage serve` with `config` (TOML, without listeners) on a socket in a
-    /// temp dir, and on TCP when `tcp`.
+    /// temp dir, and on TCP when `tcp`. Its audit log is in the temp dir too
+    /// ([`Server::audit_db`]) unless `config` has an `[audit]` section.
     pub(super) fn start(config: &str, tcp: bool) -> Server {
         let dir = TempDir::new("serve");
         let socket = dir.path().join("codecage.sock");
@@ -36,6 +40,10 @@ impl Server {
         )
         .unwrap();
         let mut text = format!("profiles_dir = {:?}\n{config}", profiles.to_str().unwrap());
+        if !config.contains("[audit]") {
+            let db = dir.path().join("audit").join("audit.db");
+            text.push_str(&format!("\n[audit]\npath = {:?}\n", db.to_str().unwrap()));
+        }
         // No warm pool unless the test asks for one: its sandboxes would cost every test.
         if !config.contains("[pool]") {
             text.push_str("\n[pool]\nruns = {}\nsessions = {}\n");
@@ -54,13 +62,20 @@ impl Server {
         if let Some(port) = port {
             cmd.arg("--listen").arg(format!("127.0.0.1:{port}"));
         }
-        let child = cmd
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .launch();
+        let mut stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || {
+            let mut log = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+            log
+        });
         let server = Server {
             child: Some(child),
+            log: Some(log),
             dir,
             socket,
             tcp: port.map(|p| format!("127.0.0.1:{p}")),
@@ -72,6 +87,16 @@ impl Server {
             "the server did not come up"
         );
         server
+    }
+
+    /// The unix socket.
+    pub(super) fn socket_path(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    /// The audit database of a server whose config did not name one.
+    pub(super) fn audit_db(&self) -> PathBuf {
+        self.dir.path().join("audit").join("audit.db")
     }
 
     /// The TCP listener's HOST:PORT (a server started with `tcp`).
@@ -135,20 +160,24 @@ impl Server {
     /// SIGTERM, and the server must be gone with everything it made.
     pub(super) fn stop(mut self) -> String {
         let child = self.child.take().unwrap();
-        terminate(child, &self.socket)
+        terminate(child, &self.socket, self.log.take())
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(child) = self.child.take() {
-            let _ = terminate(child, &self.socket);
+            let _ = terminate(child, &self.socket, self.log.take());
         }
         let _ = &self.dir;
     }
 }
 
-fn terminate(mut child: Child, socket: &Path) -> String {
+fn terminate(
+    mut child: Child,
+    socket: &Path,
+    log: Option<std::thread::JoinHandle<String>>,
+) -> String {
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -164,10 +193,7 @@ fn terminate(mut child: Child, socket: &Path) -> String {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut log = String::new();
-    if let Some(mut stderr) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
-    }
+    let log = log.and_then(|l| l.join().ok()).unwrap_or_default();
     assert_eq!(
         status.and_then(|s| s.code()),
         Some(0),
@@ -177,7 +203,7 @@ fn terminate(mut child: Child, socket: &Path) -> String {
     log
 }
 
-fn split_status(out: &[u8]) -> (u16, String) {
+pub(super) fn split_status(out: &[u8]) -> (u16, String) {
     let text = String::from_utf8_lossy(out).to_string();
     let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
     (status.trim().parse().unwrap_or(0), body.to_string())
@@ -601,6 +627,9 @@ fn the_openapi_document_describes_every_endpoint() {
             "/v1/sessions/{id}/interrupt",
             "/healthz",
             "/openapi.json",
+            "/v1/audit",
+            "/v1/audit/{id}",
+            "/v1/audit/export",
         ] {
             assert!(
                 paths.iter().any(|p| *p == path),

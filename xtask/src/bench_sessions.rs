@@ -60,8 +60,10 @@ pub(crate) fn start_server_with(
     std::fs::write(
         &config,
         format!(
-            "[limits]\nmax_sandboxes = {0}\nmax_sessions = {0}\nqueue_timeout = \"60s\"\n{extra}",
-            max_sessions + 8
+            "[limits]\nmax_sandboxes = {0}\nmax_sessions = {0}\nqueue_timeout = \"60s\"\n\
+             [audit]\npath = {1:?}\n{extra}",
+            max_sessions + 8,
+            work.join("audit").join("audit.db"),
         ),
     )?;
     let child = Command::new(codecage)
