@@ -231,6 +231,10 @@ impl Start {
             "landlock": sandbox.landlock,
             "seccomp": sandbox.seccomp,
         }));
+        // What of the host the sandbox could read: each volume's directory, target, mode.
+        if !sandbox.volumes.is_empty() {
+            self.layers.as_mut().unwrap()["volumes"] = json!(sandbox.volumes);
+        }
         self
     }
 }

@@ -792,3 +792,45 @@ fn a_sessions_life_its_calls_files_and_output_are_recorded() {
         server.stop();
     });
 }
+
+#[test]
+fn a_runs_record_names_the_host_directories_it_could_read() {
+    as_root(|| {
+        let dir = TempDir::new("auditvol");
+        let db = dir.path().join("audit.db");
+        let project = dir.path().join("project");
+        std::fs::create_dir_all(&project).unwrap();
+        std::fs::write(project.join("a.txt"), "a\n").unwrap();
+        let config = format!(
+            "volume_roots = [{:?}]\n[audit]\npath = {:?}\n",
+            dir.path(),
+            db.to_str().unwrap()
+        );
+        let server = Server::start(&config, false);
+        let volume = format!("{}:/work/src:copy", project.display());
+        let (status, out) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "code": "cat /work/src/a.txt", "volumes": [volume]})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("a\n")),
+            "{out}"
+        );
+        let records = wait_for_records(&db, &[], 1);
+        let volumes = records[0]
+            .as_object()
+            .unwrap()
+            .values()
+            .find_map(|v| v.get("volumes"))
+            .unwrap_or_else(|| panic!("no volumes in {}", records[0]));
+        assert_eq!(
+            volumes,
+            &json!([{"source": project, "target": "/work/src", "mode": "copy"}]),
+            "{}",
+            records[0]
+        );
+        server.stop();
+    });
+}
