@@ -11,8 +11,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// Guest memory unless `CODECAGE_VM_MEM` says otherwise.
-const DEFAULT_MEM_MIB: u64 = 2048;
+/// Guest memory unless `CODECAGE_VM_MEM` says otherwise: the `ci` profile lets one sandbox
+/// hold 2 GiB, and a lane runs its tests in parallel (QEMU touches only what the guest uses).
+const DEFAULT_MEM_MIB: u64 = 4096;
 /// Guest CPUs unless `CODECAGE_VM_CPUS` says otherwise: the host's, at most this many.
 const MAX_DEFAULT_CPUS: u64 = 4;
 /// How long the command may take to start unless `CODECAGE_VM_BOOT_TIMEOUT` says
