@@ -479,16 +479,20 @@ impl Audit {
         Some(std::mem::take(&mut budget.suppressed))
     }
 
+    /// Why the writer's last attempt failed (empty when it has not).
+    fn last_error(&self) -> String {
+        self.inner
+            .last_error
+            .lock()
+            .map(|e| e.clone())
+            .unwrap_or_default()
+    }
+
     fn refused_now(&self) -> Option<AuditError> {
         if !self.inner.failing.load(Ordering::Acquire) {
             return None;
         }
-        let why = self
-            .inner
-            .last_error
-            .lock()
-            .map(|e| e.clone())
-            .unwrap_or_default();
+        let why = self.last_error();
         Some(AuditError::Failing(
             why,
             self.inner.config.path.display().to_string(),
@@ -616,12 +620,7 @@ impl Audit {
     /// 10 seconds; then what it holds is lost with the process, and the log says so.
     pub fn close(&self) {
         if !self.flush_blocking(Duration::from_secs(10)) {
-            let why = self
-                .inner
-                .last_error
-                .lock()
-                .map(|e| e.clone())
-                .unwrap_or_default();
+            let why = self.last_error();
             tracing::error!(error = %why, "audit: the process ends with records the writer could not write");
             eprintln!("codecage: the audit log could not be written ({why}); records held in memory are lost");
         }
