@@ -695,10 +695,7 @@ impl Session {
         let id = self
             .sandbox
             .spawn(&exec, &streams.child_fds(), Some(driver_end.as_fd()), false)
-            .map_err(|e| {
-                let why = self.sandbox.setup_failure();
-                setup(why.unwrap_or_else(|| format!("cannot start the interpreter: {e}")))
-            })?;
+            .map_err(|e| setup(e.describe("cannot start the interpreter")))?;
         drop(driver_end);
         let pipes = streams.into_parent();
         for fd in [pipes.stdout.as_fd(), pipes.stderr.as_fd()] {
@@ -1003,14 +1000,10 @@ fn checked_exception(e: Exception) -> Exception {
 }
 
 fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
+    match crate::units::head(text, max) {
+        whole if whole.len() == text.len() => text.to_string(),
+        head => format!("{head}... ({} more bytes)", text.len() - head.len()),
     }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} more bytes)", &text[..end], text.len() - end)
 }
 
 /// Lines from a driver, each at most [`MAX_LINE`] bytes.

@@ -1,5 +1,6 @@
 //! Durations and sizes as users write them: `30`, `30s`, `500ms`, `2m`; `268435456`, `256M`,
 //! `1G`. Binary suffixes (K = 1024), as `docker run --memory` and tmpfs `size=` use them.
+//! And text cut to a size in bytes.
 
 use std::time::Duration;
 
@@ -98,9 +99,29 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// The longest head of `text` of at most `max` bytes that ends on a character boundary.
+pub fn head(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_ends_on_a_character_boundary() {
+        assert_eq!(head("short", 10), "short");
+        assert_eq!(head("abcdef", 3), "abc");
+        assert_eq!(head("aé", 2), "a");
+        assert_eq!(head("é", 1), "");
+    }
 
     #[test]
     fn durations_in_every_accepted_form() {

@@ -52,12 +52,9 @@ pub fn main(args: ServeArgs) -> i32 {
         eprintln!("codecage: {message}");
         125
     };
-    let mut config = match &args.config {
-        Some(path) => match ServerConfig::load(path) {
-            Ok(config) => config,
-            Err(e) => return fail(e),
-        },
-        None => ServerConfig::default(),
+    let mut config = match ServerConfig::load_or_default(args.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => return fail(e),
     };
     if !args.pool.is_empty() {
         match pool_flags("pool", &args.pool) {

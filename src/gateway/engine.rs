@@ -285,27 +285,43 @@ impl Inner {
 
     async fn tcp(&self, mut flow: IpStackTcpStream) {
         let dst = flow.peer_addr();
-        if let (Some(index), true) = (&self.index, dst == SocketAddr::from((GATEWAY_ADDR, 80))) {
-            // The indexes' connections count against max_connections like any other: each
-            // may hold a page in the gateway's memory, which no cgroup of the sandbox's
-            // pays for.
-            let Ok(_permit) = self.connections.clone().try_acquire_owned() else {
-                self.record(
-                    "tcp",
-                    &GATEWAY_ADDR.to_string(),
-                    80,
-                    &denied(format!(
-                        "more than {} connections open at once (the profile's max_connections)",
-                        self.spec.max_connections
-                    )),
-                );
-                let _ = tokio::time::timeout(Duration::from_secs(1), forward::shutdown(&mut flow))
-                    .await;
-                return;
+        let to_gateway = dst.ip() == IpAddr::V4(GATEWAY_ADDR);
+        let index = self
+            .index
+            .as_ref()
+            .filter(|_| to_gateway && dst.port() == 80);
+        // Every connection counts against max_connections but those to the gateway's own
+        // services (DNS); the indexes' too: each may hold a page in the gateway's memory,
+        // which no cgroup of the sandbox's pays for. Held until the connection ends.
+        let permit = if to_gateway && index.is_none() {
+            None
+        } else if let Ok(permit) = self.connections.clone().try_acquire_owned() {
+            Some(permit)
+        } else {
+            let host = match to_gateway {
+                true => GATEWAY_ADDR.to_string(),
+                false => self.host_of(dst.ip()),
             };
-            return index.clone().serve(flow).await;
+            self.record(
+                "tcp",
+                &host,
+                dst.port(),
+                &denied(format!(
+                    "more than {} connections open at once (the profile's max_connections)",
+                    self.spec.max_connections
+                )),
+            );
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), forward::shutdown(&mut flow)).await;
+            return;
+        };
+        if let Some(index) = index {
+            index.clone().serve(flow).await;
+            drop(permit);
+            return;
         }
         let refused = self.tcp_inner(&mut flow).await;
+        drop(permit);
         if refused {
             // The stack has completed the handshake already; a FIN tells the program at
             // once (dropping the stream alone would leave it waiting for its timeout).
@@ -321,18 +337,6 @@ impl Inner {
             return self.gateway_service(flow, dst.port()).await;
         }
         let host = self.host_of(dst.ip());
-        let Ok(_permit) = self.connections.clone().try_acquire_owned() else {
-            self.record(
-                "tcp",
-                &host,
-                dst.port(),
-                &denied(format!(
-                    "more than {} connections open at once (the profile's max_connections)",
-                    self.spec.max_connections
-                )),
-            );
-            return true;
-        };
         let target = match self.decide(flow, dst).await {
             Ok(target) => target,
             Err(None) => return true,

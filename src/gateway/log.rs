@@ -15,14 +15,10 @@ const MAX_REASON: usize = 1024;
 
 /// `s` cut to at most `max` bytes, at a character's boundary, marked with `…` when cut.
 fn cut(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if s.len() <= max {
-        return s.into();
+    match codecage::units::head(s, max) {
+        whole if whole.len() == s.len() => s.into(),
+        head => format!("{head}…").into(),
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end]).into()
 }
 
 #[derive(Default)]

@@ -145,10 +145,7 @@ fn execute(
         Err(message) => return sandbox.failed_before_running(message, start),
     };
     if let Err(e) = sandbox.spawn(&spec.exec, &streams.child_fds(), None, true) {
-        let message = sandbox
-            .setup_failure()
-            .unwrap_or_else(|| format!("cannot start the payload: {e}"));
-        return sandbox.failed_before_running(message, start);
+        return sandbox.failed_before_running(e.describe("cannot start the payload"), start);
     }
     let streams = streams.into_parent();
     let (mut outcome, reaped_ns) =
@@ -313,7 +310,7 @@ impl Sandbox {
         stdio: &[BorrowedFd<'_>; 3],
         driver: Option<BorrowedFd<'_>>,
         last: bool,
-    ) -> std::io::Result<u64> {
+    ) -> Result<u64, SpawnError> {
         let id = self.next_id;
         self.next_id += 1;
         let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
@@ -327,8 +324,15 @@ impl Sandbox {
             last,
             outputs: if last { exec.outputs.clone() } else { None },
         };
-        self.send(&message, &fds)?;
-        Ok(id)
+        match self.send(&message, &fds) {
+            Ok(()) => Ok(id),
+            // The init has exited (EPIPE): its SetupFailed, if it wrote one, is the reason
+            // (a copied volume that does not fit in /work, say), not the pipe.
+            Err(e) => Err(match self.setup_failure() {
+                Some(message) => SpawnError::Setup(message),
+                None => SpawnError::Send(e),
+            }),
+        }
     }
 
     /// Sends a file request (write, collect, list, read) and waits up to `timeout` for its
@@ -437,10 +441,8 @@ impl Sandbox {
         self.channel_open
     }
 
-    /// Why the init's setup failed, if it said so: when a message to it cannot be sent
-    /// (EPIPE: it has already exited), its SetupFailed is still in the channel, and is the
-    /// reason to give (a copied volume that does not fit in /work, say), not the pipe.
-    pub fn setup_failure(&mut self) -> Option<String> {
+    /// Why the init's setup failed, if it said so (its SetupFailed, still in the channel).
+    fn setup_failure(&mut self) -> Option<String> {
         // One read takes all it wrote: the loop inside stops at the end (0) or, with an init
         // still alive, at EAGAIN.
         self.read_channel();
@@ -631,6 +633,23 @@ fn open_volumes(spec: &SandboxSpec) -> Result<Vec<OwnedFd>, String> {
                 .map_err(failed)
         })
         .collect()
+}
+
+/// Why [`Sandbox::spawn`] failed: the init's own setup failure, or the send itself.
+#[derive(Debug)]
+pub enum SpawnError {
+    Setup(String),
+    Send(std::io::Error),
+}
+
+impl SpawnError {
+    /// The message to give: the init's reason as it is, a send error after `doing`.
+    pub fn describe(self, doing: &str) -> String {
+        match self {
+            SpawnError::Setup(message) => message,
+            SpawnError::Send(e) => format!("{doing}: {e}"),
+        }
+    }
 }
 
 /// One execution's stdio: the payload's ends (sent to the init) and the launcher's.

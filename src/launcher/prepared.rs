@@ -220,7 +220,10 @@ fn start_runner(
             Some(child_end.as_fd()),
             true,
         )
-        .map_err(|e| failed("spawn", &e))?;
+        .map_err(|e| StartError {
+            kind: ErrorKind::Setup,
+            message: format!("cannot pre-start the interpreter: {}", e.describe("spawn")),
+        })?;
     drop((child_end, stdin_r, stdout_w, stderr_w));
     // Ready once its preload is imported: a request handed over sooner would wait for
     // it, and have its memory charged to the request.

@@ -18,6 +18,15 @@ use crate::files::{InputFile, OutputRules, SkipReason, SkippedFile};
 use crate::spec::SANDBOX_UID;
 
 const WORK: &str = "/work";
+
+/// How a file the payload could have planted is opened for reading: never through a
+/// symlink, never blocking (a FIFO swapped in), never becoming a controlling terminal.
+const READ_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_NONBLOCK)
+    .union(OFlag::O_NOCTTY)
+    .union(OFlag::O_CLOEXEC);
+
 /// How deep the output directory is walked.
 const MAX_DEPTH: usize = 16;
 /// How many entries the walk looks at, at most: a million empty files cost the init no
@@ -293,16 +302,7 @@ impl Walk<'_> {
         }
         // O_NONBLOCK: were it swapped for a FIFO since the fstatat, the open would not
         // block; the fstat of the open file decides.
-        let Ok(fd) = openat(
-            dir,
-            name,
-            OFlag::O_RDONLY
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_NONBLOCK
-                | OFlag::O_NOCTTY
-                | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Ok(fd) = openat(dir, name, READ_FLAGS, Mode::empty()) else {
             return;
         };
         let Ok(opened) = fstat(&fd) else {
@@ -419,17 +419,7 @@ pub fn read(path: &str, max: u64) -> Result<Vec<u8>, String> {
     crate::files::check_input_path(path)?;
     let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
     let (dir, dev) = walk_to_dir(parent)?;
-    let fd = openat(
-        &dir,
-        name,
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_NOCTTY
-            | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
+    let fd = openat(&dir, name, READ_FLAGS, Mode::empty()).map_err(|e| match e {
         Errno::ENOENT => format!("/work/{path} does not exist"),
         Errno::ELOOP => format!("/work/{path} is a symlink, which is not followed"),
         e => format!("/work/{path}: {e}"),

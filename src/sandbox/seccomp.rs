@@ -130,21 +130,21 @@ pub fn apply(filters: &Filters) -> Result<(), (&'static str, seccompiler::Error)
 mod tests {
     use super::*;
 
-    /// Runs a classic BPF seccomp program on (arch, nr) with zero arguments: the subset of
-    /// instructions the allow programs use (ld abs, jeq/jge/jgt/ja, ret).
-    fn evaluate(program: &[sock_filter], arch: u32, nr: u32) -> u32 {
+    /// Runs a classic BPF seccomp program on (arch, nr, the first three arguments' low
+    /// words): the subset of instructions codecage's programs use (ld abs, jeq/jge/jgt/ja,
+    /// ret).
+    fn run_bpf(program: &[sock_filter], arch: u32, nr: u32, args: [u32; 3]) -> u32 {
         let (mut pc, mut acc) = (0usize, 0u32);
         loop {
             let i = &program[pc];
             pc += 1;
             match i.code {
                 0x20 => {
-                    acc = if i.k == 4 {
-                        arch
-                    } else if i.k == 0 {
-                        nr
-                    } else {
-                        0
+                    acc = match i.k {
+                        0 => nr,
+                        4 => arch,
+                        16 | 24 | 32 => args[(i.k as usize - 16) / 8],
+                        _ => 0,
                     }
                 }
                 0x15 | 0x35 | 0x25 => {
@@ -160,6 +160,11 @@ mod tests {
                 other => panic!("instruction {other:#x} not emulated"),
             }
         }
+    }
+
+    /// Runs an allow program on (arch, nr) with zero arguments.
+    fn evaluate(program: &[sock_filter], arch: u32, nr: u32) -> u32 {
+        run_bpf(program, arch, nr, [0; 3])
     }
 
     /// build.rs's binary search decides every syscall number exactly as seccompiler's
@@ -230,25 +235,17 @@ mod tests {
 
     /// Runs the netlink watch on (arch, nr, args).
     fn watch(arch: u32, nr: i64, args: [u32; 3]) -> u32 {
-        let program = netlink_watch_program();
-        let (mut pc, mut acc) = (0usize, 0u32);
-        loop {
-            let i = &program[pc];
-            pc += 1;
-            match i.code {
-                0x20 => {
-                    acc = match i.k {
-                        0 => nr as u32,
-                        4 => arch,
-                        16 | 24 | 32 => args[(i.k as usize - 16) / 8],
-                        k => panic!("load of offset {k}"),
-                    }
-                }
-                0x15 => pc += usize::from(if acc == i.k { i.jt } else { i.jf }),
-                0x06 => return i.k,
-                other => panic!("instruction {other:#x}"),
-            }
-        }
+        // libc's sock_filter, the same instruction as seccompiler's.
+        let program: Vec<sock_filter> = netlink_watch_program()
+            .iter()
+            .map(|i| sock_filter {
+                code: i.code,
+                jt: i.jt,
+                jf: i.jf,
+                k: i.k,
+            })
+            .collect();
+        run_bpf(&program, arch, nr as u32, args)
     }
 
     #[test]

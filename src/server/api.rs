@@ -1236,16 +1236,23 @@ async fn upload(
 ) -> Result<StatusCode, ApiError> {
     let path = relative(&path).to_string();
     let file = codecage::files::InputFile::new(path, body.to_vec());
-    with_session(&state, &id, move |s, e| {
-        codecage::files::check_inputs(
-            std::slice::from_ref(&file),
-            e.caps.input_files,
-            e.caps.input_total,
-        )?;
-        s.write_files(std::slice::from_ref(&file))
-    })
-    .await?;
+    write_session_file(&state, &id, file).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Writes one file into a session's /work, within the profile's input caps (the API's
+/// upload and MCP's write_file).
+pub async fn write_session_file(
+    state: &Shared,
+    id: &str,
+    file: codecage::files::InputFile,
+) -> Result<(), ApiError> {
+    with_session(state, id, move |s, e| {
+        let files = std::slice::from_ref(&file);
+        codecage::files::check_inputs(files, e.caps.input_files, e.caps.input_total)?;
+        s.write_files(files)
+    })
+    .await
 }
 
 use tokio_stream::StreamExt as _;
@@ -1297,12 +1304,7 @@ pub async fn audit_errors(
     // request line's limit).
     let mut endpoint = format!("{} {}", request.method(), request.uri().path());
     if endpoint.len() > MAX_ENDPOINT {
-        let mut end = MAX_ENDPOINT;
-        while !endpoint.is_char_boundary(end) {
-            end -= 1;
-        }
-        endpoint.truncate(end);
-        endpoint.push('…');
+        endpoint = format!("{}…", codecage::units::head(&endpoint, MAX_ENDPOINT));
     }
     let via = if request.uri().path().starts_with("/mcp") {
         Via::Mcp

@@ -140,6 +140,11 @@ pub(crate) fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Err
 }
 
 impl ServerConfig {
+    /// The file's configuration (see [`ServerConfig::load`]), or the defaults without one.
+    pub fn load_or_default(path: Option<&std::path::Path>) -> Result<ServerConfig, String> {
+        path.map_or_else(|| Ok(ServerConfig::default()), ServerConfig::load)
+    }
+
     /// Reads the file; errors name it and the key.
     pub fn load(path: &std::path::Path) -> Result<ServerConfig, String> {
         let text = std::fs::read_to_string(path)

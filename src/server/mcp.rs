@@ -442,15 +442,7 @@ impl CodecageMcp {
         };
         let size = data.len();
         let file = codecage::files::InputFile::new(path.clone(), data);
-        let written = api::with_session(&self.state, &entry.id, move |s, e| {
-            codecage::files::check_inputs(
-                std::slice::from_ref(&file),
-                e.caps.input_files,
-                e.caps.input_total,
-            )?;
-            s.write_files(std::slice::from_ref(&file))
-        })
-        .await;
+        let written = api::write_session_file(&self.state, &entry.id, file).await;
         Ok(match written {
             Ok(()) => CallToolResult::success(vec![ContentBlock::text(format!(
                 "wrote /work/{path} ({size} bytes)"
@@ -1229,10 +1221,7 @@ fn shorten(text: &str, max: usize) -> String {
         return text.to_string();
     }
     let half = max / 2;
-    let mut head_end = half;
-    while !text.is_char_boundary(head_end) {
-        head_end -= 1;
-    }
+    let head_end = codecage::units::head(text, half).len();
     let mut tail_start = text.len() - half;
     while !text.is_char_boundary(tail_start) {
         tail_start += 1;

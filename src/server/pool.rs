@@ -219,11 +219,13 @@ pub fn start(state: &Shared, config: &PoolConfig) -> Vec<tokio::task::JoinHandle
         let wake = shelf.wake.clone();
         lock(&state.pool.runs).insert(name.clone(), shelf);
         let preload = profile.preload.clone();
-        tasks.push(tokio::spawn(refill_runs(
+        tasks.push(tokio::spawn(refill(
             state.clone(),
+            |pool| &pool.runs,
             name.clone(),
-            spec,
-            preload,
+            "building a pooled sandbox",
+            Arc::new(move || Prepared::build(&spec, Some(&preload))),
+            drop,
             wake,
         )));
     }
@@ -241,10 +243,13 @@ pub fn start(state: &Shared, config: &PoolConfig) -> Vec<tokio::task::JoinHandle
         let shelf = Shelf::new(target);
         let wake = shelf.wake.clone();
         lock(&state.pool.sessions).insert(name.clone(), shelf);
-        tasks.push(tokio::spawn(refill_sessions(
+        tasks.push(tokio::spawn(refill(
             state.clone(),
+            |pool| &pool.sessions,
             name.clone(),
-            spec,
+            "starting a pooled session",
+            Arc::new(move || Session::start(spec.clone())),
+            |session| drop(session.close()),
             wake,
         )));
     }
@@ -311,78 +316,44 @@ fn built<T>(
     }
 }
 
-async fn refill_runs(
+/// The shelves of one kind in the pool: its runs or its sessions.
+type Shelves<T> = fn(&Pool) -> &Mutex<HashMap<String, Shelf<T>>>;
+
+/// Keeps the shelf `name` full: builds each item with `make` on a blocking thread, under
+/// a permit of the server's sandbox cap, and hands `discard` what a shelf emptied
+/// meanwhile (shutdown) does not take back; after a failure, waits before the next try.
+async fn refill<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     state: Shared,
+    shelves: Shelves<T>,
     name: String,
-    spec: Spec,
-    preload: Vec<String>,
+    doing: &'static str,
+    make: Arc<dyn Fn() -> Result<T, E> + Send + Sync>,
+    discard: fn(T),
     wake: Arc<Notify>,
 ) {
-    let spec = Arc::new(spec);
-    let preload = Arc::new(preload);
     loop {
-        while wants(&state.pool.runs, &name) {
+        while wants(shelves(&state.pool), &name) {
             let Some(permit) = permit(&state).await else {
-                built::<Prepared>(&state.pool.runs, &name, None);
+                built::<T>(shelves(&state.pool), &name, None);
                 return;
             };
-            let (spec, preload) = (spec.clone(), preload.clone());
-            let result =
-                tokio::task::spawn_blocking(move || Prepared::build(&spec, Some(&preload))).await;
-            match result {
+            let make = make.clone();
+            match tokio::task::spawn_blocking(move || make()).await {
                 Ok(Ok(item)) => {
                     if let Some(extra) =
-                        built(&state.pool.runs, &name, Some(Pooled { item, permit }))
+                        built(shelves(&state.pool), &name, Some(Pooled { item, permit }))
                     {
-                        tokio::task::spawn_blocking(move || drop(extra));
+                        tokio::task::spawn_blocking(move || discard(extra.item));
                     }
                 }
                 Ok(Err(e)) => {
-                    built::<Prepared>(&state.pool.runs, &name, None);
-                    tracing::warn!(profile = %name, error = %e, "building a pooled sandbox failed; retrying later");
+                    built::<T>(shelves(&state.pool), &name, None);
+                    tracing::warn!(profile = %name, error = %e, "{doing} failed; retrying later");
                     backoff(&state).await;
                 }
                 Err(e) => {
-                    built::<Prepared>(&state.pool.runs, &name, None);
-                    tracing::warn!(profile = %name, error = %e, "building a pooled sandbox panicked");
-                    backoff(&state).await;
-                }
-            }
-        }
-        tokio::select! {
-            _ = wake.notified() => {}
-            _ = state.shutdown.cancelled() => return,
-        }
-    }
-}
-
-async fn refill_sessions(state: Shared, name: String, spec: SessionSpec, wake: Arc<Notify>) {
-    loop {
-        while wants(&state.pool.sessions, &name) {
-            let Some(permit) = permit(&state).await else {
-                built::<Session>(&state.pool.sessions, &name, None);
-                return;
-            };
-            let spec = spec.clone();
-            let result = tokio::task::spawn_blocking(move || Session::start(spec)).await;
-            match result {
-                Ok(Ok(item)) => {
-                    if let Some(extra) =
-                        built(&state.pool.sessions, &name, Some(Pooled { item, permit }))
-                    {
-                        tokio::task::spawn_blocking(move || {
-                            let _ = extra.item.close();
-                        });
-                    }
-                }
-                Ok(Err(e)) => {
-                    built::<Session>(&state.pool.sessions, &name, None);
-                    tracing::warn!(profile = %name, error = %e, "starting a pooled session failed; retrying later");
-                    backoff(&state).await;
-                }
-                Err(e) => {
-                    built::<Session>(&state.pool.sessions, &name, None);
-                    tracing::warn!(profile = %name, error = %e, "starting a pooled session panicked");
+                    built::<T>(shelves(&state.pool), &name, None);
+                    tracing::warn!(profile = %name, error = %e, "{doing} panicked");
                     backoff(&state).await;
                 }
             }

@@ -492,6 +492,9 @@ fn write_intro(out: &mut String) -> Result<()> {
 /// The targets, each with today's figure from the tables above.
 fn write_targets(f: &Figures, out: &mut String) -> Result<()> {
     let show = |v: Option<String>| v.unwrap_or_else(|| "not measured".into());
+    let ratio = |v: Option<(f64, f64)>| {
+        show(v.map(|(p, b)| format!("{:.2}x ({p:.1} ms / {b:.1} ms)", p / b)))
+    };
     let rows = [
         (
             "cold `codecage run --lang python -c pass` / bare `python3 -c pass`",
@@ -510,18 +513,12 @@ fn write_targets(f: &Figures, out: &mut String) -> Result<()> {
         ),
         (
             "`POST /v1/run` python `pass` through a warm pool / bare `python3 -c pass`",
-            show(
-                f.pool_pass
-                    .map(|(p, b)| format!("{:.2}x ({p:.1} ms / {b:.1} ms)", p / b)),
-            ),
+            ratio(f.pool_pass),
             "≤ 1.0x",
         ),
         (
             "`POST /v1/run` python `import pandas` through a warm pool / bare cold `import pandas`",
-            show(
-                f.pool_pandas
-                    .map(|(p, b)| format!("{:.2}x ({p:.1} ms / {b:.1} ms)", p / b)),
-            ),
+            ratio(f.pool_pandas),
             "≤ 0.2x",
         ),
         (
