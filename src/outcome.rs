@@ -93,6 +93,9 @@ pub struct Outcome {
     pub files: Vec<crate::files::OutputFile>,
     /// Files of the output directory not taken, and why.
     pub files_skipped: Vec<crate::files::SkippedFile>,
+    /// Served by a sandbox built before the request (a server's warm pool); false: the
+    /// sandbox was started for it.
+    pub warm: bool,
     /// The init died without a word (killed from outside the sandbox's code): the launcher
     /// decides with the cgroup's counters whether the OOM killer did it.
     #[serde(skip)]

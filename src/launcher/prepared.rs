@@ -104,6 +104,19 @@ impl Prepared {
         interrupt: Option<&nix::sys::signalfd::SignalFd>,
         cancel: Option<&Canceller>,
     ) -> Outcome {
+        Outcome {
+            warm: true,
+            ..self.run_prepared(spec, sink, interrupt, cancel)
+        }
+    }
+
+    fn run_prepared(
+        self,
+        spec: &Spec,
+        sink: &mut dyn FnMut(Stream, &[u8]),
+        interrupt: Option<&nix::sys::signalfd::SignalFd>,
+        cancel: Option<&Canceller>,
+    ) -> Outcome {
         let start = Instant::now();
         if let Err(message) = spec.validate() {
             return Outcome::failed(ErrorKind::InvalidRequest, message);

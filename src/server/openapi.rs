@@ -505,6 +505,7 @@ const OUTCOME_FIELDS: &[(&str, Type, bool, &str)] = &[
     ("network", Type::Array, false, "connections through the network gateway, allowed and denied: {protocol, host, port, verdict (allowed, denied, failed), reason, count, bytes_out, bytes_in}"),
     ("files", Type::Array, false, "output files taken back: {path, size, media_type, sha256, data (base64)}"),
     ("files_skipped", Type::Array, false, "output files not taken: {path, reason}"),
+    ("warm", Type::Boolean, false, "served by a sandbox of the warm pool, built before the request; false: started for it"),
 ];
 
 const CALL_FIELDS: &[(&str, Type, bool, &str)] = &[

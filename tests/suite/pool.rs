@@ -80,6 +80,11 @@ fn a_pooled_sandbox_serves_one_request_and_gives_a_cold_runs_outcome() {
             let mut cold_request = python(code);
             cold_request["memory"] = json!("255M");
             let cold = run(&server, cold_request);
+            // The result says which sandbox served it.
+            assert_eq!(
+                (&pooled["warm"], &cold["warm"]),
+                (&json!(true), &json!(false))
+            );
             for field in ["stdout", "stderr", "exit_code", "signal", "error", "files"] {
                 assert_eq!(
                     pooled[field], cold[field],
