@@ -5,16 +5,33 @@
 // call with the esbuild the image ships for tsx. Requests arrive on fd 3, one JSON object
 // per line; answers go back the same way ("display" events, then "done"). The cell's own
 // output goes to fd 1 and 2. The launcher treats everything on fd 3 as untrusted.
+//
+// The driver owns the streams of a call: before each call fds 0, 1 and 2 are the session's
+// again (reopened from the driver's own copies if a cell closed or replaced them), and
+// process.stdout, process.stderr and `console` (the REPL context's and the global one) are
+// fresh writers onto fds 1 and 2: synchronous, so console.log, process.stdout.write and a
+// child's inherited output arrive in the order they were written. Should a cell close the
+// driver's own copies too, "done" asks the launcher for a new interpreter ("restart").
 'use strict';
 
+const { Console } = require('console');
 const domain = require('domain');
+const fs = require('fs');
 const net = require('net');
 const repl = require('repl');
 const util = require('util');
-const { PassThrough } = require('stream');
+const { PassThrough, Writable } = require('stream');
 
 const MAX_TEXT = 64 * 1024;
 const ESBUILD = '/opt/codecage/node/node_modules/esbuild';
+
+// Copies of the session's stdin (/dev/null), stdout and stderr. Node has no dup(): opening
+// /proc/self/fd/N gives a new descriptor of the same pipe (close-on-exec, as every fd
+// Node opens).
+const SAVED = [0, 1, 2].map((fd) => ({
+  fd: fs.openSync(`/proc/self/fd/${fd}`, fd === 0 ? fs.constants.O_RDONLY : fs.constants.O_WRONLY),
+  mode: fd === 0 ? fs.constants.O_RDONLY : fs.constants.O_WRONLY,
+}));
 
 const channel = new net.Socket({ fd: 3, readable: true, writable: true });
 const typescript = process.argv.includes('--typescript');
@@ -47,12 +64,97 @@ function display(value, mime) {
   send({ ev: 'display', id: currentId, data });
 }
 
+const sleeper = new Int32Array(new SharedArrayBuffer(4));
+
+// All of `chunk` onto fd, in order, before returning (a full pipe is waited out).
+function writeAll(fd, chunk, encoding) {
+  const bytes = typeof chunk === 'string' ? Buffer.from(chunk, encoding) : chunk;
+  let offset = 0;
+  while (offset < bytes.length) {
+    try {
+      offset += fs.writeSync(fd, bytes, offset);
+    } catch (error) {
+      if (error.code !== 'EAGAIN') throw error;
+      Atomics.wait(sleeper, 0, 0, 1);
+    }
+  }
+}
+
+function writer(fd) {
+  const stream = new Writable({
+    write(chunk, encoding, callback) {
+      try {
+        writeAll(fd, chunk, encoding);
+        callback();
+      } catch (error) {
+        callback(error);
+      }
+    },
+  });
+  // A write to a stream the cell broke (EBADF, EPIPE) fails that write, not the driver.
+  stream.on('error', () => {});
+  stream.fd = fd;
+  stream.isTTY = false;
+  return stream;
+}
+
+function alive(fd) {
+  try {
+    fs.fstatSync(fd);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function sameFile(a, b) {
+  try {
+    const x = fs.fstatSync(a);
+    const y = fs.fstatSync(b);
+    return x.dev === y.dev && x.ino === y.ino;
+  } catch {
+    return false;
+  }
+}
+
+// Makes fd the session's pipe again: open() takes the lowest free number, so the ones
+// below fd are held meanwhile. False when the driver's copy itself is gone.
+function reopen(fd, saved) {
+  if (!alive(saved.fd)) return false;
+  if (sameFile(fd, saved.fd)) return true;
+  try { fs.closeSync(fd); } catch { /* closed already */ }
+  const held = [];
+  let got;
+  while ((got = fs.openSync(`/proc/self/fd/${saved.fd}`, saved.mode)) < fd) held.push(got);
+  held.forEach((f) => fs.closeSync(f));
+  return got === fd;
+}
+
+// Fresh streams for the next call; false when only a new interpreter can have them.
+function ownStreams() {
+  if (!SAVED.every((saved, fd) => reopen(fd, saved))) return false;
+  const stdout = writer(1);
+  const stderr = writer(2);
+  const define = (name, value) =>
+    Object.defineProperty(process, name, { configurable: true, enumerable: true, get: () => value });
+  define('stdout', stdout);
+  define('stderr', stderr);
+  const cellConsole = new Console({ stdout, stderr });
+  Object.defineProperty(globalThis, 'console', {
+    configurable: true, enumerable: false, writable: true, value: cellConsole,
+  });
+  if (server) server.context.console = cellConsole;
+  return true;
+}
+
 // Errors a cell throws reach the REPL's domain, not the eval callback: the domain is ours,
 // and its error listener finishes the call. What the REPL prints itself is discarded.
 const errors = domain.create();
 const replOutput = new PassThrough();
 replOutput.resume();
-const server = repl.start({
+let server = null;
+ownStreams();
+server = repl.start({
   input: new PassThrough(),
   output: replOutput,
   prompt: '',
@@ -67,6 +169,7 @@ errors.on('error', (error) => {
   if (finish) finish(error, undefined);
 });
 server.context.display = display;
+server.context.console = globalThis.console;
 
 // Ctrl-C from the launcher: the REPL breaks a running evaluation; otherwise nothing to do
 // (the default would end the process).
@@ -91,6 +194,7 @@ function exceptionOf(error) {
 
 function execute(request) {
   currentId = request.id;
+  if (!ownStreams()) return done(null, null, true);
   executionCount += 1;
   let code;
   try {
@@ -113,24 +217,28 @@ function execute(request) {
   });
 }
 
-function done(result, exception) {
-  // What the cell wrote is in the pipes before "done" is: stdout and stderr are
-  // synchronous for pipes.
-  send({ ev: 'done', id: currentId, execution_count: executionCount, result, exception });
+function done(result, exception, restart = false) {
+  // What the cell wrote is in the pipes before "done" is: the writers are synchronous.
+  // A cell that broke the driver's own copies of the streams asks for a new interpreter.
+  restart = restart || !SAVED.every((saved) => alive(saved.fd));
+  send({ ev: 'done', id: currentId, execution_count: executionCount, result, exception, restart });
 }
 
-// The launcher sends one request at a time and waits for its "done".
-let buffered = '';
+// The launcher sends one request at a time and waits for its "done". Lines are cut as
+// bytes (a chunk may end inside a UTF-8 sequence), and a long one is joined once.
+let pending = [];
 channel.on('data', (chunk) => {
-  buffered += chunk.toString();
   let newline;
-  while ((newline = buffered.indexOf('\n')) >= 0) {
-    const line = buffered.slice(0, newline);
-    buffered = buffered.slice(newline + 1);
+  while ((newline = chunk.indexOf(0x0a)) >= 0) {
+    pending.push(chunk.subarray(0, newline));
+    const line = Buffer.concat(pending).toString('utf8');
+    pending = [];
+    chunk = chunk.subarray(newline + 1);
     let request;
     try { request = JSON.parse(line); } catch { continue; }
     if (request.op === 'execute') execute(request);
   }
+  if (chunk.length) pending.push(chunk);
 });
 channel.on('end', () => process.exit(0));
 

@@ -1,15 +1,22 @@
 """The Python REPL driver of a codecage session.
 
-One persistent namespace. It reads requests from fd 3 (the session's channel, one JSON
-object per line), runs each cell, and answers on fd 3: "display" events, then "done" with
-the execution count, the trailing expression's MIME bundle, and the exception if any. The
-cell's own output goes to fd 1 and 2, which the launcher reads as streams. Everything this
-driver sends is treated as untrusted by the launcher: the cell could write to fd 3 too.
+One persistent namespace. It reads requests from the session's channel (fd 3 at start,
+moved to a high fd at once; one JSON object per line), runs each cell, and answers on the
+channel: "display" events, then "done" with the execution count, the trailing
+expression's MIME bundle, and the exception if any. The cell's own output goes to fd 1
+and 2, which the launcher reads as streams. Everything this driver sends is treated as
+untrusted by the launcher: the cell could write to the channel too.
+
+The driver owns the streams of a call: before each call fds 0, 1 and 2 are the session's
+again and sys.stdin, sys.stdout and sys.stderr the driver's own objects, whatever the
+cell before did to them (closed, replaced, redirected). Should a cell close the driver's
+own copies too, "done" asks the launcher to start the interpreter again ("restart").
 """
 
 import ast
 import asyncio
 import base64
+import fcntl
 import io
 import json
 import linecache
@@ -24,10 +31,33 @@ MAX_IMAGE_EDGE = 1600       # pixels: figures are rendered at most this large
 MAX_DPI = 100
 DRIVER_FILE = __file__
 
-channel_in = os.fdopen(3, "rb", buffering=0)
-channel_out = os.fdopen(os.dup(3), "wb", buffering=0)
-os.set_inheritable(3, False)
-os.set_inheritable(channel_out.fileno(), False)
+
+def high_copy(fd, below):
+    """A close-on-exec copy of `fd` at the highest free number under `below`: out of the
+    way of the low fds a cell opens, closes and redirects."""
+    for target in range(below - 1, 9, -1):
+        try:
+            os.fstat(target)
+        except OSError:
+            return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, target)
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+
+
+def fd_limit():
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1024 if soft == resource.RLIM_INFINITY else min(soft, 1 << 16)
+
+
+TOP = fd_limit()
+CHANNEL_IN = high_copy(3, TOP)
+CHANNEL_OUT = high_copy(3, TOP)
+os.close(3)
+# The session's stdin (/dev/null), stdout and stderr pipes, as the launcher gave them.
+SAVED = {fd: high_copy(fd, TOP) for fd in (0, 1, 2)}
+channel_in = os.fdopen(CHANNEL_IN, "rb")
+channel_out = os.fdopen(CHANNEL_OUT, "wb", buffering=0)
 
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 loop = asyncio.new_event_loop()
@@ -188,6 +218,44 @@ def run_cell(code):
     return result, exception
 
 
+def text_stream(fd, mode):
+    """A text stream over fd as `python3 -u` makes sys.stdout: unbuffered, written through."""
+    raw = io.FileIO(fd, mode, closefd=False)
+    if mode == "r":
+        return io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors="strict")
+    return io.TextIOWrapper(
+        raw, encoding="utf-8", errors="backslashreplace" if fd == 2 else "strict",
+        write_through=True,
+    )
+
+
+STREAMS = {}
+
+
+def own_streams():
+    """fds 0, 1, 2 and sys.stdin/stdout/stderr as the session made them, whatever a cell
+    did to them. False when the driver's own copies are gone (the cell closed them):
+    only a new interpreter gets the session's pipes back then."""
+    for fd, saved in SAVED.items():
+        try:
+            theirs = os.fstat(saved)
+        except OSError:
+            return False
+        try:
+            same = os.path.samestat(os.fstat(fd), theirs)
+        except OSError:
+            same = False
+        if not same:
+            os.dup2(saved, fd)
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        stream = STREAMS.get(fd)
+        if stream is None or stream.closed:
+            stream = STREAMS[fd] = text_stream(fd, mode)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    return True
+
+
 def with_stdin(text, body):
     """Runs `body` with `text` on fd 0 and sys.stdin (input(), subprocesses)."""
     if text is None:
@@ -217,6 +285,7 @@ def main():
         os.environ["MPLBACKEND"] = "module://codecage_mpl"
     namespace["display"] = display
     sys.modules["__codecage__"] = sys.modules[__name__]
+    own_streams()
     send({"ev": "ready"})
     for line in channel_in:
         try:
@@ -227,7 +296,14 @@ def main():
             continue
         current_id = request.get("id")
         signal.signal(signal.SIGINT, on_sigint)
-        result, exception = with_stdin(request.get("stdin"), lambda: run_cell(request.get("code", "")))
+        restart = not own_streams()
+        result, exception = None, None
+        if not restart:
+            result, exception = with_stdin(
+                request.get("stdin"), lambda: run_cell(request.get("code", ""))
+            )
+            # Figures and the flush below go to the session's streams, not the cell's.
+            restart = not own_streams()
         try:
             flush_figures()
         except BaseException as error:
@@ -243,6 +319,7 @@ def main():
             "execution_count": execution_count,
             "result": result,
             "exception": exception,
+            "restart": restart,
         })
 
 

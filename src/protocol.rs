@@ -319,6 +319,12 @@ pub enum ToSandbox {
     ReadFile { path: String, max: u64 },
     /// Send `signal` to the process group of payload `id`.
     Signal { id: u64, signal: i32 },
+    /// List the live processes of payload `id`'s process group (the payload itself left
+    /// out) that started at or after `since_ns` (CLOCK_BOOTTIME): `CallProcesses`.
+    CallProcesses { id: u64, since_ns: u64 },
+    /// SIGKILL each process that is still the one listed (pid and start time, so a reused
+    /// pid is never hit): `ProcessesKilled`.
+    KillProcesses { processes: Vec<(i32, u64)> },
     /// Kill every process of the sandbox but the init; answered by `AllKilled` once every
     /// one is reaped.
     KillAll,
@@ -350,6 +356,10 @@ pub enum FromSandbox {
     },
     /// Every process but the init is gone (after `KillAll`).
     AllKilled,
+    /// The processes `CallProcesses` asked for.
+    CallProcesses { processes: Vec<ProcessInfo> },
+    /// `KillProcesses` is done.
+    ProcessesKilled,
     /// `WriteFiles` is done.
     FilesWritten,
     /// `MarkOutputs` is done.
@@ -370,6 +380,19 @@ pub enum FromSandbox {
     /// A file's bytes. Sent as a [`TAG_FILE`] frame, never as JSON.
     #[serde(skip)]
     FileData { data: Vec<u8> },
+}
+
+/// A process of the sandbox, as the init reads it from /proc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: i32,
+    /// Its start time, in clock ticks since boot (/proc/PID/stat): with the pid, it names
+    /// this process and no later one that reuses the pid.
+    pub start: u64,
+    /// Its command line (cut), or its name in brackets where it has none.
+    pub command: String,
+    /// It ignores SIGHUP: what `nohup` does to keep a process past its session.
+    pub ignores_hangup: bool,
 }
 
 /// The points the sandbox reports the time of.

@@ -15,7 +15,18 @@
 //! in Node, the foreground job in bash). If the driver answers within [`GRACE`], the session
 //! is kept (`state.preserved`); if not, every process of the sandbox but its init is killed
 //! (the init holds the mounts, so /work survives) and the driver is started again
-//! (`state.restarted`).
+//! (`state.restarted`). When the driver did answer, the processes the call started in the
+//! driver's process group and that are still running at the end of the grace period are
+//! killed and listed (`killed`): a child that ignores SIGINT does not keep the session's
+//! CPU past its call. What the cell put in the background on purpose (a process in a
+//! session or process group of its own, `setsid`, a daemon; or one that ignores SIGHUP,
+//! as `nohup` makes it) is left.
+//!
+//! The request is written to the driver's channel as the driver reads it (a cell of any
+//! size reaches the interpreter whole), within the call's deadline. A driver that exits
+//! during a call (`exit 3` in bash, `process.exit()` in Node) gives the call its exit
+//! status and is started again; one whose streams the cell broke beyond repair asks for a
+//! restart in its answer.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -32,8 +43,7 @@ use crate::cgroup::Usage;
 use crate::files::{InputFile, OutputRules};
 use crate::launcher::{ExecStreams, OutputPipes, Sandbox, StartError, Stream};
 use crate::outcome::{ErrorKind, Outcome};
-use crate::protocol::FromSandbox;
-use crate::protocol::ToSandbox;
+use crate::protocol::{FromSandbox, ProcessInfo, ToSandbox};
 use crate::runner::Lang;
 use crate::spec::{Exec, SandboxSpec};
 use crate::units::{format_duration, format_size};
@@ -101,6 +111,13 @@ pub struct State {
     pub restarted: bool,
 }
 
+/// A process a stopped call had started, killed because it outlived the interrupt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KilledProcess {
+    pub pid: i32,
+    pub command: String,
+}
+
 /// The result of one call: what a run gives, plus the REPL's own.
 #[derive(Debug, Clone, Serialize)]
 pub struct CallOutcome {
@@ -115,6 +132,10 @@ pub struct CallOutcome {
     /// bash: the working directory after the call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// Processes the call started that did not stop at its interrupt, killed after the
+    /// grace period.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub killed: Vec<KilledProcess>,
 }
 
 /// Something a call produced, as it happens (for streaming front ends).
@@ -171,6 +192,9 @@ enum DriverEvent {
         exception: Option<Exception>,
         status: Option<i32>,
         cwd: Option<String>,
+        /// The driver cannot give the next call its streams: it asks to be started again.
+        #[serde(default)]
+        restart: Option<bool>,
     },
 }
 
@@ -252,7 +276,16 @@ impl Session {
             exception: None,
             state: State::default(),
             cwd: None,
+            killed: Vec::new(),
         };
+        if self.spec.lang == Lang::Bash && call.code.contains('\0') {
+            result.outcome = Outcome::failed(
+                ErrorKind::InvalidRequest,
+                "the code holds a NUL byte, which a bash cell cannot (bash's strings end at one); \
+                 remove it, or write the bytes with printf '\\0'",
+            );
+            return result;
+        }
         if let Some(why) = &self.lost {
             result.outcome = Outcome::failed(ErrorKind::SessionLost, why.clone());
             return result;
@@ -278,17 +311,10 @@ impl Session {
             }
         }
         let marked = self.mark_outputs();
-        let request = self.request(call);
-        let sent = self
-            .driver
-            .as_mut()
-            .map(|d| std::io::Write::write_all(&mut d.channel, &request));
         let mut call_state = CallRun::new(self.spec.output_limit, start + timeout, events);
-        if !matches!(sent, Some(Ok(()))) {
-            call_state.end = Some(End::DriverGone);
-        } else {
-            self.supervise(&mut call_state);
-        }
+        call_state.request = self.request(call);
+        call_state.since_ns = crate::sys::boottime_ns();
+        self.supervise(&mut call_state);
         self.conclude(call_state, timeout, &mut result);
         if self.lost.is_none() {
             self.collect_outputs(marked, &mut result.outcome);
@@ -300,7 +326,7 @@ impl Session {
 
     /// Writes files into /work (the session must not be running a call).
     pub fn write_files(&mut self, files: &[InputFile]) -> Result<(), String> {
-        let answers = self.sandbox.file_request(
+        let answers = self.sandbox.request(
             &ToSandbox::WriteFiles {
                 files: files.to_vec(),
             },
@@ -317,7 +343,7 @@ impl Session {
     pub fn list_files(&mut self, path: &str) -> Result<Vec<crate::sandbox::DirEntry>, String> {
         let answers = self
             .sandbox
-            .file_request(&ToSandbox::ListDir { path: path.into() }, FILE_TIMEOUT)?;
+            .request(&ToSandbox::ListDir { path: path.into() }, FILE_TIMEOUT)?;
         match answers.into_iter().last() {
             Some(FromSandbox::Listing { entries }) => Ok(entries),
             Some(FromSandbox::FileError { message }) => Err(message),
@@ -327,7 +353,7 @@ impl Session {
 
     /// Reads a file under /work, at most `max` bytes.
     pub fn read_file(&mut self, path: &str, max: u64) -> Result<Vec<u8>, String> {
-        let answers = self.sandbox.file_request(
+        let answers = self.sandbox.request(
             &ToSandbox::ReadFile {
                 path: path.into(),
                 max,
@@ -348,7 +374,7 @@ impl Session {
         };
         let answers = self
             .sandbox
-            .file_request(&ToSandbox::MarkOutputs { rules }, FILE_TIMEOUT);
+            .request(&ToSandbox::MarkOutputs { rules }, FILE_TIMEOUT);
         matches!(answers.as_deref(), Ok([.., FromSandbox::OutputsMarked]))
     }
 
@@ -362,7 +388,7 @@ impl Session {
             rules: rules.clone(),
             changed: marked,
         };
-        match self.sandbox.file_request(&request, FILE_TIMEOUT) {
+        match self.sandbox.request(&request, FILE_TIMEOUT) {
             Ok(answers) => {
                 let mut total = 0;
                 for answer in answers {
@@ -416,22 +442,21 @@ impl Session {
     /// interrupt pipe until the call ends.
     fn supervise(&mut self, run: &mut CallRun) {
         let mut buf = vec![0u8; 64 * 1024];
-        let mut interrupted_at: Option<Instant> = None;
         while run.end.is_none() {
             let now = Instant::now();
             let stop = run.stop_reason.is_some() || now >= run.deadline;
-            if stop && interrupted_at.is_none() {
+            if stop && run.interrupted_at.is_none() {
                 run.stop_reason.get_or_insert(ErrorKind::Timeout);
-                interrupted_at = Some(now);
+                run.interrupted_at = Some(now);
                 if let Some(driver) = &self.driver {
                     let _ = self.sandbox.signal(driver.id, libc::SIGINT);
                 }
             }
-            if interrupted_at.is_some_and(|at| now >= at + GRACE) {
+            if run.interrupted_at.is_some_and(|at| now >= at + GRACE) {
                 run.end = Some(End::Unresponsive);
                 break;
             }
-            let wake = match interrupted_at {
+            let wake = match run.interrupted_at {
                 Some(at) => at + GRACE,
                 None => run.deadline,
             };
@@ -444,10 +469,15 @@ impl Session {
                 .min(Duration::from_secs(60));
             let timeout =
                 PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
+            let channel_events = if run.sent < run.request.len() {
+                PollFlags::POLLIN | PollFlags::POLLOUT
+            } else {
+                PollFlags::POLLIN
+            };
             let mut fds = [
                 PollFd::new(driver.pipes.stdout.as_fd(), PollFlags::POLLIN),
                 PollFd::new(driver.pipes.stderr.as_fd(), PollFlags::POLLIN),
-                PollFd::new(driver.channel.as_fd(), PollFlags::POLLIN),
+                PollFd::new(driver.channel.as_fd(), channel_events),
                 PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
                 PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
                 PollFd::new(self.interrupts.as_fd(), PollFlags::POLLIN),
@@ -458,10 +488,19 @@ impl Session {
                 }
                 continue;
             }
+            let writable = fds[2]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLOUT));
             let ready: Vec<bool> = fds
                 .iter()
-                .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
+                .map(|fd| {
+                    fd.revents()
+                        .is_some_and(|r| !(r - PollFlags::POLLOUT).is_empty())
+                })
                 .collect();
+            if writable && run.write_request(&mut driver.channel).is_err() {
+                run.end.get_or_insert(End::DriverGone);
+            }
             for (i, stream) in [(0, Stream::Stdout), (1, Stream::Stderr)] {
                 if ready[i] && !run.output_capped {
                     let pipe = match stream {
@@ -485,7 +524,8 @@ impl Session {
                 self.sandbox.read_channel();
                 while let Some(message) = self.sandbox.next_message() {
                     match message {
-                        FromSandbox::Exited { id, .. } if id == driver.id => {
+                        FromSandbox::Exited { id, code, signal } if id == driver.id => {
+                            run.driver_exit = Some((code, signal));
                             run.end.get_or_insert(End::DriverGone);
                         }
                         FromSandbox::SetupFailed {
@@ -551,6 +591,7 @@ impl Session {
             .sandbox
             .limits()
             .map_or_else(String::new, |l| format_size(l.memory));
+        let driver_id = self.driver.as_ref().map(|d| d.id);
         match run.end.unwrap_or(End::DriverGone) {
             End::Done(done) => {
                 result.execution_count = done.execution_count;
@@ -568,6 +609,35 @@ impl Session {
                     }
                     None => {}
                 }
+                if let (Some(at), Some(id)) = (run.interrupted_at, driver_id) {
+                    result.killed = self.stop_call_processes(id, run.since_ns, at + GRACE);
+                    if !result.killed.is_empty() {
+                        let listed: Vec<String> = result
+                            .killed
+                            .iter()
+                            .map(|p| format!("{} (pid {})", p.command, p.pid))
+                            .collect();
+                        add_note(
+                            &mut result.outcome,
+                            &format!(
+                                "processes the call started did not stop at the interrupt and were \
+                                 killed: {}",
+                                listed.join(", ")
+                            ),
+                        );
+                    }
+                }
+                if done.restart {
+                    self.restart_after(
+                        result,
+                        "the cell closed the interpreter's own copies of its streams",
+                    );
+                    add_note(
+                        &mut result.outcome,
+                        "the cell closed the interpreter's own copies of its output streams, so it \
+                         was started again: its variables are gone, /work is kept",
+                    );
+                }
             }
             End::Unresponsive => {
                 let reason = run.stop_reason.unwrap_or(ErrorKind::Timeout);
@@ -581,14 +651,35 @@ impl Session {
                 );
             }
             end @ (End::DriverGone | End::DriverBroke(_)) => {
-                let why = match end {
-                    End::DriverBroke(e) => e,
+                let exit = match (&end, run.driver_exit, driver_id) {
+                    (End::DriverGone, None, Some(id)) => self.driver_exit_status(id),
+                    (_, exit, _) => exit,
+                };
+                let why = match (end, exit) {
+                    (End::DriverBroke(e), _) => e,
+                    (_, Some((_, Some(signal)))) => {
+                        format!("the interpreter was killed by signal {signal}")
+                    }
+                    (_, Some((Some(code), _))) => {
+                        format!("the interpreter exited with status {code}")
+                    }
                     _ => "the interpreter exited".to_string(),
                 };
                 let killed_by_oom = oom_kills > 0;
                 self.restart_after(result, &why);
                 let outcome = &mut result.outcome;
-                if killed_by_oom {
+                if let (false, None, Some((Some(code), None))) =
+                    (killed_by_oom, run.stop_reason, exit)
+                {
+                    // The cell ended the interpreter itself (`exit 3`, `process.exit(3)`,
+                    // a failing command under `set -e`): its status is the call's.
+                    outcome.exit_code = Some(code);
+                    outcome.message = Some(format!(
+                        "the code ended the {} interpreter (exit status {code}); a new one was started: \
+                         its variables are gone, /work is kept",
+                        self.spec.lang.name()
+                    ));
+                } else if killed_by_oom {
                     outcome.error = Some(ErrorKind::Oom);
                     outcome.message = Some(format!(
                         "the code reached the memory limit of {memory} and the kernel's OOM killer killed the \
@@ -618,6 +709,74 @@ impl Session {
             }
         }
         self.last_usage = self.sandbox.usage();
+    }
+
+    /// The processes a stopped call started in the driver's process group: given until
+    /// `until` to end after the interrupt, then killed. Those the cell put in the
+    /// background on purpose (their own session or group, or ignoring SIGHUP) are left.
+    fn stop_call_processes(
+        &mut self,
+        driver: u64,
+        since_ns: u64,
+        until: Instant,
+    ) -> Vec<KilledProcess> {
+        loop {
+            let request = ToSandbox::CallProcesses {
+                id: driver,
+                since_ns,
+            };
+            let left: Vec<ProcessInfo> = match self.sandbox.request(&request, FILE_TIMEOUT) {
+                Ok(answers) => match answers.into_iter().last() {
+                    Some(FromSandbox::CallProcesses { processes }) => processes
+                        .into_iter()
+                        .filter(|p| !p.ignores_hangup)
+                        .collect(),
+                    _ => return Vec::new(),
+                },
+                Err(_) => return Vec::new(),
+            };
+            if left.is_empty() {
+                return Vec::new();
+            }
+            let now = Instant::now();
+            if now >= until {
+                let kill = ToSandbox::KillProcesses {
+                    processes: left.iter().map(|p| (p.pid, p.start)).collect(),
+                };
+                let _ = self.sandbox.request(&kill, FILE_TIMEOUT);
+                return left
+                    .into_iter()
+                    .map(|p| KilledProcess {
+                        pid: p.pid,
+                        command: p.command,
+                    })
+                    .collect();
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(20)));
+        }
+    }
+
+    /// How driver `id` ended, once the init reports it (its channel closes a moment
+    /// before the init reaps it).
+    fn driver_exit_status(&mut self, id: u64) -> Option<(Option<i32>, Option<i32>)> {
+        let end = Instant::now() + Duration::from_secs(1);
+        loop {
+            while let Some(message) = self.sandbox.next_message() {
+                if let FromSandbox::Exited {
+                    id: done,
+                    code,
+                    signal,
+                } = message
+                {
+                    if done == id {
+                        return Some((code, signal));
+                    }
+                }
+            }
+            if Instant::now() >= end || self.wait_channel(end).is_err() {
+                return None;
+            }
+        }
     }
 
     /// Kills what is left of the driver and starts it again; the result says so.
@@ -690,6 +849,9 @@ impl Session {
             exec.set_env(key, value);
         }
         let streams = ExecStreams::open(&exec).map_err(setup)?;
+        streams
+            .give_to(self.sandbox.user_host_uid())
+            .map_err(setup)?;
         let (channel, driver_end) = UnixStream::pair()
             .map_err(|e| setup(format!("cannot create the driver's channel: {e}")))?;
         let id = self
@@ -795,6 +957,7 @@ struct Done {
     exception: Option<Exception>,
     status: Option<i32>,
     cwd: Option<String>,
+    restart: bool,
 }
 
 /// One call in progress: its output, displays and how it is ending.
@@ -808,7 +971,16 @@ struct CallRun<'a> {
     notes: Vec<String>,
     deadline: Instant,
     stop_reason: Option<ErrorKind>,
+    /// When the launcher interrupted the call (its timeout, an interrupt, the output cap).
+    interrupted_at: Option<Instant>,
     end: Option<End>,
+    /// The request for the driver, and how much of it the channel has taken.
+    request: Vec<u8>,
+    sent: usize,
+    /// When the call began, on the clock /proc counts start times in.
+    since_ns: u64,
+    /// How the driver process ended, if the init said so during the call.
+    driver_exit: Option<(Option<i32>, Option<i32>)>,
     events: &'a mut dyn FnMut(Event),
 }
 
@@ -824,9 +996,32 @@ impl<'a> CallRun<'a> {
             notes: Vec::new(),
             deadline,
             stop_reason: None,
+            interrupted_at: None,
             end: None,
+            request: Vec::new(),
+            sent: 0,
+            since_ns: 0,
+            driver_exit: None,
             events,
         }
+    }
+
+    /// Writes as much of the request as the channel takes now (it is non-blocking: the
+    /// driver reads a large cell as it comes). An error means the driver is gone.
+    fn write_request(&mut self, channel: &mut UnixStream) -> std::io::Result<()> {
+        while self.sent < self.request.len() {
+            match std::io::Write::write(channel, &self.request[self.sent..]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        // The whole request is in: its memory is not needed any more.
+        self.request = Vec::new();
+        self.sent = 0;
+        Ok(())
     }
 
     fn drain(&mut self, pipe: &mut File, stream: Stream, buf: &mut [u8]) {
@@ -895,6 +1090,7 @@ impl<'a> CallRun<'a> {
                 exception,
                 status,
                 cwd,
+                restart,
             } => {
                 if id != Some(call_id) {
                     return;
@@ -912,6 +1108,7 @@ impl<'a> CallRun<'a> {
                     exception: exception.map(checked_exception),
                     status,
                     cwd: cwd.map(|c| clip(&c, 4096)),
+                    restart: restart == Some(true),
                 }));
             }
         }
@@ -922,6 +1119,14 @@ impl<'a> CallRun<'a> {
             self.notes.push(note.to_string());
         }
     }
+}
+
+/// Adds a sentence to the outcome's message.
+fn add_note(outcome: &mut Outcome, note: &str) {
+    outcome.message = Some(match outcome.message.take() {
+        Some(m) => format!("{m}; {note}"),
+        None => note.to_string(),
+    });
 }
 
 /// A call the launcher stopped: the verdict, and whether the session kept its state.

@@ -292,6 +292,13 @@ pub fn monotonic_ns() -> u64 {
     })
 }
 
+/// CLOCK_BOOTTIME in nanoseconds: the clock /proc/PID/stat counts start times in.
+pub fn boottime_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    })
+}
+
 /// wait4(2): reap `pid` and return its raw wait status and resource usage. The usage covers
 /// the process and every descendant it reaped, which for our pid-1 init is the whole sandbox.
 pub fn wait4(pid: Pid) -> io::Result<(c_int, libc::rusage)> {

@@ -297,6 +297,11 @@ impl Sandbox {
             .unwrap_or_default()
     }
 
+    /// The host uid the sandbox's user (uid 1000 inside) maps to.
+    pub(crate) fn user_host_uid(&self) -> u32 {
+        self.spec.ids.host_root(self._slot.number()) + 1
+    }
+
     /// The spec the sandbox was built from.
     pub fn spec(&self) -> &SandboxSpec {
         &self.spec
@@ -335,10 +340,11 @@ impl Sandbox {
         }
     }
 
-    /// Sends a file request (write, collect, list, read) and waits up to `timeout` for its
-    /// answer: the answers in order, up to and including the one that ends it. Other
-    /// messages that arrive meanwhile stay queued for [`Sandbox::next_message`].
-    pub fn file_request(
+    /// Sends a request (write, collect, list or read files; list or kill a call's
+    /// processes) and waits up to `timeout` for its answer: the answers in order, up to
+    /// and including the one that ends it. Other messages that arrive meanwhile stay
+    /// queued for [`Sandbox::next_message`].
+    pub fn request(
         &mut self,
         message: &ToSandbox,
         timeout: Duration,
@@ -356,7 +362,9 @@ impl Sandbox {
                     | FromSandbox::FileError { .. }
                     | FromSandbox::OutputsDone { .. }
                     | FromSandbox::Listing { .. }
-                    | FromSandbox::FileData { .. } => {
+                    | FromSandbox::FileData { .. }
+                    | FromSandbox::CallProcesses { .. }
+                    | FromSandbox::ProcessesKilled => {
                         answers.push(m);
                         others.extend(self.inbox.drain(..));
                         self.inbox = others;
@@ -369,7 +377,7 @@ impl Sandbox {
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 self.inbox = others;
-                return Err("the sandbox's init did not answer a file request in time".into());
+                return Err("the sandbox's init did not answer a request in time".into());
             }
             let timeout = nix::poll::PollTimeout::try_from(left.as_millis() as i32 + 1)
                 .unwrap_or(nix::poll::PollTimeout::MAX);
@@ -706,6 +714,19 @@ impl ExecStreams {
             stderr: File::from(stderr),
             feeder,
         })
+    }
+
+    /// Gives the payload's ends of the pipes to host uid `uid` (the sandbox's user), so the
+    /// payload may open them again through /proc/self/fd (Node, which has no dup(), gets
+    /// back a stdout a cell closed that way). A pipe is reachable only by who holds it.
+    pub(crate) fn give_to(&self, uid: u32) -> Result<(), String> {
+        let owner = Some(nix::unistd::Uid::from_raw(uid));
+        let group = Some(nix::unistd::Gid::from_raw(uid));
+        for fd in [&self.stdout_w, &self.stderr_w] {
+            nix::unistd::fchown(fd.as_fd(), owner, group)
+                .map_err(|e| format!("cannot give the output pipes to the sandbox: {e}"))?;
+        }
+        Ok(())
     }
 
     pub(crate) fn child_fds(&self) -> [BorrowedFd<'_>; 3] {

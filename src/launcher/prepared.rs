@@ -137,7 +137,7 @@ impl Prepared {
         sandbox.grant_current_memory();
         sandbox.reset_peak_memory();
         if !spec.exec.files.is_empty() {
-            let written = sandbox.file_request(
+            let written = sandbox.request(
                 &ToSandbox::WriteFiles {
                     files: spec.exec.files.clone(),
                 },

@@ -21,6 +21,7 @@ use nix::unistd::Pid;
 use super::files;
 use super::netlink;
 use super::payload::{self, Launch};
+use super::procs;
 use super::seccomp::{self, Filters};
 use crate::files::OutputRules;
 use crate::protocol::{self, FromSandbox, Inbox, Phase, SetupError, Step, ToSandbox};
@@ -191,6 +192,17 @@ impl Init<'_> {
                 if let (Some((pid, _)), Ok(signal)) = (target, Signal::try_from(signal)) {
                     signal_group(*pid, signal);
                 }
+            }
+            ToSandbox::CallProcesses { id, since_ns } => {
+                let leader = self.payloads.iter().find(|(_, (i, _, _))| *i == id);
+                let processes = leader.map_or_else(Vec::new, |(pid, _)| {
+                    procs::group_members(pid.as_raw(), pid.as_raw(), since_ns)
+                });
+                self.send(&FromSandbox::CallProcesses { processes });
+            }
+            ToSandbox::KillProcesses { processes } => {
+                procs::kill_exact(&processes);
+                self.send(&FromSandbox::ProcessesKilled);
             }
             ToSandbox::KillAll => {
                 self.kill_all();

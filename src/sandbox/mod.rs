@@ -11,6 +11,7 @@ mod mount;
 mod netlink;
 mod payload;
 mod procfs;
+mod procs;
 mod rootfs;
 mod seccomp;
 mod volumes;

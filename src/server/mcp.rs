@@ -903,6 +903,7 @@ impl CodecageMcp {
                     exception: None,
                     state: Default::default(),
                     cwd: None,
+                    killed: Vec::new(),
                 };
                 self.render(language, None, &call, None)
             }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::common::*;
 
 /// A session on `rootfs` ("host" or the built image).
-fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Session {
+pub(super) fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Session {
     in_process_launcher();
     let mut sandbox = SandboxSpec {
         rootfs,
@@ -35,11 +35,11 @@ fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Session {
     Session::start(spec).unwrap_or_else(|e| panic!("the session did not start: {e}"))
 }
 
-fn session(lang: Lang) -> Session {
+pub(super) fn session(lang: Lang) -> Session {
     session_on(lang, Rootfs::Host, None)
 }
 
-fn call(session: &mut Session, code: &str) -> Value {
+pub(super) fn call(session: &mut Session, code: &str) -> Value {
     let outcome = session.execute(
         &Call {
             code: code.into(),
@@ -50,11 +50,11 @@ fn call(session: &mut Session, code: &str) -> Value {
     json(&outcome)
 }
 
-fn json(outcome: &CallOutcome) -> Value {
+pub(super) fn json(outcome: &CallOutcome) -> Value {
     serde_json::to_value(outcome).unwrap()
 }
 
-fn text(result: &Value) -> &str {
+pub(super) fn text(result: &Value) -> &str {
     result["result"]["text/plain"].as_str().unwrap_or_default()
 }
 
