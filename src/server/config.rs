@@ -60,6 +60,10 @@ pub struct McpConfig {
     /// Host names (with or without a port) the `/mcp` endpoint answers besides loopback
     /// and `codecage` (the unix socket's): a check against DNS rebinding.
     pub allowed_hosts: Vec<String>,
+    /// The largest request `codecage mcp` reads from stdio (bytes); a larger one is
+    /// answered with a JSON-RPC error that names this limit.
+    #[serde(deserialize_with = "size")]
+    pub max_request: u64,
 }
 
 impl Default for McpConfig {
@@ -72,6 +76,7 @@ impl Default for McpConfig {
             max_images: 8,
             max_text: 20 << 10,
             allowed_hosts: Vec::new(),
+            max_request: 16 << 20,
         }
     }
 }

@@ -1294,8 +1294,10 @@ pub async fn serve_stdio(config: super::ServerConfig, caller: Caller) -> Result<
     use rmcp::ServiceExt as _;
     let state = super::AppState::new(config)?;
     let reaper = tokio::spawn(super::registry::reap_forever(state.clone()));
+    let max_request = usize::try_from(state.config.mcp.max_request).unwrap_or(usize::MAX);
     let server = CodecageMcp::stdio(state.clone(), caller);
-    let result = match server.clone().serve(rmcp::transport::stdio()).await {
+    let transport = super::mcp_stdio::stdio(max_request);
+    let result = match server.clone().serve(transport).await {
         Ok(running) => {
             tokio::select! {
                 r = running.waiting() => r.map(|_| ()).map_err(|e| format!("the MCP connection failed: {e}")),

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod config;
 pub mod mcp;
+mod mcp_stdio;
 mod openapi;
 pub mod pool;
 mod registry;

@@ -7,12 +7,10 @@ use std::time::Duration;
 
 use codecage::runner::Lang;
 use codecage::session::{Call, Session};
-use codecage::Rootfs;
 use serde_json::Value;
 
 use super::common::*;
-use super::image::image_test;
-use super::sessions::{call, json, session, session_on, text};
+use super::sessions::{call, json, session, text};
 
 fn call_with(s: &mut Session, code: &str, timeout: Option<Duration>, stdin: Option<&str>) -> Value {
     json(&s.execute(
@@ -55,16 +53,6 @@ fn node_console_writes_to_the_call_s_streams_in_order() {
             "console.log('a'); require('child_process').execSync('echo b', {stdio: 'inherit'}); console.log('c')",
         );
         assert_eq!(out["stdout"], "a\nb\nc\n", "{out}");
-        s.close().unwrap();
-    });
-}
-
-#[test]
-fn typescript_console_log_prints() {
-    image_test(|image| {
-        let mut s = session_on(Lang::Typescript, Rootfs::Dir(image.to_path_buf()), None);
-        let out = call(&mut s, "const n: number = 2; console.log(`n=${n}`)");
-        assert_eq!(out["stdout"], "n=2\n", "{out}");
         s.close().unwrap();
     });
 }

@@ -227,3 +227,17 @@ fn a_typescript_session_strips_types_and_keeps_state() {
         s.close().unwrap();
     });
 }
+
+#[test]
+fn a_typescript_session_prints_with_console_log() {
+    image_test(|image| {
+        let mut s = super::sessions::session_on(
+            codecage::runner::Lang::Typescript,
+            codecage::Rootfs::Dir(image.to_path_buf()),
+            None,
+        );
+        let out = super::sessions::call(&mut s, "const n: number = 2; console.log(`n=${n}`)");
+        assert_eq!(out["stdout"], "n=2\n", "{out}");
+        s.close().unwrap();
+    });
+}

@@ -545,3 +545,38 @@ fn a_scripted_agent_loop_runs_end_to_end() {
         assert_eq!(text(&results[11]), "total 54\n");
     });
 }
+
+#[test]
+fn over_stdio_a_request_over_the_size_limit_is_answered_with_an_error_that_names_it() {
+    mcp_test(|python| {
+        // 20 MiB of content, over the 16 MiB default of mcp.max_request: rmcp's own
+        // transport dropped it silently and the client waited for ever.
+        let steps = json!([
+            tool(
+                "write_file",
+                json!({"path": "big.txt", "content": "x".repeat(20 << 20)})
+            ),
+            tool(
+                "write_file",
+                json!({"path": "small.txt", "content": "fits"})
+            ),
+            // write_file's session is the Python one (until a session holds every context).
+            tool(
+                "execute_python",
+                json!({"code": "import os; print(open('/work/small.txt').read(), os.listdir('/work'))"})
+            ),
+        ]);
+        let results = drive(python, stdio(&[]), steps);
+        let refused = results[0]["exception"].as_str().unwrap_or_default();
+        assert!(
+            refused.contains("over the limit of 16M a request may have")
+                && refused.contains("mcp.max_request"),
+            "{}",
+            results[0]
+        );
+        assert!(!is_error(&results[1]), "{}", results[1]);
+        let listing = text(&results[2]);
+        assert!(listing.contains("fits"), "{listing}");
+        assert!(!listing.contains("big.txt"), "{listing}");
+    });
+}
