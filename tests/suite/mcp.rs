@@ -14,7 +14,7 @@ use super::image::image_test;
 use super::server::Server;
 
 /// The venv's python with the `mcp` package, or why there is none.
-fn mcp_python() -> Result<PathBuf, String> {
+pub(super) fn mcp_python() -> Result<PathBuf, String> {
     let path = std::env::var_os("CODECAGE_MCP_PYTHON").map_or_else(
         || PathBuf::from("/var/cache/codecage/mcp-client/bin/python"),
         PathBuf::from,
@@ -43,7 +43,7 @@ fn mcp_test(test: impl FnOnce(&PathBuf)) {
 }
 
 /// Runs `steps` in one connection; one JSON value per step.
-fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
+pub(super) fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
     let dir = TempDir::new("mcp");
     let plan = dir.path().join("plan.json");
     let pidfile = dir.path().join("server.pid");
@@ -81,7 +81,7 @@ fn drive(python: &PathBuf, mut transport: Value, steps: Value) -> Vec<Value> {
 
 /// `codecage mcp ARGS` as the client starts it; the server's pid goes to a file the
 /// harness reads (its cgroups are named after it).
-fn stdio(args: &[&str]) -> Value {
+pub(super) fn mcp_stdio(args: &[&str]) -> Value {
     let command = format!(
         "echo $$ > \"$PIDFILE\"; exec {} mcp --config \"$MCP_CONFIG\" {}",
         env!("CARGO_BIN_EXE_codecage"),
@@ -141,7 +141,7 @@ fn over_stdio_the_tools_keep_state_and_return_what_a_model_can_use() {
             tool("execute_python", json!({"code": "print('x' * 40000)"})),
             tool("execute_python", json!({"code": "1/0"})),
         ]);
-        let results = drive(python, stdio(&["--image-max-edge", "300"]), steps);
+        let results = drive(python, mcp_stdio(&["--image-max-edge", "300"]), steps);
         // The tools, with their schemas and descriptions that give the limits.
         let tools = results[0]["tools"].as_array().unwrap();
         let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
@@ -233,7 +233,7 @@ fn timeouts_oom_cancellation_and_progress() {
             tool("execute_python", json!({"code": "kept"})),
             tool("execute_python", json!({"code": "1", "timeout": 100000})),
         ]);
-        let results = drive(python, stdio(&[]), steps);
+        let results = drive(python, mcp_stdio(&[]), steps);
         // A timeout: the output so far, isError, and the state kept.
         let t = text(&results[1]);
         assert!(is_error(&results[1]), "{}", results[1]);
@@ -296,7 +296,7 @@ fn files_go_in_and_come_back_as_images_text_and_links() {
                 json!({"code": "1", "session_id": "0123456789abcdef"})
             ),
         ]);
-        let results = drive(python, stdio(&[]), steps);
+        let results = drive(python, mcp_stdio(&[]), steps);
         assert!(
             !is_error(&results[0]) && !is_error(&results[1]),
             "{results:?}"
@@ -516,7 +516,7 @@ fn a_scripted_agent_loop_runs_end_to_end() {
                 json!({"code": "print(f'total {df.units.sum()}')"})
             ),
         ]);
-        let results = drive(python, stdio(&[]), steps);
+        let results = drive(python, mcp_stdio(&[]), steps);
         assert_eq!(results.len(), 12);
         assert!(text(&results[0]).contains("Python 3"), "{}", results[0]);
         assert!(text(&results[2]).contains("mean"), "{}", results[2]);
@@ -566,7 +566,7 @@ fn over_stdio_a_request_over_the_size_limit_is_answered_with_an_error_that_names
                 json!({"code": "import os; print(open('/work/small.txt').read(), os.listdir('/work'))"})
             ),
         ]);
-        let results = drive(python, stdio(&[]), steps);
+        let results = drive(python, mcp_stdio(&[]), steps);
         let refused = results[0]["exception"].as_str().unwrap_or_default();
         assert!(
             refused.contains("over the limit of 16M a request may have")

@@ -23,3 +23,4 @@ mod portability;
 mod profiles;
 mod server;
 mod sessions;
+mod transcripts;

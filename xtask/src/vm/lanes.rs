@@ -82,7 +82,8 @@ pub struct Lane {
 }
 
 /// Skipped in every lane: the image tests need the default image, which lives on the host
-/// (/var/lib/codecage/rootfs), not in the VM; the server's tests need its clients (curl
+/// (/var/lib/codecage/rootfs), not in the VM, and so do the transcripts (run on the image
+/// through the library, the server and MCP); the server's tests need its clients (curl
 /// among them), which are the host's, and so do the MCP tests' (the MCP Python SDK, in a
 /// venv of the host), the audit tests' (servers and curl), and the pool's (they pre-start
 /// the default image's Python); so do the files tests named here (the default image's
@@ -95,6 +96,7 @@ const SKIP_EVERYWHERE: &[&str] = &[
     "network::",
     "audit::",
     "pool::",
+    "transcripts::",
     "files::a_plot_and_a_csv_come_back_with_their_sha256_and_media_type",
     "files::bad_input_names_are_refused_and_nothing_runs",
     "files::a_file_that_keeps_growing_is_read_up_to_the_cap_and_the_call_returns",
@@ -347,7 +349,7 @@ mod tests {
         assert_eq!(DEFAULT_LANE.test_phases(), (skips, None));
         assert_eq!(
             DEFAULT_LANE.selection(),
-            "every suite (without image::, server::, mcp::, network::, audit::, pool::, 4 files:: tests)"
+            "every suite (without image::, server::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -374,7 +376,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
-             (without image::, server::, mcp::, network::, audit::, pool::, 4 files:: tests)"
+             (without image::, server::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
         );
     }
 
