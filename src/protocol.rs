@@ -5,8 +5,9 @@
 //! init (which moves it out of the way of the payloads' fds at once). Frames, in order:
 //! - launcher -> sandbox: the byte [`GO`] once the id maps are written (read by the raw child
 //!   before it execs the init), then a [`TAG_MESSAGE`] frame holding the `SandboxSpec`,
-//!   then, when the spec has volumes, the byte [`TAG_VOLUMES`] with their detached mount
-//!   trees (SCM_RIGHTS), then [`ToSandbox`] frames: spawn a payload (its stdin, stdout, stderr and, for a REPL
+//!   then the byte [`TAG_VOLUMES`] with the sandbox's tmpfs file systems (in the order of
+//!   [`Tmpfs::plan`]) and the volumes' detached mount trees (SCM_RIGHTS), then
+//!   [`ToSandbox`] frames: spawn a payload (its stdin, stdout, stderr and, for a REPL
 //!   driver, its own channel travel with the frame as SCM_RIGHTS), signal it, kill every
 //!   process but the init, shut down.
 //! - sandbox -> launcher: either a 6-byte [`TAG_RAW_ERROR`] frame from the raw child (it
@@ -40,9 +41,120 @@ pub const GO: u8 = b'G';
 pub const TAG_RAW_ERROR: u8 = b'E';
 /// A length-prefixed JSON message.
 pub const TAG_MESSAGE: u8 = b'M';
-/// One byte that carries the volumes' mount trees (SCM_RIGHTS, in the order of
-/// `SandboxSpec::volumes`), sent right after the spec when there are volumes.
+/// One byte that carries the sandbox's detached mounts (SCM_RIGHTS): its tmpfs file
+/// systems in the order of [`Tmpfs::plan`], then the volumes' mount trees in the order of
+/// `SandboxSpec::volumes`; sent right after the spec.
 pub const TAG_VOLUMES: u8 = b'V';
+
+/// /proc directories a payload could list that describe the host, each hidden behind an
+/// empty read-only tmpfs.
+pub const MASKED_PROC_DIRS: &[&str] = &["acpi", "driver", "pressure"];
+
+/// At most this many entries in [`Tmpfs::plan`].
+pub const MAX_TMPFS: usize = 7 + MASKED_PROC_DIRS.len();
+
+/// A tmpfs of the sandbox. The launcher makes each one (host root, in the host's user
+/// namespace) and sends it detached; the init attaches it. Made inside, by the sandbox's
+/// root, a tmpfs would print that root's *host* uid in /proc/self/mountinfo (tmpfs shows
+/// its owner in the initial namespace's ids unless it is that namespace's root), and a
+/// `uid=` option, the sandbox user's. The launcher gives each root directory its owner
+/// instead, which the options never show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tmpfs {
+    /// The root of the host rootfs (its /usr and /etc bound onto it).
+    Root,
+    Tmp,
+    Work,
+    Dev,
+    Shm,
+    Sys,
+    /// /run, for the REPL drivers.
+    Run,
+    /// Over the /proc directory [`MASKED_PROC_DIRS`]`[i]`.
+    MaskedProc(usize),
+    /// An image's root is an overlay of the image and this empty layer (see mount.rs).
+    Empty,
+}
+
+/// Who owns a tmpfs's root directory, inside the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TmpfsOwner {
+    /// Uid and gid 0, the sandbox's root.
+    Root,
+    /// The sandbox user ([`crate::spec::SANDBOX_UID`]).
+    User,
+}
+
+/// How a [`Tmpfs`] is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TmpfsSpec {
+    /// Mount options, as `mount -t tmpfs -o` takes them.
+    pub options: Vec<(&'static str, String)>,
+    pub noexec: bool,
+    pub read_only: bool,
+    pub owner: TmpfsOwner,
+}
+
+impl Tmpfs {
+    /// The tmpfs file systems of a sandbox built from `spec`, in the order they are sent.
+    pub fn plan(spec: &crate::spec::SandboxSpec) -> Vec<Tmpfs> {
+        let mut plan = Vec::new();
+        match spec.rootfs {
+            crate::spec::Rootfs::Host => plan.push(Tmpfs::Root),
+            crate::spec::Rootfs::Dir(_) => plan.push(Tmpfs::Empty),
+        }
+        plan.extend([Tmpfs::Tmp, Tmpfs::Work, Tmpfs::Dev, Tmpfs::Shm, Tmpfs::Sys]);
+        if spec.drivers {
+            plan.push(Tmpfs::Run);
+        }
+        plan.extend((0..MASKED_PROC_DIRS.len()).map(Tmpfs::MaskedProc));
+        plan
+    }
+
+    /// How this one is made for `spec`.
+    pub fn spec(self, spec: &crate::spec::SandboxSpec) -> TmpfsSpec {
+        // The size, and as many inodes as 4 KiB files would fill, so that a flood of empty
+        // files meets the same wall as a flood of data.
+        let sized = |mode: &str, size: u64| {
+            vec![
+                ("mode", mode.to_string()),
+                ("size", size.to_string()),
+                ("nr_inodes", (size / 4096).max(1024).to_string()),
+            ]
+        };
+        let fixed = |mode: &str, size: &str, inodes: u32| {
+            vec![
+                ("mode", mode.to_string()),
+                ("size", size.to_string()),
+                ("nr_inodes", inodes.to_string()),
+            ]
+        };
+        let (options, noexec, read_only, owner) = match self {
+            Tmpfs::Root => (fixed("0755", "4m", 4096), false, false, TmpfsOwner::Root),
+            Tmpfs::Tmp => (sized("1777", spec.tmp_size), false, false, TmpfsOwner::Root),
+            Tmpfs::Work => (
+                sized("0755", spec.work_size),
+                false,
+                false,
+                TmpfsOwner::User,
+            ),
+            // Its size leaves room for the /proc files staged on it.
+            Tmpfs::Dev => (fixed("0755", "512k", 64), true, false, TmpfsOwner::Root),
+            Tmpfs::Shm => (sized("1777", spec.tmp_size), false, false, TmpfsOwner::Root),
+            Tmpfs::Sys => (fixed("0755", "16k", 32), true, false, TmpfsOwner::Root),
+            Tmpfs::Run => (fixed("0755", "1m", 32), true, false, TmpfsOwner::Root),
+            Tmpfs::MaskedProc(_) | Tmpfs::Empty => {
+                (fixed("0555", "4k", 1), true, true, TmpfsOwner::Root)
+            }
+        };
+        TmpfsSpec {
+            options,
+            noexec,
+            read_only,
+            owner,
+        }
+    }
+}
 /// A file's bytes: kind (u8: [`FILE_OUTPUT`] or [`FILE_DATA`]), path length (u16 LE), the
 /// path (UTF-8), data length (u32 LE), the data.
 pub const TAG_FILE: u8 = b'F';

@@ -11,7 +11,7 @@
 
 use std::ffi::{c_char, c_int, CStr};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::unistd::Pid;
@@ -604,10 +604,120 @@ struct MountAttr {
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+
+/// A new tmpfs, detached (fsopen, fsconfig, fsmount: Linux 5.2), made by this process in
+/// its own user namespace, with `options` (key, value) and the mount attributes `attrs`
+/// (`MOUNT_ATTR_*`); its root directory is then owned by `owner` (uid, gid), which the
+/// mount's options never show. Closing the fd drops it unless [`move_mount_here`]
+/// attached it first.
+pub fn detached_tmpfs(
+    options: &[(&str, String)],
+    attrs: u64,
+    owner: (u32, u32),
+) -> io::Result<OwnedFd> {
+    let cstring =
+        |s: &str| std::ffi::CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+    // SAFETY: a NUL-terminated name; the result is checked and owned below.
+    let ret = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    let context = unsafe { OwnedFd::from_raw_fd(ret as RawFd) };
+    // "tmpfs" as the source, as `mount -t tmpfs tmpfs` gives it.
+    let source = [("source", "tmpfs".to_string())];
+    for (key, value) in source.iter().chain(options) {
+        let (key, value) = (cstring(key)?, cstring(value)?);
+        // SAFETY: both strings are NUL-terminated and outlive the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                context.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: FSCONFIG_CMD_CREATE takes no key or value (null pointers, 0).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            context.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Writable until its root has its owner; read-only after, if asked.
+    let writable = attrs & !MOUNT_ATTR_RDONLY;
+    // SAFETY: a configured context fd; the result is checked and owned below.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            context.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            writable as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    let mount = unsafe { OwnedFd::from_raw_fd(ret as RawFd) };
+    let root = nix::fcntl::openat(
+        mount.as_fd(),
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    nix::unistd::fchown(
+        root.as_fd(),
+        Some(nix::unistd::Uid::from_raw(owner.0)),
+        Some(nix::unistd::Gid::from_raw(owner.1)),
+    )?;
+    if attrs & MOUNT_ATTR_RDONLY != 0 {
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        // SAFETY: `attr` is a valid mount_attr of the size given, which the kernel only
+        // reads.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                mount.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(mount)
+}
 
 /// A detached, read-only, nosuid, nodev, private copy of the mount tree at the directory
 /// `dir` (open_tree with OPEN_TREE_CLONE and AT_RECURSIVE, Linux 5.2, then mount_setattr

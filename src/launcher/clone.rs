@@ -22,7 +22,7 @@ use nix::unistd::Pid;
 
 use crate::cgroup::RunCgroup;
 use crate::ids::Slot;
-use crate::protocol::{self, raw_error_frame, Step, CHANNEL_FD, GO, INIT_ARG_C};
+use crate::protocol::{self, raw_error_frame, Step, Tmpfs, TmpfsOwner, CHANNEL_FD, GO, INIT_ARG_C};
 use crate::spec::SandboxSpec;
 use crate::sys::{self, Forked};
 
@@ -100,6 +100,7 @@ pub fn start(
     let (child, channel) = open_fds(spec)?;
     // The sandbox's root uid owns its user namespace (see IdMapping).
     let owner = spec.ids.host_root(slot.number());
+    let tmpfs = make_tmpfs(spec, owner)?;
     let job = CloneJob {
         devnull: child.devnull.as_raw_fd(),
         channel: child.channel.as_raw_fd(),
@@ -139,7 +140,8 @@ pub fn start(
             }
         }
     }
-    if let Err(message) = handshake(spec, &mut started, &volumes) {
+    let mounts: Vec<OwnedFd> = tmpfs.into_iter().chain(volumes).collect();
+    if let Err(message) = handshake(spec, &mut started, &mounts) {
         abort(&started);
         return Err(message);
     }
@@ -268,7 +270,32 @@ fn clone_child(job: &CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
 
 /// Writes the id maps, then "go" and the spec. A failure to send means the child already
 /// died; its raw error frame is waiting on the channel, so that is not an error here.
-fn handshake(spec: &SandboxSpec, started: &mut Started, volumes: &[OwnedFd]) -> Result<(), String> {
+/// The sandbox's tmpfs file systems, made here in the host's user namespace and owned
+/// inside by the ids their plan names (see [`Tmpfs`]): `root` is the sandbox root's host
+/// uid, the sandbox user's the next.
+fn make_tmpfs(spec: &SandboxSpec, root: u32) -> Result<Vec<OwnedFd>, String> {
+    Tmpfs::plan(spec)
+        .into_iter()
+        .map(|fs| {
+            let made = fs.spec(spec);
+            let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+            if made.noexec {
+                attrs |= sys::MOUNT_ATTR_NOEXEC;
+            }
+            if made.read_only {
+                attrs |= sys::MOUNT_ATTR_RDONLY;
+            }
+            let owner = match made.owner {
+                TmpfsOwner::Root => root,
+                TmpfsOwner::User => root + 1,
+            };
+            sys::detached_tmpfs(&made.options, attrs, (owner, owner))
+                .map_err(|e| format!("cannot make the sandbox's tmpfs ({fs:?}): {e}"))
+        })
+        .collect()
+}
+
+fn handshake(spec: &SandboxSpec, started: &mut Started, mounts: &[OwnedFd]) -> Result<(), String> {
     let pid = started.pid.as_raw() as u32;
     let lines = spec.ids.map_lines(started.slot.number());
     // As root in the parent namespace we may write a map with several lines and need not
@@ -285,10 +312,10 @@ fn handshake(spec: &SandboxSpec, started: &mut Started, volumes: &[OwnedFd]) -> 
     protocol::write_message(&mut frame, spec, protocol::MAX_SPEC_FRAME)
         .map_err(|e| format!("cannot encode the spec: {e}"))?;
     started.go_ns = crate::sys::monotonic_ns();
-    if protocol::send_with_fds(&started.channel, &frame, &[]).is_ok() && !volumes.is_empty() {
-        // The volumes' mount trees, in a frame of their own: the raw child reads "go" with
-        // a plain read, which would drop fds sent with it.
-        let fds: Vec<RawFd> = volumes.iter().map(|fd| fd.as_raw_fd()).collect();
+    if protocol::send_with_fds(&started.channel, &frame, &[]).is_ok() {
+        // The tmpfs file systems and the volumes' mount trees, in a frame of their own: the
+        // raw child reads "go" with a plain read, which would drop fds sent with it.
+        let fds: Vec<RawFd> = mounts.iter().map(|fd| fd.as_raw_fd()).collect();
         let _ = protocol::send_with_fds(&started.channel, &[protocol::TAG_VOLUMES], &fds);
     }
     Ok(())

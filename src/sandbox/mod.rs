@@ -88,7 +88,13 @@ fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     // Die with the launcher, and make sure it did not die before we asked.
     die_with_launcher(channel)?;
     let spec = receive_spec(channel)?;
-    let volumes = receive_volumes(channel, spec.volumes.len())?;
+    let plan = protocol::Tmpfs::plan(&spec);
+    let mut volumes = receive_mounts(channel, plan.len() + spec.volumes.len())?;
+    let tmpfs: mount::TmpfsFds = plan
+        .iter()
+        .copied()
+        .zip(volumes.drain(..plan.len()))
+        .collect();
     // Only now: we joined our cgroups before the exec, so the new cgroup namespace is
     // rooted at the run's own cgroup. Created at clone time on a v1 host, it would be
     // rooted at the launcher's cgroup instead.
@@ -97,7 +103,7 @@ fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     // /proc/sys/net shows the reader's network namespace, whichever procfs it is read from;
     // the sandbox's own /proc/sys is read-only once built.
     set_network_sysctls(spec.network.mode.has_gateway())?;
-    mount::build_root(&spec, volumes)?;
+    mount::build_root(&spec, tmpfs, volumes)?;
     set_hostname(&spec.hostname)?;
     bring_up_loopback()?;
     if spec.network.mode.has_gateway() {
@@ -139,22 +145,20 @@ fn receive_spec(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
         .map_err(|e| SetupError::io(Step::ReceiveSpec, &e, "reading the Spec from the launcher"))
 }
 
-/// The volumes' detached mount trees, which the launcher sends right after the spec.
-fn receive_volumes(channel: &UnixStream, count: usize) -> Result<Vec<OwnedFd>, SetupError> {
+/// The sandbox's tmpfs file systems and the volumes' detached mount trees, which the
+/// launcher sends right after the spec.
+fn receive_mounts(channel: &UnixStream, count: usize) -> Result<Vec<OwnedFd>, SetupError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     use std::os::fd::{AsRawFd, RawFd};
-    if count == 0 {
-        return Ok(Vec::new());
-    }
     let failed = |e: nix::errno::Errno| {
         SetupError::errno(
             Step::ReceiveVolumes,
             e,
-            "reading the volumes from the launcher",
+            "reading the tmpfs file systems and volumes from the launcher",
         )
     };
     let mut tag = [0u8; 1];
-    let mut space = nix::cmsg_space!([RawFd; crate::spec::MAX_VOLUMES]);
+    let mut space = nix::cmsg_space!([RawFd; crate::spec::MAX_VOLUMES + protocol::MAX_TMPFS]);
     let mut iov = [std::io::IoSliceMut::new(&mut tag)];
     let msg = loop {
         match recvmsg::<()>(
@@ -177,7 +181,7 @@ fn receive_volumes(channel: &UnixStream, count: usize) -> Result<Vec<OwnedFd>, S
         return Err(SetupError::refused(
             Step::ReceiveVolumes,
             format!(
-                "expected {count} volumes from the launcher, got {}",
+                "expected {count} mounts (tmpfs file systems and volumes) from the launcher, got {}",
                 fds.len()
             ),
         ));

@@ -17,8 +17,19 @@ use nix::unistd::{chdir, pivot_root};
 
 use super::procfs;
 use super::rootfs::{resolv_conf, synthesized_etc, HOST_ETC, HOST_TOP};
-use crate::protocol::{SetupError, Step};
+use crate::protocol::{SetupError, Step, Tmpfs};
 use crate::spec::{Rootfs, SandboxSpec};
+
+/// The sandbox's tmpfs file systems as the launcher made and sent them (see [`Tmpfs`]).
+pub type TmpfsFds = std::collections::BTreeMap<Tmpfs, std::os::fd::OwnedFd>;
+
+/// Attaches the launcher's tmpfs `which` at `target`.
+pub(super) fn attach(fds: &mut TmpfsFds, which: Tmpfs, target: &Path) -> std::io::Result<()> {
+    let fd = fds.remove(&which).ok_or_else(|| {
+        std::io::Error::other(format!("the launcher sent no tmpfs for {which:?}"))
+    })?;
+    crate::sys::move_mount_here(std::os::fd::AsFd::as_fd(&fd), target)
+}
 
 /// Where the new root is assembled before pivot_root.
 const NEW_ROOT: &str = "/tmp";
@@ -40,37 +51,41 @@ fn at(rel: &str) -> PathBuf {
 }
 
 /// Builds the new root and enters it.
-pub fn build_root(spec: &SandboxSpec, volumes: Vec<std::os::fd::OwnedFd>) -> Done {
+pub fn build_root(
+    spec: &SandboxSpec,
+    mut tmpfs: TmpfsFds,
+    volumes: Vec<std::os::fd::OwnedFd>,
+) -> Done {
     // Our mounts must never propagate to the host's table: with a shared / (systemd's
     // default) they would, even from a new mount namespace.
     stop_mount_propagation()?;
     match &spec.rootfs {
         Rootfs::Host => {
-            mount_root_tmpfs()?;
+            mount_root_tmpfs(&mut tmpfs)?;
             bind_host_dirs()?;
             write_etc(&spec.hostname, spec.network.mode.has_gateway())?;
             make_mount_points()?;
         }
         Rootfs::Dir(dir) => {
-            bind_image_root(dir)?;
+            mount_image_root(dir, &mut tmpfs)?;
             check_mount_points(dir)?;
         }
     }
-    mount_tmp(spec.tmp_size)?;
-    mount_work(spec.work_size)?;
+    mount_tmp(&mut tmpfs)?;
+    mount_work(&mut tmpfs)?;
     // On /work's tmpfs, before the payload exists: read-only trees attached, copies made.
     super::volumes::apply(&spec.volumes, volumes, &at("work"), spec.work_size)?;
-    mount_dev(spec.tmp_size)?;
-    procfs::mount_sys(&at("sys"), spec)?;
+    mount_dev(&mut tmpfs)?;
+    procfs::mount_sys(&at("sys"), &mut tmpfs, spec)?;
     if spec.drivers {
-        mount_drivers(matches!(spec.rootfs, Rootfs::Host))?;
+        mount_drivers(&mut tmpfs, matches!(spec.rootfs, Rootfs::Host))?;
     }
     // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
     // a new procfs in a user namespace unless a fully visible one is already mounted there
     // ("mount too revealing"), which is why bubblewrap keeps its old root until then.
     mount_proc()?;
     protect_proc()?;
-    procfs::mask_host_entries(&at("proc"), &at("dev/.codecage-empty"))?;
+    procfs::mask_host_entries(&at("proc"), &at("dev/.codecage-empty"), &mut tmpfs)?;
     // Staged on /dev's tmpfs, which is still writable, then unlinked.
     procfs::write_sandbox_files(&at("proc"), &at("dev/.codecage-proc"), spec)?;
     if matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway() {
@@ -124,22 +139,16 @@ fn stop_mount_propagation() -> Done {
     })
 }
 
-fn mount_root_tmpfs() -> Done {
-    tmpfs(
-        NEW_ROOT,
-        "mode=0755,size=4m,nr_inodes=4096",
-        MsFlags::empty(),
-    )
-    .map_err(|e| {
-        SetupError::errno(
+fn mount_root_tmpfs(tmpfs: &mut TmpfsFds) -> Done {
+    attach(tmpfs, Tmpfs::Root, Path::new(NEW_ROOT)).map_err(|e| {
+        SetupError::io(
             Step::MountRootTmpfs,
-            e,
+            &e,
             format!("mounting the root tmpfs on {NEW_ROOT}"),
         )
     })
 }
 
-/// /usr, /bin, /lib* of the host: read-only binds, or the same symlinks on merged-/usr.
 fn bind_host_dirs() -> Done {
     for name in HOST_TOP {
         copy_entry(
@@ -233,6 +242,52 @@ fn make_mount_points() -> Done {
     Ok(())
 }
 
+/// The image as the new root: a read-only overlay of it, so that /proc/self/mountinfo
+/// shows `/` as the root's path rather than the image's directory on the host (a bind's
+/// root is that directory's path in its file system). Overlay wants two layers when it has
+/// no upper one: the image, and an empty tmpfs of the launcher's, first attached at
+/// NEW_ROOT, under the overlay. Both are named by paths that tell nothing of the host (the
+/// image as ".", our cwd, the empty one as NEW_ROOT), and overlay shows them as given; the
+/// empty tmpfs leaves the table with the old root. Before Linux 5.11 a user namespace
+/// cannot mount an overlay: there the image is bound on top of the empty tmpfs instead.
+fn mount_image_root(dir: &Path, tmpfs: &mut TmpfsFds) -> Done {
+    use std::os::fd::AsRawFd;
+    let fail = |e: Errno, what: String| SetupError::errno(Step::BindImageRoot, e, what);
+    // Opened before anything covers NEW_ROOT: the image may lie under the host's /tmp.
+    let image = nix::fcntl::open(
+        dir,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| fail(e, format!("opening the rootfs {}", dir.display())))?;
+    attach(tmpfs, Tmpfs::Empty, Path::new(NEW_ROOT))
+        .map_err(|e| SetupError::io(Step::BindImageRoot, &e, "attaching the empty layer"))?;
+    nix::unistd::fchdir(&image).map_err(|e| fail(e, format!("chdir {}", dir.display())))?;
+    let mounted = mount(
+        Some("overlay"),
+        NEW_ROOT,
+        Some("overlay"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("lowerdir=.:{NEW_ROOT}").as_str()),
+    );
+    chdir("/").map_err(|e| fail(e, "chdir /".into()))?;
+    match mounted {
+        Ok(()) => Ok(()),
+        // No overlay in a user namespace (before 5.11), or none at all.
+        Err(Errno::EPERM | Errno::EINVAL | Errno::ENODEV) => {
+            let source = PathBuf::from(format!("/proc/self/fd/{}", image.as_raw_fd()));
+            bind_image_root(&source).map_err(|mut e| {
+                e.context = format!("binding the rootfs {} on {NEW_ROOT}", dir.display());
+                e
+            })
+        }
+        Err(e) => Err(fail(
+            e,
+            format!("mounting an overlay of the rootfs {}", dir.display()),
+        )),
+    }
+}
+
 fn bind_image_root(dir: &Path) -> Done {
     mount(
         Some(dir),
@@ -267,38 +322,23 @@ fn check_mount_points(dir: &Path) -> Done {
     Ok(())
 }
 
-/// Bytes to tmpfs options: the size, and as many inodes as 4 KiB files would fill, so that
-/// a flood of empty files meets the same wall as a flood of data.
-fn sized(size: u64) -> String {
-    format!("size={size},nr_inodes={}", (size / 4096).max(1024))
+fn mount_tmp(tmpfs: &mut TmpfsFds) -> Done {
+    attach(tmpfs, Tmpfs::Tmp, &at("tmp"))
+        .map_err(|e| SetupError::io(Step::MountTmp, &e, "mounting the tmpfs on /tmp"))
 }
 
-fn mount_tmp(size: u64) -> Done {
-    tmpfs(
-        at("tmp"),
-        &format!("mode=1777,{}", sized(size)),
-        MsFlags::empty(),
-    )
-    .map_err(|e| SetupError::errno(Step::MountTmp, e, "mounting the tmpfs on /tmp"))
-}
-
-fn mount_work(size: u64) -> Done {
-    let uid = crate::spec::SANDBOX_UID;
-    tmpfs(
-        at("work"),
-        &format!("mode=0755,uid={uid},gid={uid},{}", sized(size)),
-        MsFlags::empty(),
-    )
-    .map_err(|e| SetupError::errno(Step::MountWork, e, "mounting the tmpfs on /work"))
+fn mount_work(tmpfs: &mut TmpfsFds) -> Done {
+    attach(tmpfs, Tmpfs::Work, &at("work"))
+        .map_err(|e| SetupError::io(Step::MountWork, &e, "mounting the tmpfs on /work"))
 }
 
 /// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks, a
 /// /dev/shm tmpfs and a devpts instance of the sandbox's own; [`seal_dev`] makes it
 /// read-only once /proc's files are staged. (Its size leaves room for those files.)
-fn mount_dev(shm_size: u64) -> Done {
+fn mount_dev(tmpfs: &mut TmpfsFds) -> Done {
     let dev = at("dev");
-    tmpfs(&dev, "mode=0755,size=512k,nr_inodes=64", MsFlags::MS_NOEXEC)
-        .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev"))?;
+    attach(tmpfs, Tmpfs::Dev, &dev)
+        .map_err(|e| SetupError::io(Step::MountDev, &e, "mounting the tmpfs on /dev"))?;
     for node in DEV_NODES {
         let (src, dst) = (Path::new("/dev").join(node), dev.join(node));
         if !src.exists() {
@@ -327,12 +367,8 @@ fn mount_dev(shm_size: u64) -> Done {
     }
     let shm = dev.join("shm");
     mkdir(&shm, 0o1777).map_err(|e| SetupError::io(Step::MountDev, &e, "creating /dev/shm"))?;
-    tmpfs(
-        &shm,
-        &format!("mode=1777,{}", sized(shm_size)),
-        MsFlags::empty(),
-    )
-    .map_err(|e| SetupError::errno(Step::MountDev, e, "mounting the tmpfs on /dev/shm"))?;
+    attach(tmpfs, Tmpfs::Shm, &shm)
+        .map_err(|e| SetupError::io(Step::MountDev, &e, "mounting the tmpfs on /dev/shm"))?;
     mount_devpts(&dev)
 }
 
@@ -364,7 +400,7 @@ fn mount_devpts(dev: &Path) -> Done {
 
 /// The REPL drivers of this codecage's version, on a read-only tmpfs mounted on /run
 /// (which the host rootfs's root tmpfs gets, and images have).
-fn mount_drivers(make_mount_point: bool) -> Done {
+fn mount_drivers(tmpfs: &mut TmpfsFds, make_mount_point: bool) -> Done {
     let run = at("run");
     let dir = at(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
     let fail = |e: std::io::Error, what: String| SetupError::io(Step::MountDrivers, &e, what);
@@ -376,8 +412,8 @@ fn mount_drivers(make_mount_point: bool) -> Done {
             "the image has no /run to mount the REPL drivers on",
         ));
     }
-    tmpfs(&run, "mode=0755,size=1m,nr_inodes=32", MsFlags::MS_NOEXEC)
-        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "mounting the tmpfs on /run"))?;
+    attach(tmpfs, Tmpfs::Run, &run)
+        .map_err(|e| SetupError::io(Step::MountDrivers, &e, "mounting the tmpfs on /run"))?;
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -433,17 +469,6 @@ fn enter_new_root() -> Done {
     umount2(".", MntFlags::MNT_DETACH)
         .map_err(|e| SetupError::errno(Step::EnterNewRoot, e, "detaching the old root"))?;
     chdir("/").map_err(|e| SetupError::errno(Step::EnterNewRoot, e, "chdir /"))
-}
-
-pub(super) fn tmpfs(target: impl AsRef<Path>, options: &str, extra: MsFlags) -> nix::Result<()> {
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra;
-    mount(
-        Some("tmpfs"),
-        target.as_ref(),
-        Some("tmpfs"),
-        flags,
-        Some(options),
-    )
 }
 
 pub(super) fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {

@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use super::mount::{bind_copy, bind_readonly, mkdir, tmpfs};
+use super::mount::{attach, bind_copy, bind_readonly, mkdir, TmpfsFds};
 use crate::protocol::{SetupError, Step};
+use crate::protocol::{Tmpfs, MASKED_PROC_DIRS};
 use crate::spec::{SandboxSpec, CPU_PERIOD_US};
 
 type Done = Result<(), SetupError>;
@@ -47,10 +48,6 @@ pub const MASKED_FILES: &[&str] = &[
     "zoneinfo",
 ];
 
-/// /proc directories a payload can list that describe the host, hidden behind an empty
-/// read-only tmpfs.
-pub const MASKED_DIRS: &[&str] = &["acpi", "driver", "pressure"];
-
 /// /proc files replaced by the sandbox's own values.
 pub const VIRTUAL_FILES: &[&str] = &[
     "meminfo",
@@ -65,7 +62,7 @@ pub const VIRTUAL_FILES: &[&str] = &[
 /// unlinked afterwards: the binds keep it alive, and nothing of it stays visible elsewhere.
 /// (Binding /dev/null instead, as runc does, would give EACCES here: our read-only binds
 /// are nodev.)
-pub fn mask_host_entries(proc: &Path, empty: &Path) -> Done {
+pub fn mask_host_entries(proc: &Path, empty: &Path, tmpfs: &mut TmpfsFds) -> Done {
     let fail = |e: nix::Error, what: &str| SetupError::errno(Step::MaskHostProcEntries, e, what);
     fs::write(empty, b"")
         .map_err(|e| SetupError::io(Step::MaskHostProcEntries, &e, "creating the empty file"))?;
@@ -79,14 +76,19 @@ pub fn mask_host_entries(proc: &Path, empty: &Path) -> Done {
         }
         bind_copy(empty, &path).map_err(|e| fail(e, &format!("hiding /proc/{name}")))?;
     }
-    for name in MASKED_DIRS {
+    for (i, name) in MASKED_PROC_DIRS.iter().enumerate() {
         let path = proc.join(name);
         if !path.is_dir() {
             continue;
         }
-        let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOEXEC;
-        tmpfs(&path, "mode=0555,size=4k,nr_inodes=1", flags)
-            .map_err(|e| fail(e, &format!("hiding /proc/{name}")))?;
+        // An empty read-only tmpfs, made by the launcher.
+        attach(tmpfs, Tmpfs::MaskedProc(i), &path).map_err(|e| {
+            SetupError::io(
+                Step::MaskHostProcEntries,
+                &e,
+                format!("hiding /proc/{name}"),
+            )
+        })?;
     }
     umount2(empty, MntFlags::MNT_DETACH).map_err(|e| fail(e, "unbinding the empty file"))?;
     fs::remove_file(empty)
@@ -137,15 +139,15 @@ pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &SandboxSpec) -> D
 
 /// A read-only /sys with the CPU topology files glibc's CPU count reads, when the root has
 /// a /sys to mount on.
-pub fn mount_sys(sys: &Path, spec: &SandboxSpec) -> Done {
+pub fn mount_sys(sys: &Path, tmpfs: &mut TmpfsFds, spec: &SandboxSpec) -> Done {
     if !sys.is_dir() {
         return Ok(());
     }
     let fail = |e: std::io::Error, what: &str| {
         SetupError::io(Step::MountSys, &e, format!("writing /sys/{what}"))
     };
-    tmpfs(sys, "mode=0755,size=16k,nr_inodes=32", MsFlags::MS_NOEXEC)
-        .map_err(|e| SetupError::errno(Step::MountSys, e, "mounting the tmpfs on /sys"))?;
+    attach(tmpfs, Tmpfs::Sys, sys)
+        .map_err(|e| SetupError::io(Step::MountSys, &e, "mounting the tmpfs on /sys"))?;
     let cpu = sys.join("devices/system/cpu");
     fs::create_dir_all(&cpu).map_err(|e| fail(e, "devices/system/cpu"))?;
     let range = Facts::of(spec).cpu_range();

@@ -237,3 +237,45 @@ fn through_sudo_codecage_reads_and_chooses_as_the_caller() {
         assert_eq!(run.stdout(), "root only\n", "{}", run.json);
     });
 }
+
+/// The mount table a sandbox reads (mountinfo, mounts, mountstats) names no host uid or
+/// gid: its tmpfs file systems are made by the launcher in the host's user namespace, as
+/// root, so tmpfs prints no owner (made inside, each printed the sandbox root's host uid,
+/// and /work a `uid=` of the sandbox user's host uid). Each root still has its owner.
+#[test]
+fn the_mount_table_shows_no_host_uid_or_gid() {
+    as_root(|| {
+        let run = bash(
+            &[],
+            "cat /proc/self/mountinfo /proc/self/mounts /proc/self/mountstats; \
+             stat -c '%U:%G %a %n' /tmp /work /dev /dev/shm /sys",
+        );
+        let out = run.stdout();
+        assert!(out.contains(" /work "), "{}", run.json);
+        for line in out.lines().filter(|l| l.contains("tmpfs")) {
+            assert!(
+                !line.contains("uid=") && !line.contains("gid="),
+                "a tmpfs shows an owner: {line}"
+            );
+        }
+        for word in out.split(|c: char| c == ',' || c.is_whitespace()) {
+            if let Some(id) = word
+                .strip_prefix("uid=")
+                .or_else(|| word.strip_prefix("gid="))
+            {
+                let id: u64 = id.parse().unwrap_or(0);
+                assert!(
+                    id < 0x10_0000,
+                    "a host id in the mount table: {word}\n{out}"
+                );
+            }
+        }
+        assert!(
+            out.contains("root:root 1777 /tmp")
+                && out.contains("sandbox:sandbox 755 /work")
+                && out.contains("root:root 755 /dev")
+                && out.contains("root:root 1777 /dev/shm"),
+            "{out}"
+        );
+    });
+}

@@ -241,3 +241,31 @@ fn a_typescript_session_prints_with_console_log() {
         s.close().unwrap();
     });
 }
+
+/// An image's root is an overlay of it whose layers are named by sandbox paths: the mount
+/// table a sandbox reads does not give the image's directory on the host (a bind of it
+/// did: its path in the host's file system is a bind's root).
+#[test]
+fn the_mount_table_does_not_name_the_image_s_host_directory() {
+    image_test(|dir| {
+        let run = in_image(&[
+            "--",
+            "cat",
+            "/proc/self/mountinfo",
+            "/proc/self/mounts",
+            "/proc/self/mountstats",
+        ]);
+        let out = run.stdout();
+        let dir = dir.to_str().unwrap();
+        assert!(!out.contains(dir), "{dir} in:\n{out}");
+        assert!(!out.contains("/var/lib/codecage"), "{out}");
+        let root = out
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some("/"))
+            .unwrap_or_else(|| panic!("no root in:\n{out}"));
+        assert!(
+            root.contains(" / / ") && root.contains(" - overlay overlay "),
+            "{root}"
+        );
+    });
+}
