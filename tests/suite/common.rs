@@ -268,3 +268,80 @@ pub fn bash_in_minimal_rootfs(with_mount_points: bool, script: &str) -> (TempDir
     let run = run_json(&["--rootfs", rootfs, "--", "/bin/bash", "-c", script]);
     (image, run)
 }
+
+/// A mount namespace of the test's own (private propagation), held by a sleeping process
+/// named by a [`marker`]: what the test mounts there is not in the host's mount table, so
+/// the check after every other test, running beside this one, does not see it (the rule
+/// in [`super::host`]). It ends with its holder, whatever happens to the test: no unmount
+/// to forget. From the host, its files are at [`MountNamespace::path`]; a program that must
+/// see its mounts (a launcher, a server) starts in it with [`MountNamespace::command`].
+pub struct MountNamespace {
+    holder: Child,
+}
+
+impl MountNamespace {
+    /// A namespace with a tmpfs of `options` (mount(8)'s `-o`) at `dir`, a directory of
+    /// the test's own.
+    pub fn with_tmpfs(dir: &Path, options: &str) -> MountNamespace {
+        use std::io::BufRead;
+        let mark = marker("mountns");
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "bash", "-c"])
+            .arg(
+                "mount -t tmpfs -o \"$1\" codecage-test \"$2\" && echo mounted && \
+                 exec -a \"$3\" sleep infinity",
+            )
+            .arg("bash")
+            .arg(options)
+            .arg(dir)
+            .arg(&mark)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        // The line comes once the tmpfs is mounted; EOF if it could not be.
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(holder.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        if line != "mounted\n" {
+            let out = holder.wait_with_output().unwrap();
+            panic!(
+                "no tmpfs at {} in a mount namespace of the test's own: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        MountNamespace { holder }
+    }
+
+    /// `path` of the namespace, from the host (`/proc/<holder>/root/<path>`; the kernel
+    /// resolves it in the namespace, a program that reads links itself, such as SQLite,
+    /// may not: start it with [`MountNamespace::command`] instead).
+    pub fn path(&self, path: &Path) -> PathBuf {
+        let relative = path.strip_prefix("/").expect("an absolute path");
+        PathBuf::from(format!("/proc/{}/root", self.holder.id())).join(relative)
+    }
+
+    /// `program` started in the namespace (nsenter, which execs it: the pid stays the one
+    /// [`Launch`] notes).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount=/proc/{}/ns/mnt", self.holder.id()))
+            .arg("--")
+            .arg(program);
+        cmd
+    }
+
+    /// The codecage binary, started in the namespace.
+    pub fn codecage(&self) -> Command {
+        self.command(env!("CARGO_BIN_EXE_codecage"))
+    }
+}
+
+impl Drop for MountNamespace {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}

@@ -29,6 +29,12 @@ impl Server {
     /// temp dir, and on TCP when `tcp`. Its audit log is in the temp dir too
     /// ([`Server::audit_db`]) unless `config` has an `[audit]` section.
     pub(super) fn start(config: &str, tcp: bool) -> Server {
+        Server::start_with(codecage(), config, tcp)
+    }
+
+    /// [`Server::start`] with `cmd` as the codecage binary (one started in a mount
+    /// namespace of the test's own, [`MountNamespace::codecage`]).
+    pub(super) fn start_with(mut cmd: Command, config: &str, tcp: bool) -> Server {
         let dir = TempDir::new("serve");
         let socket = dir.path().join("codecage.sock");
         let config_file = dir.path().join("server.toml");
@@ -54,7 +60,6 @@ impl Server {
             ));
         }
         std::fs::write(&config_file, text).unwrap();
-        let mut cmd = codecage();
         cmd.args(["serve", "--config", config_file.to_str().unwrap()])
             .arg("--listen")
             .arg(format!("unix:{}", socket.display()));
