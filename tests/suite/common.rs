@@ -54,14 +54,16 @@ impl Launch for Command {
 }
 
 /// SIGKILLs a launcher and reaps it. Its sandbox dies with it (`PR_SET_PDEATHSIG`): the
-/// processes named `mark` must be gone within 5 s. A launcher killed so cannot remove its
-/// cgroups, and the next launcher sweeps them: one runs here, and the host check after the
-/// test proves the sweep.
+/// processes named `mark` must be gone within 20 s, less than what any caller's payload
+/// would live on its own (it sleeps 30 s or more), so the deadline tells a sandbox that
+/// died from one that did not, on a loaded machine too. A launcher killed so cannot remove
+/// its cgroups, and the next launcher sweeps them: one runs here, and the host check after
+/// the test proves the sweep.
 pub fn kill_launcher(child: &mut Child, mark: &str) {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
-        wait_for(Duration::from_secs(5), || host_pids_with(mark).is_empty()),
+        wait_for(Duration::from_secs(20), || host_pids_with(mark).is_empty()),
         "sandbox processes survived their launcher: {:?}",
         host_pids_with(mark)
     );
@@ -197,6 +199,18 @@ pub fn parse(output: Output) -> Run {
         serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
     let status = output.status.code().unwrap_or(-1);
     Run { json, status }
+}
+
+/// Waits until at least `n` processes named by `mark` run, however long the sandbox takes
+/// to start on this machine: the only deadline is the run's own timeout, which ends
+/// `child` (a `codecage run`), and then the test fails.
+pub fn wait_for_marks(child: &mut Child, mark: &str, n: usize) {
+    while host_pids_with(mark).len() < n {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before {n} processes named {mark} ran");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Waits up to `limit` for `cond`.

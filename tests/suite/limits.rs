@@ -84,14 +84,7 @@ fn sigterm_to_codecage_reaches_the_payload() {
         // The signal goes once the payload is ready, however long that takes here: the
         // only deadline is the sandbox's own timeout, which would end the run first.
         let mut child = spawn_bash(&["--timeout", &secs(60)], &script);
-        while host_pids_with(&mark).is_empty() {
-            let ended = child.try_wait().unwrap();
-            assert!(
-                ended.is_none(),
-                "the run ended before it was ready: {ended:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_marks(&mut child, &mark, 1);
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
@@ -120,14 +113,7 @@ fn a_stalled_reader_of_the_output_does_not_stop_the_timeout() {
         // payload whatever its reader does, so the payload gets past its output: seen here
         // while it sleeps (a launcher that stalled it would hang this loop until nextest's
         // slow-timeout fails the test).
-        while host_pids_with(&mark).is_empty() {
-            let ended = child.try_wait().unwrap();
-            assert!(
-                ended.is_none(),
-                "codecage ended while its output was stalled: {ended:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_marks(&mut child, &mark, 1);
         // Then its timeout ends it, still unread. Left alone it would sleep an hour; the
         // deadline, under nextest's 5-minute stop, is 80 times the timeout (8 in the VM
         // lane): it tells a timeout that acted from one that did not, not a fast machine.
