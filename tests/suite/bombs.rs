@@ -33,7 +33,7 @@ fn python(code: &str) -> Vec<&str> {
 fn bash_fork_bomb_is_contained() {
     as_root(|| {
         let mark = marker("forkbomb");
-        let timeout = secs(10);
+        let timeout = secs(5);
         let argv = marked(
             &mark,
             &["bash", "-c", ":(){ :|:& };:; exec -a \"$0\" sleep 1000"],

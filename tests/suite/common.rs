@@ -359,3 +359,32 @@ impl Drop for MountNamespace {
         let _ = self.holder.wait();
     }
 }
+
+#[test]
+fn a_mount_namespace_of_the_tests_own_is_not_in_the_host_table() {
+    as_root(|| {
+        let dir = TempDir::new("nsprobe");
+        let ns = MountNamespace::with_tmpfs(dir.path(), "size=1m");
+        let at = dir.path().to_str().unwrap();
+        assert!(
+            !host_mounts().iter().any(|m| m.mount_point == at),
+            "the tmpfs is in the host's table"
+        );
+        let holder = ns.holder.id();
+        let theirs = std::fs::read_to_string(format!("/proc/{holder}/mountinfo")).unwrap();
+        let tmpfs = parse_mountinfo(&theirs)
+            .into_iter()
+            .find(|m| m.mount_point == at)
+            .expect("the tmpfs in the namespace's table");
+        assert_eq!(tmpfs.fs_type, "tmpfs");
+        // Written through the namespace, absent from the host's directory.
+        std::fs::write(ns.path(&dir.path().join("f")), "x").unwrap();
+        assert!(!dir.path().join("f").exists());
+        let out = ns
+            .command("cat")
+            .arg(dir.path().join("f"))
+            .output()
+            .unwrap();
+        assert_eq!(out.stdout, b"x");
+    });
+}

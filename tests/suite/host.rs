@@ -340,3 +340,19 @@ fn mountinfo_lines_parse_with_optional_fields_and_escapes() {
         "a duplicate counts"
     );
 }
+
+#[test]
+fn mounts_in_another_tests_temp_dir_are_left_to_its_check() {
+    let temp = std::env::temp_dir();
+    let own = temp.join("ccmark-mine-1-0");
+    let scope = Scope {
+        temp_dirs: vec![own.clone()],
+        ..Scope::default()
+    };
+    assert!(scope.of_another_test(&temp.join("ccmark-audit-disk-2-0")));
+    assert!(scope.of_another_test(&temp.join("ccmark-nested-2-1/inner")));
+    assert!(!scope.of_another_test(&own));
+    assert!(!scope.of_another_test(&own.join("inner")));
+    assert!(!scope.of_another_test(&temp.join("other")));
+    assert!(!scope.of_another_test(Path::new("/mnt/ccmark-x")));
+}

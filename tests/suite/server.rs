@@ -214,12 +214,28 @@ pub(super) fn split_status(out: &[u8]) -> (u16, String) {
     (status.trim().parse().unwrap_or(0), body.to_string())
 }
 
+/// A TCP port for a server under test that no other test takes meanwhile, by
+/// construction: below the kernel's ephemeral range (32768 and up: no socket bound to port
+/// 0, no client's source port gets it), held by this test process with a lock (flock on a
+/// file per port, released when the process ends), and free when chosen.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let locks = std::env::temp_dir().join("codecage-test-ports");
+    std::fs::create_dir_all(&locks).unwrap();
+    let start = std::process::id() as usize * 7919
+        + std::time::SystemTime::UNIX_EPOCH
+            .elapsed()
+            .unwrap()
+            .subsec_nanos() as usize;
+    for i in 0..12000 {
+        let port = 20000 + ((start + i) % 12000) as u16;
+        let lock = std::fs::File::create(locks.join(port.to_string())).unwrap();
+        if lock.try_lock().is_ok() && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            // Held until this test process ends.
+            std::mem::forget(lock);
+            return port;
+        }
+    }
+    panic!("no free TCP port in 20000-31999");
 }
 
 #[test]
