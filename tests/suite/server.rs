@@ -228,11 +228,14 @@ fn free_port() -> u16 {
             .subsec_nanos() as usize;
     for i in 0..12000 {
         let port = 20000 + ((start + i) % 12000) as u16;
-        let lock = std::fs::File::create(locks.join(port.to_string())).unwrap();
-        if lock.try_lock().is_ok() && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            // Held until this test process ends.
-            std::mem::forget(lock);
-            return port;
+        let file = std::fs::File::create(locks.join(port.to_string())).unwrap();
+        use nix::fcntl::{Flock, FlockArg};
+        if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                // Held until this test process ends.
+                std::mem::forget(lock);
+                return port;
+            }
         }
     }
     panic!("no free TCP port in 20000-31999");
