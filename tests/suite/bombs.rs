@@ -3,41 +3,101 @@
 //! The same tests run on the native (v1/hybrid) host and in the cgroup v2 VM
 //! (`cargo xtask vm-test`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::common::*;
 
 /// Runs a bomb with `flags` and `argv`, named by a marker so that the host check after the
 /// test finds any of its processes left (forked copies keep argv[0]).
-fn bomb(name: &str, flags: &[&str], argv: &[&str]) -> (Run, Duration) {
+/// Whether the bomb ended before its timeout is the verdict's to say (`oom`,
+/// `output_limit`, an exit), never a stopwatch's.
+fn bomb(name: &str, flags: &[&str], argv: &[&str]) -> Run {
     let marked = marked(&marker(name), argv);
     let mut args: Vec<&str> = flags.to_vec();
     args.extend(marked.iter().map(String::as_str));
-    let start = Instant::now();
-    let run = run_json(&args);
-    (run, start.elapsed())
+    run_json(&args)
 }
 
 fn python(code: &str) -> Vec<&str> {
     vec!["python3", "-c", code]
 }
 
+/// A bash fork bomb fills its pids limit and goes no further, and the sandbox ends at its
+/// timeout with every copy of the bomb. What is asserted holds however loaded the machine
+/// is: while the bomb runs, the host sees the run's pids cgroup at its limit (the kernel's
+/// `pids.events`) and can still start a process of its own; the run ends by its timeout
+/// (the payload turns into a sleep by exec, which needs no fork, so it neither ends early
+/// nor depends on bash's `fork: retry` succeeding in time); the outcome counts the refused
+/// forks; the host check after the test finds no copy left.
 #[test]
 fn bash_fork_bomb_is_contained() {
     as_root(|| {
-        let (run, took) = bomb(
-            "forkbomb",
-            &["--pids", "32", "--timeout", "20"],
-            &["bash", "-c", ":(){ :|:& };:; sleep 2; echo survived"],
+        let mark = marker("forkbomb");
+        let timeout = secs(5);
+        let argv = marked(
+            &mark,
+            &["bash", "-c", ":(){ :|:& };:; exec -a \"$0\" sleep 1000"],
+        );
+        let mut child = codecage_run()
+            .args(["--json", "--pids", "32", "--timeout", &timeout])
+            .args(&argv)
+            .stdout(std::process::Stdio::piped())
+            .launch();
+        // Until the run ends (at its timeout at the latest): the limit seen from the host.
+        let mut at_limit = None;
+        while at_limit.is_none() && child.try_wait().unwrap().is_none() {
+            at_limit = run_pids_cgroup(child.id())
+                .filter(|dir| read_keyed(&dir.join("pids.events"), "max").is_some_and(|n| n > 0));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let dir = at_limit.expect("the host never saw the bomb at its pids limit");
+        let max = std::fs::read_to_string(dir.join("pids.max")).unwrap();
+        assert_eq!(max.trim(), "33", "32 for the payload, 1 for the init");
+        let host = std::process::Command::new("true").status();
+        assert!(
+            host.as_ref().is_ok_and(|s| s.success()),
+            "the host could not start a process while the bomb ran: {host:?}"
+        );
+        let run = finish(child);
+        assert_eq!(run.error(), Some("timeout"), "{}", run.json);
+        assert_eq!(run.status, 124, "{}", run.json);
+        assert!(
+            run.json["duration_ms"].as_f64().unwrap() >= seconds(&timeout) * 1000.0,
+            "ended before its timeout: {}",
+            run.json
         );
         assert!(
             run.json["pids_limit_hit"].as_bool().unwrap(),
             "{}",
             run.json
         );
-        assert_eq!(run.stdout(), "survived\n", "{}", run.json);
-        assert!(took < Duration::from_secs(20), "{took:?}");
     });
+}
+
+/// The seconds of a [`secs`] value (`"10s"`).
+fn seconds(value: &str) -> f64 {
+    value.trim_end_matches('s').parse().unwrap()
+}
+
+/// The pids cgroup of the run whose launcher is `launcher` (the directory with a
+/// `pids.max`), while it exists.
+fn run_pids_cgroup(launcher: u32) -> Option<std::path::PathBuf> {
+    run_cgroups()
+        .into_iter()
+        .filter(|(pid, _)| *pid == launcher)
+        .map(|(_, dir)| dir)
+        .find(|dir| dir.join("pids.max").exists())
+}
+
+/// The value of `key` in a "key value" per line file (pids.events, ...).
+fn read_keyed(path: &std::path::Path, key: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|line| {
+            let (k, v) = line.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok()).flatten()
+        })
 }
 
 #[test]
@@ -50,7 +110,7 @@ fn python_fork_loop_meets_eagain() {
             \x20           time.sleep(30); os._exit(0)\n\
             \x20   except OSError as e:\n\
             \x20       print('fork failed', e.errno, 'after', i); break\n";
-        let (run, _) = bomb(
+        let run = bomb(
             "pyfork",
             &["--pids", "16", "--timeout", "20"],
             &python(code),
@@ -82,7 +142,7 @@ fn node_spawn_loop_meets_eagain() {
             c.on('error', e => { console.log('spawn failed', e.code); process.exit(0); });\n\
             c.on('spawn', () => { n++; if (n > 500) { console.log('no limit'); process.exit(1); } go(); }); }\n\
             go();";
-        let (run, _) = bomb(
+        let run = bomb(
             "nodespawn",
             &["--pids", "40", "--timeout", "60", "--memory", "512M"],
             &["node", "-e", code],
@@ -102,7 +162,7 @@ fn thread_bomb_is_contained() {
             \x20       threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n\
             except RuntimeError as e:\n\
             \x20   print('thread failed after', n)\n";
-        let (run, _) = bomb(
+        let run = bomb(
             "threads",
             &["--pids", "24", "--timeout", "20"],
             &python(code),
@@ -121,7 +181,7 @@ fn python_memory_bomb_is_oom_killed_at_the_limit() {
     as_root(|| {
         let code =
             "x = []\nwhile True:\n    x.append(bytearray(8 << 20)); print(len(x) * 8, flush=True)";
-        let (run, took) = bomb(
+        let run = bomb(
             "pymem",
             &["--memory", "64M", "--timeout", "30"],
             &python(code),
@@ -137,7 +197,6 @@ fn python_memory_bomb_is_oom_killed_at_the_limit() {
         assert!(peak <= 64 << 20 && peak > 32 << 20, "peak {peak}");
         // Partial output is kept.
         assert!(run.stdout().starts_with("8\n16\n"), "{}", run.json);
-        assert!(took < Duration::from_secs(30));
     });
 }
 
@@ -146,7 +205,7 @@ fn node_buffer_bomb_is_oom_killed() {
     as_root(|| {
         let code =
             "const b = []; for (;;) { b.push(Buffer.alloc(16 << 20, 1)); console.log(b.length * 16); }";
-        let (run, _) = bomb(
+        let run = bomb(
             "nodemem",
             &["--memory", "160M", "--timeout", "60"],
             &["node", "-e", code],
@@ -166,7 +225,7 @@ fn memory_bomb_across_threads_is_oom_killed() {
             ts = [threading.Thread(target=eat) for _ in range(8)]\n\
             [t.start() for t in ts]; [t.join() for t in ts]\n\
             print('survived', len(hold))";
-        let (run, _) = bomb(
+        let run = bomb(
             "threadmem",
             &["--memory", "64M", "--timeout", "30"],
             &python(code),
@@ -178,20 +237,27 @@ fn memory_bomb_across_threads_is_oom_killed() {
 
 /// Children each take a slice; the OOM killer takes some of them. The payload itself
 /// survives and ends the run by itself: the verdict is its exit, and the OOM kills are
-/// counted beside it.
+/// counted beside it. Each child holds its slice until every child has taken its own or
+/// died (pipes, not sleeps): the 8 slices are held at once however slowly they come.
 #[test]
 fn oom_kills_of_children_are_counted_when_the_parent_survives() {
     as_root(|| {
-        let code = "import os, time\n\
+        let code = "import os\n\
+            release_r, release_w = os.pipe(); took_r, took_w = os.pipe()\n\
             kids = []\n\
             for i in range(8):\n\
             \x20   pid = os.fork()\n\
             \x20   if pid == 0:\n\
-            \x20       x = bytearray(24 << 20); time.sleep(3); os._exit(0)\n\
+            \x20       os.close(release_w); os.close(took_r)\n\
+            \x20       x = bytearray(24 << 20); os.write(took_w, b'x'); os.close(took_w)\n\
+            \x20       os.read(release_r, 1); os._exit(0)\n\
             \x20   kids.append(pid)\n\
+            os.close(took_w)\n\
+            while os.read(took_r, 64): pass\n\
+            os.close(release_w)\n\
             codes = [os.waitpid(k, 0)[1] for k in kids]\n\
             print('killed', sum(1 for c in codes if os.WIFSIGNALED(c)))";
-        let (run, _) = bomb(
+        let run = bomb(
             "forkmem",
             &["--memory", "96M", "--timeout", "30"],
             &python(code),
@@ -211,8 +277,8 @@ fn oom_kills_of_children_are_counted_when_the_parent_survives() {
 #[test]
 fn cpu_spin_gets_half_a_cpu() {
     as_root(|| {
-        // Two spinning processes, 3 s of wall time, --cpus 0.5: about 1.5 s of CPU in all.
-        let (run, _) = bomb(
+        // Two spinning processes, 3 s of wall time, --cpus 0.5: at most 1.5 s of CPU in all.
+        let run = bomb(
             "spin",
             &["--cpus", "0.5", "--timeout", "3"],
             &["bash", "-c", "while :; do :; done & while :; do :; done"],
@@ -220,10 +286,14 @@ fn cpu_spin_gets_half_a_cpu() {
         assert_eq!(run.error(), Some("timeout"), "{}", run.json);
         let cpu = run.json["cpu_ms"].as_f64().unwrap();
         let wall = run.json["duration_ms"].as_f64().unwrap();
-        let share = cpu / wall;
+        // The quota is a ceiling: at most 50 ms per 100 ms period, whatever the load (a
+        // loaded machine may give less; how much less is not the sandbox's to promise),
+        // with one period of slack for the edges of the run.
+        assert!(cpu > 0.0, "{}", run.json);
         assert!(
-            (0.35..0.65).contains(&share),
-            "cpu {cpu} ms over {wall} ms = {share:.2} CPUs"
+            cpu <= 0.5 * wall + 100.0,
+            "cpu {cpu} ms over {wall} ms = {:.2} CPUs, over the 0.5 asked",
+            cpu / wall
         );
     });
 }
@@ -243,7 +313,7 @@ try:
         open(f'/tmp/f{i}', 'w').close(); i += 1
 except OSError as e:
     print('files', i, errno.errorcode[e.errno])\"";
-        let (run, _) = bomb(
+        let run = bomb(
             "disk",
             &["--tmp-size", "8M", "--work-size", "8M", "--timeout", "60"],
             &["bash", "-c", script],
@@ -264,13 +334,12 @@ except OSError as e:
 #[test]
 fn stdout_and_stderr_floods_stop_at_the_cap() {
     as_root(|| {
-        let (run, took) = bomb(
+        let run = bomb(
             "flood",
             &["--output-limit", "256K", "--timeout", "20"],
             &["bash", "-c", "cat /dev/urandom >&2 & yes"],
         );
         assert_eq!(run.error(), Some("output_limit"), "{}", run.json);
-        assert!(took < Duration::from_secs(20));
     });
 }
 
@@ -278,7 +347,7 @@ fn stdout_and_stderr_floods_stop_at_the_cap() {
 fn fd_exhaustion_stays_inside() {
     as_root(|| {
         let code = "fs = []\ntry:\n    while True: fs.append(open('/dev/null'))\nexcept OSError as e:\n    print('open failed', e.errno)";
-        let (run, _) = bomb("fds", &["--timeout", "20"], &python(code));
+        let run = bomb("fds", &["--timeout", "20"], &python(code));
         assert_eq!(run.stdout(), "open failed 24\n", "{}", run.json);
     });
 }
@@ -290,7 +359,7 @@ fn zombie_pile_up_is_reaped() {
         // the payload exits and the init reaps them all.
         let code = "import os\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0: os._exit(0)\n        n += 1\n\
                     except OSError as e:\n    print('zombies', n >= 10, e.errno)";
-        let (run, _) = bomb(
+        let run = bomb(
             "zombies",
             &["--pids", "16", "--timeout", "20"],
             &python(code),
@@ -363,14 +432,16 @@ fn the_cgroup_layout_is_the_expected_one_and_every_limit_is_enforceable() {
 }
 
 /// Whether this kernel gives cgroup2 cgroups a `cgroup.kill` (Linux 5.14): looked for in a
-/// cgroup of the test's own, made below the cgroup2 mount and removed (the root has none).
-/// No cgroup2 mount (pure v1): false.
+/// cgroup of the test's own, made below the cgroup2 mount's `codecage` parent (cgroups
+/// only there; a name no launcher sweeps and no host check counts) and removed (the root
+/// has none). No cgroup2 mount (pure v1): false.
 fn kernel_has_cgroup_kill() -> bool {
     let Some(unified) = host_mounts().into_iter().find(|m| m.fs_type == "cgroup2") else {
         return false;
     };
-    let probe = std::path::Path::new(&unified.mount_point)
-        .join(format!("ccprobe-kill-{}", std::process::id()));
+    let parent = std::path::Path::new(&unified.mount_point).join("codecage");
+    std::fs::create_dir_all(&parent).unwrap();
+    let probe = parent.join(format!("ccprobe-kill-{}", std::process::id()));
     std::fs::create_dir(&probe).unwrap();
     let has_kill = probe.join("cgroup.kill").exists();
     std::fs::remove_dir(&probe).unwrap();
@@ -383,7 +454,7 @@ fn kernel_has_cgroup_kill() -> bool {
 #[test]
 fn a_tmpfs_memory_bomb_is_reported_as_oom() {
     as_root(|| {
-        let (run, _) = bomb(
+        let run = bomb(
             "shmbomb",
             &["--memory", "16M", "--timeout", &secs(20)],
             &["sh", "-c", "head -c 30000000 /dev/zero > /dev/shm/x"],

@@ -39,10 +39,8 @@ fn sigkill_of_the_payload_leaves_nothing() {
     as_root(|| {
         let mark = marker("kill9");
         let script = format!("(exec -a {mark}-child sleep 100) & exec -a {mark} sleep 100");
-        let child = spawn_bash(&["--timeout", "20"], &script);
-        assert!(wait_for(Duration::from_secs(10), || host_pids_with(&mark)
-            .len()
-            == 2));
+        let mut child = spawn_bash(&["--timeout", "20"], &script);
+        wait_for_marks(&mut child, &mark, 2);
         // The payload itself is the one named exactly `mark`; its child is `mark-child`.
         let target = host_pids_with(&format!("{mark}\0"))[0];
         nix::sys::signal::kill(
@@ -68,9 +66,7 @@ fn sigkill_of_the_launcher_takes_the_sandbox_with_it_and_its_cgroups_are_swept()
                 "(setsid bash -c 'exec -a {mark} sleep 100' &); exec -a {mark} sleep 100"
             ))
             .launch();
-        assert!(wait_for(Duration::from_secs(10), || host_pids_with(&mark)
-            .len()
-            == 2));
+        wait_for_marks(&mut child, &mark, 2);
         kill_launcher(&mut child, &mark);
     });
 }

@@ -54,14 +54,16 @@ impl Launch for Command {
 }
 
 /// SIGKILLs a launcher and reaps it. Its sandbox dies with it (`PR_SET_PDEATHSIG`): the
-/// processes named `mark` must be gone within 5 s. A launcher killed so cannot remove its
-/// cgroups, and the next launcher sweeps them: one runs here, and the host check after the
-/// test proves the sweep.
+/// processes named `mark` must be gone within 20 s, less than what any caller's payload
+/// would live on its own (it sleeps 30 s or more), so the deadline tells a sandbox that
+/// died from one that did not, on a loaded machine too. A launcher killed so cannot remove
+/// its cgroups, and the next launcher sweeps them: one runs here, and the host check after
+/// the test proves the sweep.
 pub fn kill_launcher(child: &mut Child, mark: &str) {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
-        wait_for(Duration::from_secs(5), || host_pids_with(mark).is_empty()),
+        wait_for(Duration::from_secs(20), || host_pids_with(mark).is_empty()),
         "sandbox processes survived their launcher: {:?}",
         host_pids_with(mark)
     );
@@ -199,6 +201,18 @@ pub fn parse(output: Output) -> Run {
     Run { json, status }
 }
 
+/// Waits until at least `n` processes named by `mark` run, however long the sandbox takes
+/// to start on this machine: the only deadline is the run's own timeout, which ends
+/// `child` (a `codecage run`), and then the test fails.
+pub fn wait_for_marks(child: &mut Child, mark: &str, n: usize) {
+    while host_pids_with(mark).len() < n {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before {n} processes named {mark} ran");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits up to `limit` for `cond`.
 pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
@@ -267,4 +281,110 @@ pub fn bash_in_minimal_rootfs(with_mount_points: bool, script: &str) -> (TempDir
     let rootfs = dir.to_str().unwrap();
     let run = run_json(&["--rootfs", rootfs, "--", "/bin/bash", "-c", script]);
     (image, run)
+}
+
+/// A mount namespace of the test's own (private propagation), held by a sleeping process
+/// named by a [`marker`]: what the test mounts there is not in the host's mount table, so
+/// the check after every other test, running beside this one, does not see it (the rule
+/// in [`super::host`]). It ends with its holder, whatever happens to the test: no unmount
+/// to forget. From the host, its files are at [`MountNamespace::path`]; a program that must
+/// see its mounts (a launcher, a server) starts in it with [`MountNamespace::command`].
+pub struct MountNamespace {
+    holder: Child,
+}
+
+impl MountNamespace {
+    /// A namespace with a tmpfs of `options` (mount(8)'s `-o`) at `dir`, a directory of
+    /// the test's own.
+    pub fn with_tmpfs(dir: &Path, options: &str) -> MountNamespace {
+        use std::io::BufRead;
+        let mark = marker("mountns");
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "bash", "-c"])
+            .arg(
+                "mount -t tmpfs -o \"$1\" codecage-test \"$2\" && echo mounted && \
+                 exec -a \"$3\" sleep infinity",
+            )
+            .arg("bash")
+            .arg(options)
+            .arg(dir)
+            .arg(&mark)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        // The line comes once the tmpfs is mounted; EOF if it could not be.
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(holder.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        if line != "mounted\n" {
+            let out = holder.wait_with_output().unwrap();
+            panic!(
+                "no tmpfs at {} in a mount namespace of the test's own: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        MountNamespace { holder }
+    }
+
+    /// `path` of the namespace, from the host (`/proc/<holder>/root/<path>`; the kernel
+    /// resolves it in the namespace, a program that reads links itself, such as SQLite,
+    /// may not: start it with [`MountNamespace::command`] instead).
+    pub fn path(&self, path: &Path) -> PathBuf {
+        let relative = path.strip_prefix("/").expect("an absolute path");
+        PathBuf::from(format!("/proc/{}/root", self.holder.id())).join(relative)
+    }
+
+    /// `program` started in the namespace (nsenter, which execs it: the pid stays the one
+    /// [`Launch`] notes).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount=/proc/{}/ns/mnt", self.holder.id()))
+            .arg("--")
+            .arg(program);
+        cmd
+    }
+
+    /// The codecage binary, started in the namespace.
+    pub fn codecage(&self) -> Command {
+        self.command(env!("CARGO_BIN_EXE_codecage"))
+    }
+}
+
+impl Drop for MountNamespace {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+#[test]
+fn a_mount_namespace_of_the_tests_own_is_not_in_the_host_table() {
+    as_root(|| {
+        let dir = TempDir::new("nsprobe");
+        let ns = MountNamespace::with_tmpfs(dir.path(), "size=1m");
+        let at = dir.path().to_str().unwrap();
+        assert!(
+            !host_mounts().iter().any(|m| m.mount_point == at),
+            "the tmpfs is in the host's table"
+        );
+        let holder = ns.holder.id();
+        let theirs = std::fs::read_to_string(format!("/proc/{holder}/mountinfo")).unwrap();
+        let tmpfs = parse_mountinfo(&theirs)
+            .into_iter()
+            .find(|m| m.mount_point == at)
+            .expect("the tmpfs in the namespace's table");
+        assert_eq!(tmpfs.fs_type, "tmpfs");
+        // Written through the namespace, absent from the host's directory.
+        std::fs::write(ns.path(&dir.path().join("f")), "x").unwrap();
+        assert!(!dir.path().join("f").exists());
+        let out = ns
+            .command("cat")
+            .arg(dir.path().join("f"))
+            .output()
+            .unwrap();
+        assert_eq!(out.stdout, b"x");
+    });
 }

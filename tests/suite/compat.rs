@@ -471,31 +471,20 @@ fn a_sparse_file_may_be_larger_than_its_tmpfs() {
 #[test]
 fn mounts_inside_a_read_only_volume_are_read_only_too() {
     as_root(|| {
-        use nix::mount::{mount, umount2, MntFlags, MsFlags};
         let project = TempDir::new("nested");
         let inner = project.path().join("inner");
         std::fs::create_dir(&inner).unwrap();
-        mount(
-            Some("tmpfs"),
-            &inner,
-            Some("tmpfs"),
-            MsFlags::empty(),
-            Some("size=1m,mode=0777"),
-        )
-        .unwrap();
-        struct Unmount<'a>(&'a Path);
-        impl Drop for Unmount<'_> {
-            fn drop(&mut self) {
-                let _ = umount2(self.0, MntFlags::MNT_DETACH);
-            }
-        }
-        let _unmount = Unmount(&inner);
+        // The tmpfs and the launcher live in a mount namespace of the test's own: the
+        // other tests' host checks must not see the mount (see host.rs).
+        let ns = MountNamespace::with_tmpfs(&inner, "size=1m,mode=0777");
         let volume = format!("{}:/work/src", project.path().display());
-        let run = bash(
-            &["-v", &volume],
-            "touch /work/src/inner/x 2>&1 | sed 's/.*: //'; grep -c ' /work/src/inner ro,' /proc/self/mountinfo",
+        let run = parse(
+            ns.codecage()
+                .args(["run", "--json", "--rootfs", "host", "-v", &volume, "--", "bash", "-c"])
+                .arg("touch /work/src/inner/x 2>&1 | sed 's/.*: //'; grep -c ' /work/src/inner ro,' /proc/self/mountinfo")
+                .launch_output(),
         );
         assert_eq!(run.stdout(), "Read-only file system\n1\n", "{}", run.json);
-        assert!(!inner.join("x").exists());
+        assert!(!ns.path(&inner).join("x").exists());
     });
 }

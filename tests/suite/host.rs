@@ -1,5 +1,32 @@
 //! The harness of the tests that build real sandboxes: [`as_root`] runs one such test and
 //! then proves that the host is as it was (mount table, processes, cgroups, temp dirs).
+//!
+//! # The rule: tests that cannot see each other
+//!
+//! Tests run in parallel (nextest: a process each; `cargo test`: threads of one), and each
+//! one's check runs while others are mid-way. So what a test changes on the host must be
+//! invisible to the others' checks *by construction*, never by timing:
+//! - **Mounts**: the check compares the whole host mount table, so a test never mounts in
+//!   the host's mount namespace. It mounts in one of its own
+//!   ([`super::common::MountNamespace`]: private propagation, held by a marked process,
+//!   gone with it) and starts there whatever must see the mount (the launcher, the
+//!   server). Network namespaces are held by a process (`unshare --net`), never bind-mounted
+//!   under /run/netns. As a second line, a mount under another test's temp dir
+//!   (`ccmark-...`, not one of this test's) is left to that test's own check.
+//! - **Processes**: the check looks only for processes named by this test's markers
+//!   ([`super::common::marker`], unique per process and call).
+//! - **Cgroups**: only run cgroups named after this test's own launchers (their pids), and
+//!   any probe cgroup a test makes lives under a `codecage` parent with a name no launcher
+//!   sweeps and no check counts.
+//! - **Temp dirs**: only this test's own ([`super::common::TempDir`], unique names).
+//! - **Host-wide measures** (the kernel-memory tests read the host's available memory):
+//!   no name can keep other tests out of those, so such tests run alone
+//!   (`threads-required` in .config/nextest.toml) and measure what other load leaves
+//!   alone (see kmem.rs).
+//!
+//! A test that waits on the kernel (fork and memory bombs, timeouts) asserts what holds
+//! whatever the machine's load: the verdict, the limit's counters, the host's state; its
+//! deadlines come from the sandbox's own limits, never from how fast the machine is today.
 
 use std::cell::RefCell;
 use std::os::unix::fs::MetadataExt;
@@ -91,8 +118,15 @@ pub fn in_process_launcher() {
 impl Scope {
     fn assert_host_clean(&self, mounts_before: &[Mount]) {
         let mounts_after = host_mounts();
-        let added = missing_from(&mounts_after, mounts_before);
-        let removed = missing_from(mounts_before, &mounts_after);
+        let others = |m: &Mount| self.of_another_test(Path::new(&m.mount_point));
+        let added: Vec<Mount> = missing_from(&mounts_after, mounts_before)
+            .into_iter()
+            .filter(|m| !others(m))
+            .collect();
+        let removed: Vec<Mount> = missing_from(mounts_before, &mounts_after)
+            .into_iter()
+            .filter(|m| !others(m))
+            .collect();
         assert!(
             added.is_empty() && removed.is_empty(),
             "the host's mount table changed: added {added:?}, removed {removed:?}"
@@ -115,6 +149,21 @@ impl Scope {
         assert!(left.is_empty(), "the run's cgroups were left: {left:?}");
         let left: Vec<&PathBuf> = self.temp_dirs.iter().filter(|d| d.exists()).collect();
         assert!(left.is_empty(), "temp dirs were left: {left:?}");
+    }
+}
+
+impl Scope {
+    /// Whether `path` lies in a temp dir of another test (`<temp>/ccmark-...`, not one of
+    /// this test's [`super::common::TempDir`]s): that test's own check covers it.
+    fn of_another_test(&self, path: &Path) -> bool {
+        let Ok(rest) = path.strip_prefix(std::env::temp_dir()) else {
+            return false;
+        };
+        let Some(first) = rest.components().next() else {
+            return false;
+        };
+        let dir = std::env::temp_dir().join(first);
+        first.as_os_str().to_string_lossy().starts_with("ccmark-") && !self.temp_dirs.contains(&dir)
     }
 }
 
@@ -290,4 +339,20 @@ fn mountinfo_lines_parse_with_optional_fields_and_escapes() {
         missing_from(&[mounts[1].clone(), mounts[1].clone()], &mounts) == [mounts[1].clone()],
         "a duplicate counts"
     );
+}
+
+#[test]
+fn mounts_in_another_tests_temp_dir_are_left_to_its_check() {
+    let temp = std::env::temp_dir();
+    let own = temp.join("ccmark-mine-1-0");
+    let scope = Scope {
+        temp_dirs: vec![own.clone()],
+        ..Scope::default()
+    };
+    assert!(scope.of_another_test(&temp.join("ccmark-audit-disk-2-0")));
+    assert!(scope.of_another_test(&temp.join("ccmark-nested-2-1/inner")));
+    assert!(!scope.of_another_test(&own));
+    assert!(!scope.of_another_test(&own.join("inner")));
+    assert!(!scope.of_another_test(&temp.join("other")));
+    assert!(!scope.of_another_test(Path::new("/mnt/ccmark-x")));
 }

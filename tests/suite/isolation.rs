@@ -1,7 +1,6 @@
 //! What the payload can see and reach: processes, network, host name, ids, fds.
 
 use std::os::fd::AsFd;
-use std::time::Duration;
 
 use super::common::*;
 
@@ -63,11 +62,7 @@ fn the_payloads_host_uid_is_not_root() {
     as_root(|| {
         let mark = marker("uid");
         let mut child = spawn_bash(&["--timeout", "20"], &format!("exec -a {mark} sleep 30"));
-        assert!(
-            wait_for(Duration::from_secs(10), || !host_pids_with(&mark)
-                .is_empty()),
-            "payload never appeared"
-        );
+        wait_for_marks(&mut child, &mark, 1);
         let pid = host_pids_with(&mark)[0];
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let ppid: u32 = field(&status, "PPid:")[0].parse().unwrap();

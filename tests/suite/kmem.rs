@@ -18,13 +18,39 @@ struct HostLoss {
     udp: i64,
 }
 
+/// The host's available memory, not counting what the machine's other load moves it by:
+/// MemAvailable, plus AnonPages (one read of /proc/meminfo), plus the free pages parked on
+/// the per-CPU lists (/proc/zoneinfo's pagesets). The other load (a `stress-ng --vm`
+/// beside the tests, other programs' heaps, the sandbox's own, which its cgroup bounds)
+/// allocates and frees anonymous memory all the time, and a page it frees sits on a
+/// per-CPU list, counted nowhere, before it is free again: hundreds of MiB that would
+/// count as the host's loss. Kernel memory pinned outside the processes (queues, buffers,
+/// tables, tmpfs files) still does.
 fn mem_available_kib() -> i64 {
-    std::fs::read_to_string("/proc/meminfo")
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let field = |name: &str| -> i64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/meminfo"))
+    };
+    field("MemAvailable:") + field("AnonPages:") + per_cpu_free_kib()
+}
+
+/// The free pages on the per-CPU lists (the `count:` of every pageset in /proc/zoneinfo).
+fn per_cpu_free_kib() -> i64 {
+    let page_kib = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .unwrap()
+        .unwrap()
+        / 1024;
+    let pages: i64 = std::fs::read_to_string("/proc/zoneinfo")
         .unwrap()
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+        .filter_map(|l| l.trim().strip_prefix("count:"))
+        .filter_map(|n| n.trim().parse::<i64>().ok())
+        .sum();
+    pages * page_kib
 }
 
 fn udp_pages() -> i64 {

@@ -29,6 +29,12 @@ impl Server {
     /// temp dir, and on TCP when `tcp`. Its audit log is in the temp dir too
     /// ([`Server::audit_db`]) unless `config` has an `[audit]` section.
     pub(super) fn start(config: &str, tcp: bool) -> Server {
+        Server::start_with(codecage(), config, tcp)
+    }
+
+    /// [`Server::start`] with `cmd` as the codecage binary (one started in a mount
+    /// namespace of the test's own, [`MountNamespace::codecage`]).
+    pub(super) fn start_with(mut cmd: Command, config: &str, tcp: bool) -> Server {
         let dir = TempDir::new("serve");
         let socket = dir.path().join("codecage.sock");
         let config_file = dir.path().join("server.toml");
@@ -54,7 +60,6 @@ impl Server {
             ));
         }
         std::fs::write(&config_file, text).unwrap();
-        let mut cmd = codecage();
         cmd.args(["serve", "--config", config_file.to_str().unwrap()])
             .arg("--listen")
             .arg(format!("unix:{}", socket.display()));
@@ -209,12 +214,31 @@ pub(super) fn split_status(out: &[u8]) -> (u16, String) {
     (status.trim().parse().unwrap_or(0), body.to_string())
 }
 
+/// A TCP port for a server under test that no other test takes meanwhile, by
+/// construction: below the kernel's ephemeral range (32768 and up: no socket bound to port
+/// 0, no client's source port gets it), held by this test process with a lock (flock on a
+/// file per port, released when the process ends), and free when chosen.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let locks = std::env::temp_dir().join("codecage-test-ports");
+    std::fs::create_dir_all(&locks).unwrap();
+    let start = std::process::id() as usize * 7919
+        + std::time::SystemTime::UNIX_EPOCH
+            .elapsed()
+            .unwrap()
+            .subsec_nanos() as usize;
+    for i in 0..12000 {
+        let port = 20000 + ((start + i) % 12000) as u16;
+        let file = std::fs::File::create(locks.join(port.to_string())).unwrap();
+        use nix::fcntl::{Flock, FlockArg};
+        if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                // Held until this test process ends.
+                std::mem::forget(lock);
+                return port;
+            }
+        }
+    }
+    panic!("no free TCP port in 20000-31999");
 }
 
 #[test]

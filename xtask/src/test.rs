@@ -19,7 +19,8 @@ use crate::host::{install_missing, Recommends, Runner};
 /// integration tests of the workspace (cargo nextest when installed, else cargo test), then
 /// the integration tests in every VM lane (cargo xtask vm-test --lane all; --lane picks
 /// some, --native-only none), with a summary per lane and the support matrix. Must run as
-/// root: the tests build real sandboxes.
+/// root: the tests build real sandboxes. --repeat N runs all of it N times in a row;
+/// --stress runs a CPU and memory load beside (stress-ng, 2+2 workers; README "Testing").
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
@@ -29,9 +30,64 @@ pub struct Args {
     /// Run these VM lanes only (repeatable; default: all)
     #[arg(long = "lane", value_name = "NAME", value_parser = crate::vm::lanes::parse_lane)]
     lanes: Vec<String>,
+    /// Run everything this many times in a row (each run's result and time printed)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Beside the runs, a CPU and memory load: stress-ng --cpu 2 --vm 2 --vm-bytes 1G
+    /// (installed when missing; stopped when the runs end)
+    #[arg(long)]
+    stress: bool,
     /// Passed on to cargo nextest run (or cargo test)
     #[arg(last = true, value_name = "NEXTEST-ARGS")]
     nextest_args: Vec<String>,
+}
+
+/// The load of `--stress`, as README's "Testing" describes it: two CPU workers and two
+/// workers that allocate, touch and free 1 GiB each. Its own timeout bounds it should
+/// xtask die without stopping it.
+const STRESS: &[&str] = &[
+    "--cpu",
+    "2",
+    "--vm",
+    "2",
+    "--vm-bytes",
+    "1G",
+    "--timeout",
+    "6h",
+];
+
+/// A stress-ng started for `--stress`, stopped (SIGTERM to its pid: it stops its workers)
+/// and reaped when dropped.
+struct Stress(std::process::Child);
+
+impl Stress {
+    fn start() -> Result<Stress> {
+        install_missing(
+            &Runner::terminal(),
+            &[("stress-ng", "stress-ng")],
+            Recommends::Skip,
+        )?;
+        let child = Command::new("stress-ng")
+            .args(STRESS)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting stress-ng")?;
+        eprintln!(
+            "xtask: load beside the tests: stress-ng {} (pid {})",
+            STRESS.join(" "),
+            child.id()
+        );
+        Ok(Stress(child))
+    }
+}
+
+impl Drop for Stress {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
 }
 
 /// Programs the integration tests run inside a sandbox with the host rootfs, and the
@@ -54,6 +110,37 @@ pub fn test(args: &Args) -> Result<i32> {
             "the tests build real sandboxes and must run as root (try: sudo -E cargo xtask test)"
         );
     }
+    let _stress = if args.stress {
+        Some(Stress::start()?)
+    } else {
+        None
+    };
+    if args.repeat == 1 {
+        return test_once(args);
+    }
+    let mut results = Vec::new();
+    for n in 1..=args.repeat {
+        eprintln!("xtask: run {n} of {}", args.repeat);
+        let start = std::time::Instant::now();
+        let code = test_once(args)?;
+        results.push((code, start.elapsed()));
+    }
+    for (n, (code, took)) in results.iter().enumerate() {
+        eprintln!(
+            "xtask: run {} of {}: exit {code} in {}",
+            n + 1,
+            args.repeat,
+            crate::host::secs(*took)
+        );
+    }
+    Ok(results
+        .iter()
+        .map(|(code, _)| *code)
+        .find(|c| *c != 0)
+        .unwrap_or(0))
+}
+
+fn test_once(args: &Args) -> Result<i32> {
     install_missing(&Runner::terminal(), NEEDED, Recommends::Skip)?;
     eprintln!("xtask: building the default image (cargo xtask rootfs)");
     let built = crate::rootfs::rootfs(&crate::rootfs::Args::default())?;
@@ -179,6 +266,12 @@ mod tests {
             panic!()
         };
         assert!(!a.native_only && a.nextest_args.is_empty() && a.lanes.is_empty());
+        assert!(a.repeat == 1 && !a.stress);
+        let Ok(Task::Test(a)) = parse(&["test", "--repeat", "3", "--stress"]) else {
+            panic!()
+        };
+        assert!(a.repeat == 3 && a.stress);
+        assert!(parse(&["test", "--repeat", "0"]).is_err());
         let Ok(Task::Test(a)) = parse(&["test", "--lane", "v1", "--lane", "no-landlock"]) else {
             panic!()
         };
