@@ -776,21 +776,23 @@ fn a_request_may_only_tighten_the_mode_and_full_needs_the_host() {
     });
 }
 
-/// A server of the test's own with the test internet's gateway config; its fds, threads
-/// and children are counted around 1 000 short connections.
-#[test]
-fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
-    as_root(|| {
-        let net = Internet::new();
+/// `codecage serve` on a unix socket of the test's, with the test internet's gateway config
+/// and PROFILE as profile `net`; no warm pool (its refills would change what is counted).
+struct Server {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Server {
+    fn start(net: &Internet, profile: &Path) -> Server {
         let dir = net.dir.path();
         let profiles = dir.join("profiles");
         std::fs::create_dir_all(&profiles).unwrap();
-        std::fs::copy(net.profile("restricted", ""), profiles.join("net.toml")).unwrap();
+        std::fs::copy(profile, profiles.join("net.toml")).unwrap();
         let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
         let audit = dir.join("audit").join("audit.db");
         std::fs::write(
             dir.join("server.toml"),
-            // No warm pool: its refills would change the fds and threads counted here.
             format!(
                 "profiles_dir = {profiles:?}\n{config}\n[pool]\nruns = {{}}\nsessions = {{}}\n\
                  [audit]\npath = {audit:?}\n"
@@ -798,7 +800,7 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
         )
         .unwrap();
         let socket = dir.join("codecage.sock");
-        let mut server = codecage()
+        let child = codecage()
             .args(["serve", "--config"])
             .arg(dir.join("server.toml"))
             .arg("--listen")
@@ -807,20 +809,81 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .launch();
-        let run = |code: &str| -> Value {
-            let body = serde_json::json!({"profile": "net", "code": code, "timeout": "60s"});
-            let out = Command::new("curl")
-                .args(["-s", "--unix-socket"])
-                .arg(&socket)
-                .args(["-H", "Content-Type: application/json", "-d"])
-                .arg(body.to_string())
-                .arg("http://codecage/v1/run")
-                .output()
-                .unwrap();
-            serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-        };
         assert!(wait_for(Duration::from_secs(10), || socket.exists()));
-        let pid = server.id();
+        Server { child, socket }
+    }
+
+    /// `GET PATH` on the server: the status code and the body.
+    fn get(&self, path: &str) -> (u16, String) {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-w",
+                "\n%{http_code}",
+                "--max-time",
+                "10",
+                "--unix-socket",
+            ])
+            .arg(&self.socket)
+            .arg(format!("http://codecage{path}"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    /// Runs CODE (Python) in a sandbox of profile `net`.
+    fn run(&self, code: &str) -> Value {
+        let body = serde_json::json!({"profile": "net", "code": code, "timeout": "60s"});
+        let out = Command::new("curl")
+            .args(["-s", "--unix-socket"])
+            .arg(&self.socket)
+            .args(["-H", "Content-Type: application/json", "-d"])
+            .arg(body.to_string())
+            .arg("http://codecage/v1/run")
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The server's resident memory in KiB and its thread count.
+    fn usage(&self) -> (u64, usize) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("Threads:") as usize)
+    }
+
+    /// Stops the server with SIGTERM; it must exit cleanly.
+    fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}");
+    }
+}
+
+/// A server of the test's own with the test internet's gateway config; its fds, threads
+/// and children are counted around 1 000 short connections.
+#[test]
+fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
+    as_root(|| {
+        let net = Internet::new();
+        let server = Server::start(&net, &net.profile("restricted", ""));
+        let pid = server.pid();
         let count = |what: &str| {
             std::fs::read_dir(format!("/proc/{pid}/{what}"))
                 .unwrap()
@@ -834,11 +897,11 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
             )
         };
         // Warm up: the gateway's runtime and dial thread start with the first sandbox.
-        let first = run(&code(5));
+        let first = server.run(&code(5));
         assert_eq!(first["stdout"], "done 5\n", "{first}");
         std::thread::sleep(Duration::from_millis(500));
         let (fds, threads) = (count("fd"), count("task"));
-        let many = run(&code(1000));
+        let many = server.run(&code(1000));
         assert_eq!(many["stdout"], "done 1000\n", "{many}");
         let allowed = many["network"]
             .as_array()
@@ -867,12 +930,117 @@ fn a_thousand_short_connections_leave_nothing_behind_in_the_server() {
                 std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             assert_eq!(children.trim(), "", "the server has children left");
         }
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
+        server.stop();
+    });
+}
+
+/// Python that fetches http://allowed.test/ with a 1 s limit and prints how long it took.
+const PY_FETCH_WITHIN_1S: &str = r#"
+import time, urllib.request
+t = time.monotonic()
+try:
+    body = urllib.request.urlopen("http://allowed.test/", timeout=1).read().decode()
+except Exception as e:
+    body = f"ERROR {e}"
+print(body, round(time.monotonic() - t, 3))
+"#;
+
+/// Issue 22, faults 1 and 2: one sandbox holds 10 000 idle DNS-over-TCP connections to the
+/// gateway, then ends. The server's memory must come back within 20 MiB of where it was,
+/// its threads to where they were, and the next sandbox's fetch must work within 1 s.
+#[test]
+fn ten_thousand_idle_dns_connections_cost_the_server_nothing_that_lasts() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile(
+            "flood",
+            "max_connections = 16\n[limits]\nnofile = 20000\nmemory = \"512M\"\n",
         );
-        let status = server.wait().unwrap();
-        assert!(status.success(), "{status}");
+        let server = Server::start(&net, &profile);
+        let first = server.run(PY_FETCH_WITHIN_1S);
+        assert!(
+            first["stdout"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("server-a"),
+            "{first}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let before = server.usage();
+        let flood = r#"
+import socket, time, select
+socks, connected = [], 0
+for i in range(10000):
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("198.18.0.1", 53))
+    socks.append(s)
+time.sleep(3)
+for s in socks:
+    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+        try:
+            s.getpeername()
+            connected += 1
+        except OSError:
+            pass
+print("connected", connected)
+"#;
+        let during = std::sync::Mutex::new((0u64, 0usize));
+        let run = std::thread::scope(|scope| {
+            let running = scope.spawn(|| server.run(flood));
+            while !running.is_finished() {
+                let (rss, threads) = server.usage();
+                let mut peak = during.lock().unwrap();
+                *peak = (peak.0.max(rss), peak.1.max(threads));
+                drop(peak);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            running.join().unwrap()
+        });
+        let during = *during.lock().unwrap();
+        let out = run["stdout"].as_str().unwrap_or("").to_string();
+        assert!(out.starts_with("connected"), "{run}");
+        let connected: usize = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let next = Instant::now();
+        let fetch = server.run(PY_FETCH_WITHIN_1S);
+        let took = next.elapsed();
+        // Let freed memory settle (the allocator's caches).
+        std::thread::sleep(Duration::from_secs(2));
+        let after = server.usage();
+        eprintln!(
+            "server RSS KiB / threads: before {before:?}, during (peak) {during:?}, after {after:?}; \
+             connected {connected} of 10000; the next fetch: {} in {took:?}",
+            fetch["stdout"]
+        );
+        assert!(
+            fetch["stdout"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("server-a"),
+            "the next sandbox has no network: {fetch}"
+        );
+        let (health, body) = server.get("/healthz");
+        assert_eq!(health, 200, "{body}");
+        assert!(
+            after.0 <= before.0 + 20 * 1024,
+            "the server's memory went from {} KiB to {} KiB",
+            before.0,
+            after.0
+        );
+        assert!(
+            after.1 <= before.1 + 2,
+            "the server's threads went from {} to {}",
+            before.1,
+            after.1
+        );
+        // The flood is refused past max_connections, and said so.
+        assert!(connected <= 64, "{connected} connections were held");
+        assert!(
+            run["network"].to_string().contains("max_connections"),
+            "{}",
+            run["network"]
+        );
+        server.stop();
     });
 }
 
