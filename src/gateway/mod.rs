@@ -7,6 +7,7 @@
 //! it: `codecage run` with network mode `none` never starts it, and the server's request
 //! handling never shares its workers with packet processing.
 
+mod admission;
 mod client;
 mod config;
 mod dns;
@@ -26,6 +27,13 @@ use codecage::network::{Attached, Connection, Mode, NetworkSpec};
 
 pub use config::{GatewayConfig, HostConfig};
 
+/// The gateway this process installed, for [`Gateway::health`].
+static INSTALLED: OnceLock<Arc<Gateway>> = OnceLock::new();
+/// How long the health check waits for the gateway's runtime to run a task.
+const HEALTH_PROBE: std::time::Duration = std::time::Duration::from_secs(1);
+/// Streams waiting for the reaper past which the gateway is reported unhealthy.
+const REAPER_BACKLOG: usize = 100_000;
+
 /// The gateway of one process (the CLI's, or the server's).
 pub struct Gateway {
     config: Arc<GatewayConfig>,
@@ -34,6 +42,8 @@ pub struct Gateway {
     /// The package indexes' HTTP(S) client, shared by every sandbox (its TLS settings
     /// are made once).
     client: OnceLock<Arc<client::Client>>,
+    /// The thread that drops the sandboxes' streams (see `admission`).
+    reaper: OnceLock<Result<admission::Reaper, String>>,
 }
 
 impl Gateway {
@@ -43,12 +53,48 @@ impl Gateway {
             runtime: OnceLock::new(),
             upstream: OnceLock::new(),
             client: OnceLock::new(),
+            reaper: OnceLock::new(),
         }
     }
 
     /// Registers a gateway with this config as the process's.
     pub fn install(config: GatewayConfig) {
-        codecage::network::set_gateway(Arc::new(Gateway::new(config)));
+        let gateway = Arc::new(Gateway::new(config));
+        let _ = INSTALLED.set(gateway.clone());
+        codecage::network::set_gateway(gateway);
+    }
+
+    /// Whether the gateway can relay: its runtime runs a task within a second (a stalled
+    /// runtime is what stopped every sandbox's network before, issue 22), and its reaper
+    /// keeps up. `Ok` with its state, or why not. A gateway not started yet is healthy.
+    pub async fn health() -> Result<String, String> {
+        let Some(gateway) = INSTALLED.get() else {
+            return Ok("gateway: not configured".into());
+        };
+        let Some(Ok(runtime)) = gateway.runtime.get() else {
+            return Ok("gateway: not started".into());
+        };
+        let probe = runtime.spawn(async {});
+        match tokio::time::timeout(HEALTH_PROBE, probe).await {
+            Ok(Ok(())) => {}
+            _ => {
+                return Err(format!(
+                    "gateway: its runtime did not run a task within {HEALTH_PROBE:?}: sandboxes cannot reach the network"
+                ))
+            }
+        }
+        let backlog = match gateway.reaper.get() {
+            Some(Ok(reaper)) => reaper.backlog(),
+            _ => 0,
+        };
+        if backlog > REAPER_BACKLOG {
+            return Err(format!(
+                "gateway: {backlog} closed connections wait to be released (more than {REAPER_BACKLOG})"
+            ));
+        }
+        Ok(format!(
+            "gateway: ok ({backlog} connections being released)"
+        ))
     }
 
     /// Whether the host allows `mode`: `full` only where the config enables it.
@@ -78,6 +124,15 @@ impl Gateway {
             .map_err(Clone::clone)
     }
 
+    fn reaper(&self, runtime: &tokio::runtime::Runtime) -> Result<admission::Reaper, String> {
+        self.reaper
+            .get_or_init(|| {
+                admission::Reaper::start(runtime.handle().clone())
+                    .map_err(|e| format!("cannot start the gateway's reaper thread: {e}"))
+            })
+            .clone()
+    }
+
     fn upstream(&self) -> Result<Arc<upstream::Upstream>, String> {
         self.upstream
             .get_or_init(|| {
@@ -95,6 +150,7 @@ impl codecage::network::Gateway for Gateway {
     fn attach(&self, tun: OwnedFd, spec: &NetworkSpec) -> Result<Box<dyn Attached>, String> {
         Gateway::check_mode(&self.config, spec.mode)?;
         let runtime = self.runtime()?;
+        let reaper = self.reaper(runtime)?;
         let upstream = self.upstream()?;
         let client = self
             .client
@@ -112,6 +168,7 @@ impl codecage::network::Gateway for Gateway {
             upstream,
             client,
             log.clone(),
+            reaper,
         );
         let task = {
             let _guard = runtime.enter();
