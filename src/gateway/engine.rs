@@ -29,6 +29,7 @@ use super::client::Client;
 use super::config::GatewayConfig;
 use super::dns::{self, Answer};
 use super::forward::{self, Bucket, Limits};
+use super::http::Requests;
 use super::log::Log;
 use super::npm::Registry;
 use super::packages::{self, Index, Packages};
@@ -378,7 +379,7 @@ impl Inner {
                 return true;
             }
         };
-        let (addrs, first) = target;
+        let (addrs, first, requests) = target;
         let mut last_error = String::new();
         for addr in &addrs {
             match self
@@ -390,7 +391,11 @@ impl Inner {
                     let bytes = self
                         .log
                         .record("tcp", &host, dst.port(), Verdict::Allowed, None);
-                    forward::relay(flow, upstream, first, &self.limits, &bytes).await;
+                    let refused =
+                        forward::relay(flow, upstream, first, requests, &self.limits, &bytes).await;
+                    if let Some(reason) = refused {
+                        self.record("tcp", &host, dst.port(), &denied(reason));
+                    }
                     return false;
                 }
                 Err(e) => {
@@ -410,14 +415,15 @@ impl Inner {
         true
     }
 
-    /// Whether a connection may go on: the addresses to connect to and the bytes already
-    /// read from the sandbox, or why not (None: the program closed it before saying
-    /// anything, which is not worth a line).
+    /// Whether a connection may go on: the addresses to connect to, the bytes already
+    /// read from the sandbox and checked, and on plain HTTP the checker of the requests
+    /// still to come; or why not (None: the program closed it before saying anything, which
+    /// is not worth a line).
     async fn decide(
         &self,
         flow: &mut Flow,
         dst: SocketAddr,
-    ) -> Result<(Vec<IpAddr>, Vec<u8>), Option<Refusal>> {
+    ) -> Result<(Vec<IpAddr>, Vec<u8>, Option<Requests>), Option<Refusal>> {
         let port = dst.port();
         let IpAddr::V4(v4) = dst.ip() else {
             return Err(Some(denied("IPv6 is not carried by the gateway")));
@@ -440,7 +446,7 @@ impl Inner {
                 return Err(Some(denied(reason)));
             }
         };
-        let mut first = Vec::new();
+        let mut first = (Vec::new(), None);
         if let (Mode::Restricted, Some(name)) = (self.spec.mode, &name) {
             let explicit = self
                 .rules
@@ -481,55 +487,86 @@ impl Inner {
                 if refused.is_empty() { "no usable address".to_string() } else { refused.join(", ") }
             ))));
         }
-        Ok((usable, first))
+        Ok((usable, first.0, first.1))
     }
 
     /// Reads the connection's first bytes and checks the name they carry against the name
-    /// the program resolved. Returns the bytes, to be sent on.
+    /// the program resolved. Returns the bytes, to be sent on, and on plain HTTP the
+    /// checker that goes on reading every request of the connection.
     async fn check_first_bytes(
         &self,
         flow: &mut Flow,
         name: &str,
         port: u16,
-    ) -> Result<Vec<u8>, Option<Refusal>> {
+    ) -> Result<(Vec<u8>, Option<Requests>), Option<Refusal>> {
+        /// How the first bytes end.
+        enum First {
+            Tls(Option<String>),
+            /// A first request head passed: the checked bytes.
+            Http(Vec<u8>),
+            Refused(String),
+            Other,
+            Closed,
+        }
         let mut buf = Vec::new();
-        let sniffed = tokio::time::timeout(SNIFF_TIMEOUT, async {
+        let mut requests: Option<Requests> = None;
+        let read = tokio::time::timeout(SNIFF_TIMEOUT, async {
             let mut chunk = vec![0u8; 16 * 1024];
+            let mut checked = Vec::new();
             loop {
-                match sniff::sniff(&buf) {
-                    Sniffed::NeedMore if buf.len() < sniff::MAX_SNIFF => {}
-                    Sniffed::NeedMore => return Some(Sniffed::Other),
-                    done => return Some(done),
+                match &mut requests {
+                    Some(r) if r.heads() > 0 => return First::Http(checked),
+                    Some(_) => {}
+                    None => match sniff::sniff(&buf) {
+                        Sniffed::NeedMore if buf.len() < sniff::MAX_SNIFF => {}
+                        Sniffed::NeedMore | Sniffed::Other => return First::Other,
+                        Sniffed::Tls(sni) => return First::Tls(sni),
+                        Sniffed::Http => {
+                            let mut r = Requests::new(name);
+                            let fed = r.feed(&std::mem::take(&mut buf), &mut checked);
+                            match fed {
+                                // A refused request behind allowed ones: those go on (the
+                                // relay stops after them).
+                                Err(reason) if r.heads() == 0 => return First::Refused(reason),
+                                _ => {}
+                            }
+                            requests = Some(r);
+                            continue;
+                        }
+                    },
                 }
-                match flow.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                let n = match flow.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return First::Closed,
+                    Ok(n) => n,
+                };
+                match &mut requests {
+                    Some(r) => {
+                        if let (Err(reason), 0) = (r.feed(&chunk[..n], &mut checked), r.heads()) {
+                            return First::Refused(reason);
+                        }
+                    }
+                    None => buf.extend_from_slice(&chunk[..n]),
                 }
             }
         })
         .await;
         let same = |other: &str| normalize_name(other).as_deref() == Some(name);
-        match sniffed {
+        match read {
             Err(_) => Err(Some(denied(format!(
                 "the program sent nothing the gateway could check within {SNIFF_TIMEOUT:?} (it reads the TLS \
                  ClientHello or the HTTP request to check the name)"
             )))),
-            Ok(None) => Err(None),
-            Ok(Some(Sniffed::Tls(Some(sni)))) if same(&sni) => Ok(buf),
-            Ok(Some(Sniffed::Tls(Some(sni)))) => Err(Some(denied(format!(
+            Ok(First::Closed) => Err(None),
+            Ok(First::Tls(Some(sni))) if same(&sni) => Ok((buf, None)),
+            Ok(First::Tls(Some(sni))) => Err(Some(denied(format!(
                 "the TLS server name (SNI) {sni} differs from {name}, the name the program resolved"
             )))),
-            Ok(Some(Sniffed::Tls(None))) => Err(Some(denied(
+            Ok(First::Tls(None)) => Err(Some(denied(
                 "the TLS ClientHello has no server name (SNI) to check",
             ))),
-            Ok(Some(Sniffed::Http(Some(host)))) if same(&host) => Ok(buf),
-            Ok(Some(Sniffed::Http(Some(host)))) => Err(Some(denied(format!(
-                "the HTTP Host {host} differs from {name}, the name the program resolved"
-            )))),
-            Ok(Some(Sniffed::Http(None))) => {
-                Err(Some(denied("the HTTP request has no Host header to check")))
-            }
-            Ok(Some(_)) => Err(Some(denied(format!(
+            Ok(First::Http(checked)) => Ok((checked, requests)),
+            Ok(First::Refused(reason)) => Err(Some(denied(reason))),
+            Ok(First::Other) => Err(Some(denied(format!(
                 "what the program sent on port {port} is neither TLS nor HTTP; other protocols need a host:port \
                  entry in allowed_hosts"
             )))),

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::http::Requests;
 use super::log::Bytes;
 
 /// A token bucket: `rate` bytes per second with a burst of a twentieth of a second (at
@@ -66,8 +67,17 @@ const CHUNK: usize = 32 * 1024;
 
 /// Copies both ways until both sides have finished (or one fails, or nothing moved for
 /// `limits.idle`). `first` is what was read from the sandbox before the connection was
-/// decided; it goes out first.
-pub async fn relay<S, U>(sandbox: S, upstream: U, first: Vec<u8>, limits: &Limits, bytes: &Bytes)
+/// decided; it goes out first. With `requests` (plain HTTP), every request the sandbox
+/// sends is checked before it goes on; at the first refused one the upstream is sent a FIN
+/// (the requests before it are still answered) and the reason is returned.
+pub async fn relay<S, U>(
+    sandbox: S,
+    upstream: U,
+    first: Vec<u8>,
+    requests: Option<Requests>,
+    limits: &Limits,
+    bytes: &Bytes,
+) -> Option<String>
 where
     S: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -77,6 +87,7 @@ where
     let touch = || activity.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
     let (mut s_read, mut s_write) = tokio::io::split(sandbox);
     let (mut u_read, mut u_write) = tokio::io::split(upstream);
+    let mut refused = None;
     let out = async {
         if !first.is_empty() {
             limits.up.spend(first.len()).await;
@@ -84,9 +95,49 @@ where
             bytes.out.fetch_add(first.len() as u64, Ordering::Relaxed);
             touch();
         }
-        pipe(&mut s_read, &mut u_write, &limits.up, &bytes.out, &touch).await
+        match requests {
+            // Refused already, behind the requests in `first`: no more goes up.
+            Some(requests) if requests.refused().is_some() => {
+                refused = requests.refused().map(String::from);
+                shutdown(&mut u_write).await;
+                Ok(())
+            }
+            Some(mut requests) => {
+                let checked = Checked {
+                    requests: &mut requests,
+                    refused: &mut refused,
+                };
+                pipe(
+                    &mut s_read,
+                    &mut u_write,
+                    &limits.up,
+                    &bytes.out,
+                    &touch,
+                    Some(checked),
+                )
+                .await
+            }
+            None => {
+                pipe(
+                    &mut s_read,
+                    &mut u_write,
+                    &limits.up,
+                    &bytes.out,
+                    &touch,
+                    None,
+                )
+                .await
+            }
+        }
     };
-    let back = pipe(&mut u_read, &mut s_write, &limits.down, &bytes.inn, &touch);
+    let back = pipe(
+        &mut u_read,
+        &mut s_write,
+        &limits.down,
+        &bytes.inn,
+        &touch,
+        None,
+    );
     let both = async { tokio::join!(out, back) };
     let idle = async {
         loop {
@@ -102,6 +153,13 @@ where
         _ = both => {}
         _ = idle => {}
     }
+    refused
+}
+
+/// The checker of a pipe that carries HTTP requests, and where it puts its refusal.
+struct Checked<'a> {
+    requests: &'a mut Requests,
+    refused: &'a mut Option<String>,
 }
 
 async fn pipe<R, W>(
@@ -110,6 +168,7 @@ async fn pipe<R, W>(
     bucket: &Bucket,
     counter: &AtomicU64,
     touch: &impl Fn(),
+    mut check: Option<Checked<'_>>,
 ) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -128,10 +187,29 @@ where
             shutdown(to).await;
             return Ok(());
         }
-        bucket.spend(n).await;
-        to.write_all(&buf[..n]).await?;
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-        touch();
+        let mut checked = Vec::new();
+        let mut refused = None;
+        let send = match &mut check {
+            None => &buf[..n],
+            Some(c) => {
+                if let Err(reason) = c.requests.feed(&buf[..n], &mut checked) {
+                    refused = Some(reason);
+                }
+                &checked[..]
+            }
+        };
+        if !send.is_empty() {
+            bucket.spend(send.len()).await;
+            to.write_all(send).await?;
+            counter.fetch_add(send.len() as u64, Ordering::Relaxed);
+            touch();
+        }
+        if let (Some(reason), Some(c)) = (refused, &mut check) {
+            // The requests before the refused one went on and are answered; no more goes.
+            *c.refused = Some(reason);
+            shutdown(to).await;
+            return Ok(());
+        }
     }
 }
 

@@ -13,6 +13,7 @@ mod config;
 mod dns;
 mod engine;
 mod forward;
+mod http;
 mod log;
 mod npm;
 mod packages;

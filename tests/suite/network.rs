@@ -622,6 +622,139 @@ print("again", socket.gethostbyname("rebind.test"), urllib.request.urlopen("http
     });
 }
 
+/// An HTTP/1.1 server that keeps connections alive and answers every request with the
+/// Host and path it read (`host=H path=P`), logging each to stderr: ADDR PORT.
+const HOST_ECHO_SERVER: &str = r#"
+import sys
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+class Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        if n: self.rfile.read(n)
+        body = f"host={self.headers.get('Host')} path={self.path}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+    def log_message(self, *args):
+        sys.stderr.write(f"served host={self.headers.get('Host')} path={self.path}\n")
+        sys.stderr.flush()
+ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), Echo).serve_forever()
+"#;
+
+/// Issue 22, faults 3 and 4: every request on a plain-HTTP connection is checked, in the
+/// one form servers read the same way. Requests for other.test (at allowed.test's address)
+/// kept alive, pipelined, in absolute-form or behind a bare LF are refused and listed, and
+/// never reach the server; allowed.test still works on a kept-alive connection.
+#[test]
+fn every_request_on_a_plain_http_connection_is_checked() {
+    as_root(|| {
+        let mut net = Internet::new();
+        let echo = net.dir.path().join("echo.py");
+        std::fs::write(&echo, HOST_ECHO_SERVER).unwrap();
+        net.serve(&[echo.to_str().unwrap(), A, "8080"], &echo, "echo.log");
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                net.inside("bash")
+                    .arg("-c")
+                    .arg(format!("exec 3<>/dev/tcp/{A}/8080"))
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }),
+            "the echo server did not come up"
+        );
+        let profile = net.profile("http", "allowed_ports = [80, 443, 8080]\n");
+        let code = r#"
+import socket, time
+def talk(case, *sends):
+    s = socket.create_connection(("allowed.test", 8080), timeout=5)
+    got = b""
+    for data in sends:
+        try:
+            s.sendall(data)
+        except OSError as e:
+            got += f" SEND-ERROR {e}".encode()
+        s.settimeout(1.5)
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    got += b" EOF"
+                    break
+                got += chunk
+                if got.count(b"path=") >= len(sends) and data is sends[-1]:
+                    break
+                if b"path=" in chunk and data is not sends[-1]:
+                    break
+        except socket.timeout:
+            pass
+        except OSError as e:
+            got += f" ERROR {e}".encode()
+    print(case, got.decode(errors="replace").replace("\r\n", "|").replace("\n", "|"))
+ok = b"GET /one HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+ok2 = b"GET /two HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+other = b"GET /other HTTP/1.1\r\nHost: other.test\r\n\r\n"
+talk("keepalive-allowed", ok, ok2)
+talk("keepalive-other", ok, other)
+talk("pipelined", ok + other)
+talk("absolute", b"GET http://other.test/abs HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+talk("bare-lf", b"GET /lf HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: 1\nHost: other.test\n\n")
+talk("body", b"POST /post HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 42\r\n\r\n" + other[:42] + other)
+"#;
+        let run = net.run(&profile, &[], &["/usr/bin/python3", "-c", code]);
+        let out = run.stdout();
+        let line = |case: &str| -> String {
+            out.lines()
+                .find(|l| l.starts_with(&format!("{case} ")))
+                .unwrap_or_else(|| panic!("no {case} in {out}\n{}", run.json))
+                .to_string()
+        };
+        let kept = line("keepalive-allowed");
+        assert!(
+            kept.contains("host=allowed.test path=/one")
+                && kept.contains("host=allowed.test path=/two"),
+            "{kept}"
+        );
+        for case in ["keepalive-other", "pipelined"] {
+            let l = line(case);
+            assert!(l.contains("host=allowed.test path=/one"), "{l}");
+            assert!(!l.contains("other.test"), "{l}");
+        }
+        for case in ["absolute", "bare-lf"] {
+            let l = line(case);
+            assert!(!l.contains("host="), "{l}");
+        }
+        // A request inside a body is a body; the request after it is checked.
+        let body = line("body");
+        assert!(
+            body.contains("path=/post") && !body.contains("path=/other"),
+            "{body}"
+        );
+        let reasons: Vec<String> = entries(&run, "allowed.test")
+            .iter()
+            .filter(|e| e["protocol"] == "tcp" && e["verdict"] == "denied")
+            .filter_map(|e| e["reason"].as_str().map(String::from))
+            .collect();
+        for why in ["HTTP Host other.test differs", "not origin-form", "bare LF"] {
+            assert!(
+                reasons.iter().any(|r| r.contains(why)),
+                "no {why:?} in {reasons:?}"
+            );
+        }
+        let served = net.log("echo.log");
+        assert!(
+            !served.contains("other.test") && !served.contains("/abs") && !served.contains("/lf"),
+            "{served}"
+        );
+        assert!(
+            served.contains("served host=allowed.test path=/two"),
+            "{served}"
+        );
+    });
+}
+
 #[test]
 fn udp_is_dropped_and_listed() {
     as_root(|| {
