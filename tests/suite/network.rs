@@ -288,6 +288,23 @@ impl Internet {
         );
     }
 
+    /// HOST_ECHO_SERVER on A port 8080, its log in echo.log.
+    fn serve_host_echo(&mut self) {
+        let echo = self.dir.path().join("echo.py");
+        std::fs::write(&echo, HOST_ECHO_SERVER).unwrap();
+        self.serve(&[echo.to_str().unwrap(), A, "8080"], &echo, "echo.log");
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                self.inside("bash")
+                    .arg("-c")
+                    .arg(format!("exec 3<>/dev/tcp/{A}/8080"))
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }),
+            "the echo server did not come up"
+        );
+    }
+
     fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
@@ -622,6 +639,171 @@ print("again", socket.gethostbyname("rebind.test"), urllib.request.urlopen("http
     });
 }
 
+/// Issue 22, fault 2, past the link's cap: a profile that allows 20 000 connections holds
+/// 10 000 (DNS over TCP, idle) and ends, so the gateway tears down 10 000 streams at once.
+/// ipstack's stream drop waits for its task; done on the runtime's workers, that filled
+/// tokio's blocking pool and stopped the gateway. The next sandbox's fetch must work
+/// within 1 s, the server's threads come back, and /healthz say ok.
+#[test]
+fn a_sandbox_ending_with_ten_thousand_connections_leaves_the_gateway_working() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile(
+            "many",
+            "max_connections = 20000\n[limits]\nnofile = 20000\nmemory = \"512M\"\n",
+        );
+        let server = Server::start(&net, &profile);
+        let first = server.run(PY_FETCH_WITHIN_1S);
+        assert!(
+            first["stdout"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("server-a"),
+            "{first}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let before = server.usage();
+        let hold = r#"
+import socket, time
+socks = []
+for i in range(10000):
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("198.18.0.1", 53))
+    socks.append(s)
+time.sleep(3)
+held = 0
+for s in socks:
+    try:
+        s.getpeername()
+        held += 1
+    except OSError:
+        pass
+print("held", held)
+"#;
+        let during = std::sync::Mutex::new((0u64, 0usize));
+        let run = std::thread::scope(|scope| {
+            let running = scope.spawn(|| server.run(hold));
+            while !running.is_finished() {
+                let (rss, threads) = server.usage();
+                let mut peak = during.lock().unwrap();
+                *peak = (peak.0.max(rss), peak.1.max(threads));
+                drop(peak);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            running.join().unwrap()
+        });
+        let during = *during.lock().unwrap();
+        let next = Instant::now();
+        let fetch = server.run(PY_FETCH_WITHIN_1S);
+        let took = next.elapsed();
+        let settled = wait_for(Duration::from_secs(20), || server.usage().1 <= before.1 + 2);
+        std::thread::sleep(Duration::from_secs(2));
+        let after = server.usage();
+        eprintln!(
+            "server RSS KiB / threads: before {before:?}, during (peak) {during:?}, after {after:?}; {}; \
+             the next fetch: {} in {took:?}",
+            run["stdout"], fetch["stdout"]
+        );
+        assert!(
+            run["stdout"].as_str().unwrap_or("").starts_with("held"),
+            "{run}"
+        );
+        assert!(
+            fetch["stdout"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("server-a"),
+            "the next sandbox has no network: {fetch}"
+        );
+        assert!(
+            settled,
+            "the server kept {} threads (had {})",
+            after.1, before.1
+        );
+        assert!(
+            during.1 <= before.1 + 8,
+            "the server went to {} threads",
+            during.1
+        );
+        assert_eq!(server.get("/healthz"), (200, "ok\n".to_string()));
+        server.stop();
+    });
+}
+
+/// What a sandbox sends faster than the gateway relays it (here held to 1 MB/s) stays in
+/// the sandbox: the stack acknowledges data as it comes and queues it unbounded, so the link
+/// drops what runs more than 512 KiB ahead of what the gateway read, and the sandbox's TCP
+/// sends it again. 16 connections uploading flat out for 3 s must not grow the server.
+#[test]
+fn an_upload_faster_than_the_cap_is_not_queued_in_the_server() {
+    as_root(|| {
+        let mut net = Internet::new();
+        net.serve_host_echo();
+        let profile = net.profile(
+            "upload",
+            "allowed_ports = [80, 443, 8080]\nmax_bandwidth = \"1M\"\nmax_connections = 16\n",
+        );
+        let server = Server::start(&net, &profile);
+        let first = server.run(PY_FETCH_WITHIN_1S);
+        assert!(
+            first["stdout"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("server-a"),
+            "{first}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let before = server.usage();
+        let upload = r#"
+import socket, time, threading
+sent = [0] * 16
+def up(i):
+    s = socket.create_connection(("allowed.test", 8080), timeout=5)
+    s.sendall(b"POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 1000000000\r\n\r\n")
+    s.setblocking(False)
+    chunk = b"x" * 65536
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        try:
+            sent[i] += s.send(chunk)
+        except BlockingIOError:
+            time.sleep(0.001)
+threads = [threading.Thread(target=up, args=(i,)) for i in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("sent", sum(sent))
+"#;
+        let during = std::sync::Mutex::new(0u64);
+        let run = std::thread::scope(|scope| {
+            let running = scope.spawn(|| server.run(upload));
+            while !running.is_finished() {
+                let rss = server.usage().0;
+                let mut peak = during.lock().unwrap();
+                *peak = (*peak).max(rss);
+                drop(peak);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            running.join().unwrap()
+        });
+        let during = *during.lock().unwrap();
+        eprintln!(
+            "server RSS KiB: before {}, during (peak) {during}; {}",
+            before.0, run["stdout"]
+        );
+        assert!(
+            run["stdout"].as_str().unwrap_or("").starts_with("sent"),
+            "{run}"
+        );
+        assert!(
+            during <= before.0 + 40 * 1024,
+            "the server grew from {} KiB to {during} KiB",
+            before.0
+        );
+        server.stop();
+    });
+}
+
 /// An HTTP/1.1 server that keeps connections alive and answers every request with the
 /// Host and path it read (`host=H path=P`), logging each to stderr: ADDR PORT.
 const HOST_ECHO_SERVER: &str = r#"
@@ -652,19 +834,7 @@ ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), Echo).serve_forever()
 fn every_request_on_a_plain_http_connection_is_checked() {
     as_root(|| {
         let mut net = Internet::new();
-        let echo = net.dir.path().join("echo.py");
-        std::fs::write(&echo, HOST_ECHO_SERVER).unwrap();
-        net.serve(&[echo.to_str().unwrap(), A, "8080"], &echo, "echo.log");
-        assert!(
-            wait_for(Duration::from_secs(10), || {
-                net.inside("bash")
-                    .arg("-c")
-                    .arg(format!("exec 3<>/dev/tcp/{A}/8080"))
-                    .status()
-                    .is_ok_and(|s| s.success())
-            }),
-            "the echo server did not come up"
-        );
+        net.serve_host_echo();
         let profile = net.profile("http", "allowed_ports = [80, 443, 8080]\n");
         let code = r#"
 import socket, time
