@@ -69,9 +69,14 @@ impl Gateway {
     /// runtime is what stopped every sandbox's network before, issue 22), and its reaper
     /// keeps up. `Ok` with its state, or why not. A gateway not started yet is healthy.
     pub async fn health() -> Result<String, String> {
-        let Some(gateway) = INSTALLED.get() else {
-            return Ok("gateway: not configured".into());
-        };
+        match INSTALLED.get() {
+            Some(gateway) => gateway.check_health().await,
+            None => Ok("gateway: not configured".into()),
+        }
+    }
+
+    async fn check_health(&self) -> Result<String, String> {
+        let gateway = self;
         let Some(Ok(runtime)) = gateway.runtime.get() else {
             return Ok("gateway: not started".into());
         };
@@ -198,5 +203,45 @@ impl Drop for Link {
         // The engine's task owns the stack and every connection's task (a JoinSet):
         // aborting it drops them all, and with them the tun queue and upstream sockets.
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_says_when_the_gateways_runtime_is_stalled() {
+        // The server's side: a runtime of its own that asks.
+        let server = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let gateway = Gateway::new(GatewayConfig::default());
+        let check = || server.block_on(gateway.check_health());
+        assert_eq!(check().unwrap(), "gateway: not started");
+        let runtime = gateway.runtime().unwrap();
+        assert!(check().unwrap().starts_with("gateway: ok"));
+        // Both workers blocked: no task of the gateway's can run, nothing is relayed.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        for _ in 0..2 {
+            let rx = rx.clone();
+            runtime.spawn(async move {
+                let _ = rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(std::time::Duration::from_secs(5));
+            });
+        }
+        let start = std::time::Instant::now();
+        let why = check().unwrap_err();
+        assert!(why.contains("did not run a task"), "{why}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(3));
+        drop(tx);
+        assert!((0..50).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            check().is_ok()
+        }));
     }
 }
