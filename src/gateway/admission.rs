@@ -55,8 +55,9 @@ pub struct Key {
 
 struct Flow {
     /// The SYN's sequence number (TCP): a SYN with another one on the same flow is a new
-    /// connection on a flow not yet released, and is refused.
-    isn: u32,
+    /// connection on a flow not yet released, and is refused. None for a flow the engine
+    /// took without its SYN having been seen here (its place was given back meanwhile).
+    isn: Option<u32>,
     admitted: Instant,
     /// Set when the engine takes the stream: from then on only its drop releases the flow.
     accepted: bool,
@@ -133,18 +134,21 @@ impl Admission {
                 return Verdict::Pass;
             };
             return match syn {
-                Some(isn) if isn == flow.isn => Verdict::Pass,
+                Some(isn) if Some(isn) == flow.isn => Verdict::Pass,
                 Some(_) => {
                     drop(flows);
                     self.refuse(key, tcp.sequence_number(), tcp.payload().len())
                 }
                 None if tcp.payload().is_empty() => Verdict::Pass,
                 None => {
+                    let Some(isn) = flow.isn else {
+                        return Verdict::Pass;
+                    };
                     // Where this segment's data ends, counted from the first byte of the
                     // connection (32-bit sequence space: wrapping differences).
                     let end = tcp
                         .sequence_number()
-                        .wrapping_sub(flow.isn.wrapping_add(1))
+                        .wrapping_sub(isn.wrapping_add(1))
                         .wrapping_add(tcp.payload().len() as u32);
                     let read = flow.read.load(Ordering::Relaxed) as u32;
                     let ahead = end.wrapping_sub(read) as i32;
@@ -178,7 +182,7 @@ impl Admission {
         flows.insert(
             key,
             Flow {
-                isn: syn.unwrap_or(0),
+                isn: syn,
                 admitted: Instant::now(),
                 accepted: false,
                 read: Arc::new(AtomicU64::new(0)),
@@ -202,7 +206,7 @@ impl Admission {
         let read = match self.flows.lock() {
             Ok(mut flows) => {
                 let flow = flows.entry(key).or_insert_with(|| Flow {
-                    isn: 0,
+                    isn: None,
                     admitted: Instant::now(),
                     accepted: true,
                     read: Arc::new(AtomicU64::new(0)),

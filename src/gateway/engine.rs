@@ -391,11 +391,18 @@ impl Inner {
                     let bytes = self
                         .log
                         .record("tcp", &host, dst.port(), Verdict::Allowed, None);
-                    let refused =
-                        forward::relay(flow, upstream, first, requests, &self.limits, &bytes).await;
-                    if let Some(reason) = refused {
-                        self.record("tcp", &host, dst.port(), &denied(reason));
-                    }
+                    let refuse =
+                        |reason: String| self.record("tcp", &host, dst.port(), &denied(reason));
+                    forward::relay(
+                        flow,
+                        upstream,
+                        first,
+                        requests,
+                        &refuse,
+                        &self.limits,
+                        &bytes,
+                    )
+                    .await;
                     return false;
                 }
                 Err(e) => {

@@ -69,16 +69,16 @@ const CHUNK: usize = 32 * 1024;
 /// `limits.idle`). `first` is what was read from the sandbox before the connection was
 /// decided; it goes out first. With `requests` (plain HTTP), every request the sandbox
 /// sends is checked before it goes on; at the first refused one the upstream is sent a FIN
-/// (the requests before it are still answered) and the reason is returned.
+/// (the requests before it are still answered) and `refuse` is told why, at once.
 pub async fn relay<S, U>(
     sandbox: S,
     upstream: U,
     first: Vec<u8>,
     requests: Option<Requests>,
+    refuse: &(dyn Fn(String) + Sync),
     limits: &Limits,
     bytes: &Bytes,
-) -> Option<String>
-where
+) where
     S: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
@@ -87,7 +87,6 @@ where
     let touch = || activity.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
     let (mut s_read, mut s_write) = tokio::io::split(sandbox);
     let (mut u_read, mut u_write) = tokio::io::split(upstream);
-    let mut refused = None;
     let out = async {
         if !first.is_empty() {
             limits.up.spend(first.len()).await;
@@ -98,14 +97,14 @@ where
         match requests {
             // Refused already, behind the requests in `first`: no more goes up.
             Some(requests) if requests.refused().is_some() => {
-                refused = requests.refused().map(String::from);
+                refuse(requests.refused().unwrap_or_default().to_string());
                 shutdown(&mut u_write).await;
                 Ok(())
             }
             Some(mut requests) => {
                 let checked = Checked {
                     requests: &mut requests,
-                    refused: &mut refused,
+                    refuse,
                 };
                 pipe(
                     &mut s_read,
@@ -153,13 +152,12 @@ where
         _ = both => {}
         _ = idle => {}
     }
-    refused
 }
 
 /// The checker of a pipe that carries HTTP requests, and where it puts its refusal.
 struct Checked<'a> {
     requests: &'a mut Requests,
-    refused: &'a mut Option<String>,
+    refuse: &'a (dyn Fn(String) + Sync),
 }
 
 async fn pipe<R, W>(
@@ -206,7 +204,7 @@ where
         }
         if let (Some(reason), Some(c)) = (refused, &mut check) {
             // The requests before the refused one went on and are answered; no more goes.
-            *c.refused = Some(reason);
+            (c.refuse)(reason);
             shutdown(to).await;
             return Ok(());
         }
