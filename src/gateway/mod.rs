@@ -201,7 +201,9 @@ impl Attached for Link {
 impl Drop for Link {
     fn drop(&mut self) {
         // The engine's task owns the stack and every connection's task (a JoinSet):
-        // aborting it drops them all, and with them the tun queue and upstream sockets.
+        // aborting it drops them all, and with them the tun queue and upstream sockets;
+        // the streams themselves go to the reaper (see `admission`), never dropped here
+        // or on the runtime's workers.
         self.task.abort();
     }
 }
