@@ -102,16 +102,24 @@ impl Admission {
         let Ok(sliced) = SlicedPacket::from_ip(packet) else {
             return Verdict::Pass;
         };
-        let Some(NetSlice::Ipv4(ip)) = &sliced.net else {
-            return Verdict::Pass;
+        // IPv6 is off on the link, but a packet of it would make a stream all the same.
+        let (src_ip, dst_ip): (IpAddr, IpAddr) = match &sliced.net {
+            Some(NetSlice::Ipv4(ip)) => (
+                ip.header().source_addr().into(),
+                ip.header().destination_addr().into(),
+            ),
+            Some(NetSlice::Ipv6(ip)) => (
+                ip.header().source_addr().into(),
+                ip.header().destination_addr().into(),
+            ),
+            _ => return Verdict::Pass,
         };
-        let (src_ip, dst_ip) = (ip.header().source_addr(), ip.header().destination_addr());
         let (key, syn) = match &sliced.transport {
             Some(TransportSlice::Tcp(tcp)) => {
                 let key = Key {
                     tcp: true,
-                    src: SocketAddr::new(IpAddr::V4(src_ip), tcp.source_port()),
-                    dst: SocketAddr::new(IpAddr::V4(dst_ip), tcp.destination_port()),
+                    src: SocketAddr::new(src_ip, tcp.source_port()),
+                    dst: SocketAddr::new(dst_ip, tcp.destination_port()),
                 };
                 let syn = (tcp.syn() && !tcp.ack() && !tcp.rst()).then_some(tcp.sequence_number());
                 (key, syn)
@@ -119,8 +127,8 @@ impl Admission {
             Some(TransportSlice::Udp(udp)) => {
                 let key = Key {
                     tcp: false,
-                    src: SocketAddr::new(IpAddr::V4(src_ip), udp.source_port()),
-                    dst: SocketAddr::new(IpAddr::V4(dst_ip), udp.destination_port()),
+                    src: SocketAddr::new(src_ip, udp.source_port()),
+                    dst: SocketAddr::new(dst_ip, udp.destination_port()),
                 };
                 (key, None)
             }
@@ -439,6 +447,13 @@ mod tests {
         // Another SYN (another sequence number) on a held flow is a new connection: refused.
         assert!(matches!(a.inspect(&syn(1001, 99)), Verdict::Reply(_)));
         assert_eq!(a.held(), (cap, 0));
+        // An IPv6 SYN (the link has none, but a stream would be made) counts the same.
+        let v6 = PacketBuilder::ipv6([0xfd; 16], [0xfe; 16], 64)
+            .tcp(1, 80, 5, 100)
+            .syn();
+        let mut packet = Vec::new();
+        v6.write(&mut packet, &[]).unwrap();
+        assert_eq!(a.inspect(&packet), Verdict::Drop);
         // The engine takes one and lets it go: the reaper drops it and frees its place.
         drop(a.hold(key(1000), ()));
         assert!((0..100).any(|_| {
