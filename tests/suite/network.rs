@@ -639,6 +639,43 @@ print("again", socket.gethostbyname("rebind.test"), urllib.request.urlopen("http
     });
 }
 
+/// DNS over TCP has a deadline on every message and a bound on its size: a question
+/// stalled halfway is cut off within 2 s, and one that says it is 60 000 bytes long is
+/// refused unread (before, the first waited forever and the second was read into a buffer
+/// of that size).
+#[test]
+fn dns_over_tcp_has_deadlines_and_a_size_bound() {
+    as_root(|| {
+        let net = Internet::new();
+        let profile = net.profile("dns-tcp", "");
+        let code = r#"
+import socket, time
+for case, data in [("stalled", b"\x00\x20" + b"x" * 5), ("big", b"\xea\x60" + b"x" * 100)]:
+    s = socket.create_connection(("198.18.0.1", 53), timeout=6)
+    s.sendall(data)
+    t = time.monotonic()
+    try:
+        got = s.recv(10)
+    except Exception as e:
+        got = f"ERROR {e}"
+    print(case, repr(got), round(time.monotonic() - t, 2))
+"#;
+        let run = net.run(&profile, &[], &["/usr/bin/python3", "-c", code]);
+        let out = run.stdout();
+        let secs = |case: &str| -> f64 {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(case))
+                .unwrap_or_else(|| panic!("no {case} in {out}\n{}", run.json));
+            assert!(line.contains("b''"), "{line}");
+            line.split_whitespace().last().unwrap().parse().unwrap()
+        };
+        let stalled = secs("stalled");
+        assert!((1.5..4.0).contains(&stalled), "{out}");
+        assert!(secs("big") < 1.0, "{out}");
+    });
+}
+
 /// Issue 22, fault 2, past the link's cap: a profile that allows 20 000 connections holds
 /// 10 000 (DNS over TCP, idle) and ends, so the gateway tears down 10 000 streams at once.
 /// ipstack's stream drop waits for its task; done on the runtime's workers, that filled
