@@ -24,10 +24,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::admission::{Admission, Held, Key, Reaper};
 use super::client::Client;
 use super::config::GatewayConfig;
 use super::dns::{self, Answer};
 use super::forward::{self, Bucket, Limits};
+use super::http::Requests;
 use super::log::Log;
 use super::npm::Registry;
 use super::packages::{self, Index, Packages};
@@ -35,15 +37,26 @@ use super::sniff::{self, Sniffed};
 use super::tun::TunDevice;
 use super::upstream::Upstream;
 
-/// How long the gateway waits for the first bytes that name the destination.
-const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the gateway waits for the first bytes that name the destination (and for each
+/// request head on a plain-HTTP connection, and on the package index's).
+pub const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a DNS flow is kept waiting for another question.
 const DNS_IDLE: Duration = Duration::from_millis(500);
+/// How long a DNS-over-TCP connection may wait for its next question.
+const DNS_TCP_IDLE: Duration = Duration::from_secs(10);
+/// How long one DNS-over-TCP message (its length and its bytes) or its reply may take.
+const DNS_TCP_MESSAGE: Duration = Duration::from_secs(2);
+/// The largest DNS message the gateway reads (a stub's query is a few hundred bytes).
+const DNS_MAX: usize = 4096;
+
+/// A TCP stream the engine holds (see `admission`).
+type Flow = Held<IpStackTcpStream>;
 /// The TTL of the gateway's answers (the mapping never changes during a sandbox's life).
 const DNS_TTL: u32 = 300;
 
 pub struct Engine {
     inner: Arc<Inner>,
+    reaper: Reaper,
 }
 
 struct Inner {
@@ -90,6 +103,7 @@ impl Engine {
         upstream: Arc<Upstream>,
         client: Arc<Client>,
         log: Arc<Log>,
+        reaper: Reaper,
     ) -> Engine {
         let idle = Duration::from_millis(spec.connection_idle_timeout_ms.max(1000));
         let limits = Arc::new(Limits {
@@ -126,11 +140,19 @@ impl Engine {
         };
         Engine {
             inner: Arc::new(inner),
+            reaper,
         }
     }
 
     /// Serves the link until the sandbox's namespace goes away or the task is aborted.
-    pub async fn serve(self, device: TunDevice) {
+    pub async fn serve(self, mut device: TunDevice) {
+        let inner = self.inner.clone();
+        let admission = Arc::new(Admission::new(
+            self.inner.spec.max_connections,
+            self.reaper.clone(),
+            Box::new(move |dst| inner.refused_at_link(dst)),
+        ));
+        device.admit_with(admission.clone());
         let mut config = IpStackConfig::default();
         config.mtu_unchecked(LINK_MTU);
         config.udp_timeout(DNS_IDLE * 2);
@@ -151,8 +173,16 @@ impl Engine {
                     let Ok(stream) = accepted else { break };
                     let inner = self.inner.clone();
                     match stream {
-                        IpStackStream::Tcp(tcp) => drop(flows.spawn(async move { inner.tcp(tcp).await })),
-                        IpStackStream::Udp(udp) => drop(flows.spawn(async move { inner.udp(udp).await })),
+                        IpStackStream::Tcp(tcp) => {
+                            let key = Key { tcp: true, src: tcp.local_addr(), dst: tcp.peer_addr() };
+                            let tcp = admission.hold(key, tcp);
+                            drop(flows.spawn(async move { inner.tcp(tcp).await }))
+                        }
+                        IpStackStream::Udp(udp) => {
+                            let key = Key { tcp: false, src: udp.local_addr(), dst: udp.peer_addr() };
+                            let udp = admission.hold(key, udp);
+                            drop(flows.spawn(async move { inner.udp(udp).await }))
+                        }
                         // ICMP and other protocols, and packets the stack cannot parse: dropped.
                         _ => {}
                     }
@@ -174,8 +204,24 @@ impl Inner {
         );
     }
 
-    async fn udp(&self, mut flow: IpStackUdpStream) {
-        let dst = flow.peer_addr();
+    /// Logs a connection the link refused (past `max_connections` and its headroom).
+    fn refused_at_link(&self, dst: SocketAddr) {
+        let host = match dst.ip() == IpAddr::V4(GATEWAY_ADDR) {
+            true => GATEWAY_ADDR.to_string(),
+            false => self.host_of(dst.ip()),
+        };
+        self.record("tcp", &host, dst.port(), &self.over_the_cap());
+    }
+
+    fn over_the_cap(&self) -> Refusal {
+        denied(format!(
+            "more than {} connections open at once (the profile's max_connections)",
+            self.spec.max_connections
+        ))
+    }
+
+    async fn udp(&self, mut flow: Held<IpStackUdpStream>) {
+        let dst = flow.stream().peer_addr();
         if dst.ip() == IpAddr::V4(GATEWAY_ADDR) && dst.port() == 53 {
             let mut buf = vec![0u8; 4096];
             while let Ok(Ok(n)) = tokio::time::timeout(DNS_IDLE, flow.read(&mut buf)).await {
@@ -283,40 +329,28 @@ impl Inner {
         Ok(addr)
     }
 
-    async fn tcp(&self, mut flow: IpStackTcpStream) {
-        let dst = flow.peer_addr();
+    async fn tcp(&self, mut flow: Flow) {
+        let dst = flow.stream().peer_addr();
         let to_gateway = dst.ip() == IpAddr::V4(GATEWAY_ADDR);
         let index = self
             .index
             .as_ref()
             .filter(|_| to_gateway && dst.port() == 80);
-        // Every connection counts against max_connections but those to the gateway's own
-        // services (DNS); the indexes' too: each may hold a page in the gateway's memory,
-        // which no cgroup of the sandbox's pays for. Held until the connection ends.
-        let permit = if to_gateway && index.is_none() {
-            None
-        } else if let Ok(permit) = self.connections.clone().try_acquire_owned() {
-            Some(permit)
-        } else {
+        // Every connection counts against max_connections, the gateway's own services (DNS,
+        // the package indexes) too: each holds buffers and a task in the gateway, which no
+        // cgroup of the sandbox's pays for. Held until the connection ends.
+        let Ok(permit) = self.connections.clone().try_acquire_owned() else {
             let host = match to_gateway {
                 true => GATEWAY_ADDR.to_string(),
                 false => self.host_of(dst.ip()),
             };
-            self.record(
-                "tcp",
-                &host,
-                dst.port(),
-                &denied(format!(
-                    "more than {} connections open at once (the profile's max_connections)",
-                    self.spec.max_connections
-                )),
-            );
+            self.record("tcp", &host, dst.port(), &self.over_the_cap());
             let _ =
                 tokio::time::timeout(Duration::from_secs(1), forward::shutdown(&mut flow)).await;
             return;
         };
         if let Some(index) = index {
-            index.clone().serve(flow).await;
+            index.clone().serve(&mut flow).await;
             drop(permit);
             return;
         }
@@ -331,8 +365,8 @@ impl Inner {
     }
 
     /// Returns true if the connection was refused (and is still open).
-    async fn tcp_inner(&self, flow: &mut IpStackTcpStream) -> bool {
-        let dst = flow.peer_addr();
+    async fn tcp_inner(&self, flow: &mut Flow) -> bool {
+        let dst = flow.stream().peer_addr();
         if dst.ip() == IpAddr::V4(GATEWAY_ADDR) {
             return self.gateway_service(flow, dst.port()).await;
         }
@@ -345,7 +379,7 @@ impl Inner {
                 return true;
             }
         };
-        let (addrs, first) = target;
+        let (addrs, first, requests) = target;
         let mut last_error = String::new();
         for addr in &addrs {
             match self
@@ -357,7 +391,18 @@ impl Inner {
                     let bytes = self
                         .log
                         .record("tcp", &host, dst.port(), Verdict::Allowed, None);
-                    forward::relay(flow, upstream, first, &self.limits, &bytes).await;
+                    let refuse =
+                        |reason: String| self.record("tcp", &host, dst.port(), &denied(reason));
+                    forward::relay(
+                        flow,
+                        upstream,
+                        first,
+                        requests,
+                        &refuse,
+                        &self.limits,
+                        &bytes,
+                    )
+                    .await;
                     return false;
                 }
                 Err(e) => {
@@ -377,14 +422,15 @@ impl Inner {
         true
     }
 
-    /// Whether a connection may go on: the addresses to connect to and the bytes already
-    /// read from the sandbox, or why not (None: the program closed it before saying
-    /// anything, which is not worth a line).
+    /// Whether a connection may go on: the addresses to connect to, the bytes already
+    /// read from the sandbox and checked, and on plain HTTP the checker of the requests
+    /// still to come; or why not (None: the program closed it before saying anything, which
+    /// is not worth a line).
     async fn decide(
         &self,
-        flow: &mut IpStackTcpStream,
+        flow: &mut Flow,
         dst: SocketAddr,
-    ) -> Result<(Vec<IpAddr>, Vec<u8>), Option<Refusal>> {
+    ) -> Result<(Vec<IpAddr>, Vec<u8>, Option<Requests>), Option<Refusal>> {
         let port = dst.port();
         let IpAddr::V4(v4) = dst.ip() else {
             return Err(Some(denied("IPv6 is not carried by the gateway")));
@@ -407,7 +453,7 @@ impl Inner {
                 return Err(Some(denied(reason)));
             }
         };
-        let mut first = Vec::new();
+        let mut first = (Vec::new(), None);
         if let (Mode::Restricted, Some(name)) = (self.spec.mode, &name) {
             let explicit = self
                 .rules
@@ -448,55 +494,86 @@ impl Inner {
                 if refused.is_empty() { "no usable address".to_string() } else { refused.join(", ") }
             ))));
         }
-        Ok((usable, first))
+        Ok((usable, first.0, first.1))
     }
 
     /// Reads the connection's first bytes and checks the name they carry against the name
-    /// the program resolved. Returns the bytes, to be sent on.
+    /// the program resolved. Returns the bytes, to be sent on, and on plain HTTP the
+    /// checker that goes on reading every request of the connection.
     async fn check_first_bytes(
         &self,
-        flow: &mut IpStackTcpStream,
+        flow: &mut Flow,
         name: &str,
         port: u16,
-    ) -> Result<Vec<u8>, Option<Refusal>> {
+    ) -> Result<(Vec<u8>, Option<Requests>), Option<Refusal>> {
+        /// How the first bytes end.
+        enum First {
+            Tls(Option<String>),
+            /// A first request head passed: the checked bytes.
+            Http(Vec<u8>),
+            Refused(String),
+            Other,
+            Closed,
+        }
         let mut buf = Vec::new();
-        let sniffed = tokio::time::timeout(SNIFF_TIMEOUT, async {
+        let mut requests: Option<Requests> = None;
+        let read = tokio::time::timeout(SNIFF_TIMEOUT, async {
             let mut chunk = vec![0u8; 16 * 1024];
+            let mut checked = Vec::new();
             loop {
-                match sniff::sniff(&buf) {
-                    Sniffed::NeedMore if buf.len() < sniff::MAX_SNIFF => {}
-                    Sniffed::NeedMore => return Some(Sniffed::Other),
-                    done => return Some(done),
+                match &mut requests {
+                    Some(r) if r.heads() > 0 => return First::Http(checked),
+                    Some(_) => {}
+                    None => match sniff::sniff(&buf) {
+                        Sniffed::NeedMore if buf.len() < sniff::MAX_SNIFF => {}
+                        Sniffed::NeedMore | Sniffed::Other => return First::Other,
+                        Sniffed::Tls(sni) => return First::Tls(sni),
+                        Sniffed::Http => {
+                            let mut r = Requests::new(name);
+                            let fed = r.feed(&std::mem::take(&mut buf), &mut checked);
+                            match fed {
+                                // A refused request behind allowed ones: those go on (the
+                                // relay stops after them).
+                                Err(reason) if r.heads() == 0 => return First::Refused(reason),
+                                _ => {}
+                            }
+                            requests = Some(r);
+                            continue;
+                        }
+                    },
                 }
-                match flow.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                let n = match flow.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return First::Closed,
+                    Ok(n) => n,
+                };
+                match &mut requests {
+                    Some(r) => {
+                        if let (Err(reason), 0) = (r.feed(&chunk[..n], &mut checked), r.heads()) {
+                            return First::Refused(reason);
+                        }
+                    }
+                    None => buf.extend_from_slice(&chunk[..n]),
                 }
             }
         })
         .await;
         let same = |other: &str| normalize_name(other).as_deref() == Some(name);
-        match sniffed {
+        match read {
             Err(_) => Err(Some(denied(format!(
                 "the program sent nothing the gateway could check within {SNIFF_TIMEOUT:?} (it reads the TLS \
                  ClientHello or the HTTP request to check the name)"
             )))),
-            Ok(None) => Err(None),
-            Ok(Some(Sniffed::Tls(Some(sni)))) if same(&sni) => Ok(buf),
-            Ok(Some(Sniffed::Tls(Some(sni)))) => Err(Some(denied(format!(
+            Ok(First::Closed) => Err(None),
+            Ok(First::Tls(Some(sni))) if same(&sni) => Ok((buf, None)),
+            Ok(First::Tls(Some(sni))) => Err(Some(denied(format!(
                 "the TLS server name (SNI) {sni} differs from {name}, the name the program resolved"
             )))),
-            Ok(Some(Sniffed::Tls(None))) => Err(Some(denied(
+            Ok(First::Tls(None)) => Err(Some(denied(
                 "the TLS ClientHello has no server name (SNI) to check",
             ))),
-            Ok(Some(Sniffed::Http(Some(host)))) if same(&host) => Ok(buf),
-            Ok(Some(Sniffed::Http(Some(host)))) => Err(Some(denied(format!(
-                "the HTTP Host {host} differs from {name}, the name the program resolved"
-            )))),
-            Ok(Some(Sniffed::Http(None))) => {
-                Err(Some(denied("the HTTP request has no Host header to check")))
-            }
-            Ok(Some(_)) => Err(Some(denied(format!(
+            Ok(First::Http(checked)) => Ok((checked, requests)),
+            Ok(First::Refused(reason)) => Err(Some(denied(reason))),
+            Ok(First::Other) => Err(Some(denied(format!(
                 "what the program sent on port {port} is neither TLS nor HTTP; other protocols need a host:port \
                  entry in allowed_hosts"
             )))),
@@ -504,7 +581,7 @@ impl Inner {
     }
 
     /// The gateway's own ports: DNS over TCP (53). Anything else is refused.
-    async fn gateway_service(&self, flow: &mut IpStackTcpStream, port: u16) -> bool {
+    async fn gateway_service(&self, flow: &mut Flow, port: u16) -> bool {
         if port != 53 {
             self.record(
                 "tcp",
@@ -514,14 +591,30 @@ impl Inner {
             );
             return true;
         }
+        // Each question within DNS_TCP_IDLE of the last answer, each message whole within
+        // DNS_TCP_MESSAGE of its first byte and at most DNS_MAX bytes; the reply written
+        // within DNS_TCP_MESSAGE too. Anything else ends the connection.
+        let mut msg = Vec::new();
         loop {
-            let mut len = [0u8; 2];
-            let read = tokio::time::timeout(DNS_IDLE * 20, flow.read_exact(&mut len)).await;
-            if !matches!(read, Ok(Ok(_))) {
+            let mut first = [0u8; 1];
+            if !matches!(
+                tokio::time::timeout(DNS_TCP_IDLE, flow.read_exact(&mut first)).await,
+                Ok(Ok(_))
+            ) {
                 return true;
             }
-            let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
-            if flow.read_exact(&mut msg).await.is_err() {
+            let read = tokio::time::timeout(DNS_TCP_MESSAGE, async {
+                let mut second = [0u8; 1];
+                flow.read_exact(&mut second).await?;
+                let len = u16::from_be_bytes([first[0], second[0]]) as usize;
+                if len > DNS_MAX {
+                    return Err(std::io::ErrorKind::InvalidData.into());
+                }
+                msg.resize(len, 0);
+                flow.read_exact(&mut msg).await.map(drop)
+            })
+            .await;
+            if !matches!(read, Ok(Ok(()))) {
                 return true;
             }
             let Some(reply) = self.dns(&msg).await else {
@@ -529,7 +622,8 @@ impl Inner {
             };
             let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
             framed.extend_from_slice(&reply);
-            if flow.write_all(&framed).await.is_err() {
+            let wrote = tokio::time::timeout(DNS_TCP_MESSAGE, flow.write_all(&framed)).await;
+            if !matches!(wrote, Ok(Ok(()))) {
                 return true;
             }
         }

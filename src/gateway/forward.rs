@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::http::Requests;
 use super::log::Bytes;
 
 /// A token bucket: `rate` bytes per second with a burst of a twentieth of a second (at
@@ -66,9 +67,18 @@ const CHUNK: usize = 32 * 1024;
 
 /// Copies both ways until both sides have finished (or one fails, or nothing moved for
 /// `limits.idle`). `first` is what was read from the sandbox before the connection was
-/// decided; it goes out first.
-pub async fn relay<S, U>(sandbox: S, upstream: U, first: Vec<u8>, limits: &Limits, bytes: &Bytes)
-where
+/// decided; it goes out first. With `requests` (plain HTTP), every request the sandbox
+/// sends is checked before it goes on; at the first refused one the upstream is sent a FIN
+/// (the requests before it are still answered) and `refuse` is told why, at once.
+pub async fn relay<S, U>(
+    sandbox: S,
+    upstream: U,
+    first: Vec<u8>,
+    requests: Option<Requests>,
+    refuse: &(dyn Fn(String) + Sync),
+    limits: &Limits,
+    bytes: &Bytes,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
@@ -84,9 +94,49 @@ where
             bytes.out.fetch_add(first.len() as u64, Ordering::Relaxed);
             touch();
         }
-        pipe(&mut s_read, &mut u_write, &limits.up, &bytes.out, &touch).await
+        match requests {
+            // Refused already, behind the requests in `first`: no more goes up.
+            Some(requests) if requests.refused().is_some() => {
+                refuse(requests.refused().unwrap_or_default().to_string());
+                shutdown(&mut u_write).await;
+                Ok(())
+            }
+            Some(mut requests) => {
+                let checked = Checked {
+                    requests: &mut requests,
+                    refuse,
+                };
+                pipe(
+                    &mut s_read,
+                    &mut u_write,
+                    &limits.up,
+                    &bytes.out,
+                    &touch,
+                    Some(checked),
+                )
+                .await
+            }
+            None => {
+                pipe(
+                    &mut s_read,
+                    &mut u_write,
+                    &limits.up,
+                    &bytes.out,
+                    &touch,
+                    None,
+                )
+                .await
+            }
+        }
     };
-    let back = pipe(&mut u_read, &mut s_write, &limits.down, &bytes.inn, &touch);
+    let back = pipe(
+        &mut u_read,
+        &mut s_write,
+        &limits.down,
+        &bytes.inn,
+        &touch,
+        None,
+    );
     let both = async { tokio::join!(out, back) };
     let idle = async {
         loop {
@@ -104,12 +154,19 @@ where
     }
 }
 
+/// The checker of a pipe that carries HTTP requests, and where it puts its refusal.
+struct Checked<'a> {
+    requests: &'a mut Requests,
+    refuse: &'a (dyn Fn(String) + Sync),
+}
+
 async fn pipe<R, W>(
     from: &mut R,
     to: &mut W,
     bucket: &Bucket,
     counter: &AtomicU64,
     touch: &impl Fn(),
+    mut check: Option<Checked<'_>>,
 ) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -128,10 +185,29 @@ where
             shutdown(to).await;
             return Ok(());
         }
-        bucket.spend(n).await;
-        to.write_all(&buf[..n]).await?;
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-        touch();
+        let mut checked = Vec::new();
+        let mut refused = None;
+        let send = match &mut check {
+            None => &buf[..n],
+            Some(c) => {
+                if let Err(reason) = c.requests.feed(&buf[..n], &mut checked) {
+                    refused = Some(reason);
+                }
+                &checked[..]
+            }
+        };
+        if !send.is_empty() {
+            bucket.spend(send.len()).await;
+            to.write_all(send).await?;
+            counter.fetch_add(send.len() as u64, Ordering::Relaxed);
+            touch();
+        }
+        if let (Some(reason), Some(c)) = (refused, &mut check) {
+            // The requests before the refused one went on and are answered; no more goes.
+            (c.refuse)(reason);
+            shutdown(to).await;
+            return Ok(());
+        }
     }
 }
 

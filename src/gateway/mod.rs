@@ -7,11 +7,13 @@
 //! it: `codecage run` with network mode `none` never starts it, and the server's request
 //! handling never shares its workers with packet processing.
 
+mod admission;
 mod client;
 mod config;
 mod dns;
 mod engine;
 mod forward;
+mod http;
 mod log;
 mod npm;
 mod packages;
@@ -26,6 +28,13 @@ use codecage::network::{Attached, Connection, Mode, NetworkSpec};
 
 pub use config::{GatewayConfig, HostConfig};
 
+/// The gateway this process installed, for [`Gateway::health`].
+static INSTALLED: OnceLock<Arc<Gateway>> = OnceLock::new();
+/// How long the health check waits for the gateway's runtime to run a task.
+const HEALTH_PROBE: std::time::Duration = std::time::Duration::from_secs(1);
+/// Streams waiting for the reaper past which the gateway is reported unhealthy.
+const REAPER_BACKLOG: usize = 100_000;
+
 /// The gateway of one process (the CLI's, or the server's).
 pub struct Gateway {
     config: Arc<GatewayConfig>,
@@ -34,6 +43,8 @@ pub struct Gateway {
     /// The package indexes' HTTP(S) client, shared by every sandbox (its TLS settings
     /// are made once).
     client: OnceLock<Arc<client::Client>>,
+    /// The thread that drops the sandboxes' streams (see `admission`).
+    reaper: OnceLock<Result<admission::Reaper, String>>,
 }
 
 impl Gateway {
@@ -43,12 +54,53 @@ impl Gateway {
             runtime: OnceLock::new(),
             upstream: OnceLock::new(),
             client: OnceLock::new(),
+            reaper: OnceLock::new(),
         }
     }
 
     /// Registers a gateway with this config as the process's.
     pub fn install(config: GatewayConfig) {
-        codecage::network::set_gateway(Arc::new(Gateway::new(config)));
+        let gateway = Arc::new(Gateway::new(config));
+        let _ = INSTALLED.set(gateway.clone());
+        codecage::network::set_gateway(gateway);
+    }
+
+    /// Whether the gateway can relay: its runtime runs a task within a second (a stalled
+    /// runtime is what stopped every sandbox's network before, issue 22), and its reaper
+    /// keeps up. `Ok` with its state, or why not. A gateway not started yet is healthy.
+    pub async fn health() -> Result<String, String> {
+        match INSTALLED.get() {
+            Some(gateway) => gateway.check_health().await,
+            None => Ok("gateway: not configured".into()),
+        }
+    }
+
+    async fn check_health(&self) -> Result<String, String> {
+        let gateway = self;
+        let Some(Ok(runtime)) = gateway.runtime.get() else {
+            return Ok("gateway: not started".into());
+        };
+        let probe = runtime.spawn(async {});
+        match tokio::time::timeout(HEALTH_PROBE, probe).await {
+            Ok(Ok(())) => {}
+            _ => {
+                return Err(format!(
+                    "gateway: its runtime did not run a task within {HEALTH_PROBE:?}: sandboxes cannot reach the network"
+                ))
+            }
+        }
+        let backlog = match gateway.reaper.get() {
+            Some(Ok(reaper)) => reaper.backlog(),
+            _ => 0,
+        };
+        if backlog > REAPER_BACKLOG {
+            return Err(format!(
+                "gateway: {backlog} closed connections wait to be released (more than {REAPER_BACKLOG})"
+            ));
+        }
+        Ok(format!(
+            "gateway: ok ({backlog} connections being released)"
+        ))
     }
 
     /// Whether the host allows `mode`: `full` only where the config enables it.
@@ -78,6 +130,15 @@ impl Gateway {
             .map_err(Clone::clone)
     }
 
+    fn reaper(&self, runtime: &tokio::runtime::Runtime) -> Result<admission::Reaper, String> {
+        self.reaper
+            .get_or_init(|| {
+                admission::Reaper::start(runtime.handle().clone())
+                    .map_err(|e| format!("cannot start the gateway's reaper thread: {e}"))
+            })
+            .clone()
+    }
+
     fn upstream(&self) -> Result<Arc<upstream::Upstream>, String> {
         self.upstream
             .get_or_init(|| {
@@ -95,6 +156,7 @@ impl codecage::network::Gateway for Gateway {
     fn attach(&self, tun: OwnedFd, spec: &NetworkSpec) -> Result<Box<dyn Attached>, String> {
         Gateway::check_mode(&self.config, spec.mode)?;
         let runtime = self.runtime()?;
+        let reaper = self.reaper(runtime)?;
         let upstream = self.upstream()?;
         let client = self
             .client
@@ -112,6 +174,7 @@ impl codecage::network::Gateway for Gateway {
             upstream,
             client,
             log.clone(),
+            reaper,
         );
         let task = {
             let _guard = runtime.enter();
@@ -138,7 +201,49 @@ impl Attached for Link {
 impl Drop for Link {
     fn drop(&mut self) {
         // The engine's task owns the stack and every connection's task (a JoinSet):
-        // aborting it drops them all, and with them the tun queue and upstream sockets.
+        // aborting it drops them all, and with them the tun queue and upstream sockets;
+        // the streams themselves go to the reaper (see `admission`), never dropped here
+        // or on the runtime's workers.
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_says_when_the_gateways_runtime_is_stalled() {
+        // The server's side: a runtime of its own that asks.
+        let server = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let gateway = Gateway::new(GatewayConfig::default());
+        let check = || server.block_on(gateway.check_health());
+        assert_eq!(check().unwrap(), "gateway: not started");
+        let runtime = gateway.runtime().unwrap();
+        assert!(check().unwrap().starts_with("gateway: ok"));
+        // Both workers blocked: no task of the gateway's can run, nothing is relayed.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        for _ in 0..2 {
+            let rx = rx.clone();
+            runtime.spawn(async move {
+                let _ = rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(std::time::Duration::from_secs(5));
+            });
+        }
+        let start = std::time::Instant::now();
+        let why = check().unwrap_err();
+        assert!(why.contains("did not run a task"), "{why}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(3));
+        drop(tx);
+        assert!((0..50).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            check().is_ok()
+        }));
     }
 }

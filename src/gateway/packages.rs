@@ -25,6 +25,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use ipstack::IpStackTcpStream;
 
+use super::admission::Held;
+
 use super::client::{Client, Url};
 use super::forward::Limits;
 use super::log::Log;
@@ -55,12 +57,17 @@ impl Packages {
     }
 
     /// Serves HTTP/1.1 on one connection from the sandbox.
-    pub async fn serve(self: Arc<Self>, flow: IpStackTcpStream) {
+    pub async fn serve(self: Arc<Self>, flow: &mut Held<IpStackTcpStream>) {
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
             let packages = self.clone();
             async move { Ok::<_, std::convert::Infallible>(packages.handle(request).await) }
         });
+        // Each request's head must come within the deadline, and is at most 64 KiB: what a
+        // sandbox makes the gateway hold per connection is bounded.
         let _ = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(super::engine::SNIFF_TIMEOUT)
+            .max_buf_size(64 * 1024)
             .serve_connection(TokioIo::new(flow), service)
             .await;
     }

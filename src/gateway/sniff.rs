@@ -1,6 +1,7 @@
 //! What a connection's first bytes say about where it goes: the server name of a TLS
-//! ClientHello (SNI), or the Host header of an HTTP/1 request. Pure functions over the
-//! bytes read so far; the caller reads more while they answer `NeedMore`.
+//! ClientHello (SNI), or that it is an HTTP/1 request (whose every head `http` checks).
+//! Pure functions over the bytes read so far; the caller reads more while they answer
+//! `NeedMore`.
 
 /// What the first bytes of a connection are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,8 +10,8 @@ pub enum Sniffed {
     NeedMore,
     /// A TLS ClientHello, with its server name if it has one.
     Tls(Option<String>),
-    /// An HTTP/1 request, with its Host header (without a port) if it has one.
-    Http(Option<String>),
+    /// An HTTP/1 request line's start (a method and a space).
+    Http,
     /// Neither (or a malformed one).
     Other,
 }
@@ -127,49 +128,14 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The Host header of an HTTP/1 request, once the headers are complete.
+/// An HTTP request starts with its method (a token: here, uppercase letters, as every
+/// method a client sends) and a space. The rest of the head is `http`'s to check.
 fn http(buf: &[u8]) -> Sniffed {
-    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        let method_ok = buf
-            .iter()
-            .take_while(|b| **b != b' ')
-            .all(u8::is_ascii_uppercase);
-        return if method_ok && buf.len() < MAX_SNIFF {
-            Sniffed::NeedMore
-        } else {
-            Sniffed::Other
-        };
-    };
-    let head = String::from_utf8_lossy(&buf[..end]);
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or_default();
-    let parts: Vec<&str> = request_line.split(' ').collect();
-    if parts.len() != 3 || !parts[2].starts_with("HTTP/1.") {
-        return Sniffed::Other;
-    }
-    let mut host = None;
-    for line in lines {
-        if let Some((key, value)) = line.split_once(':') {
-            if key.trim().eq_ignore_ascii_case("host") {
-                if host.is_some() {
-                    // Two Host headers: a request that means two things.
-                    return Sniffed::Other;
-                }
-                host = Some(strip_port(value.trim()).to_string());
-            }
-        }
-    }
-    Sniffed::Http(host)
-}
-
-/// `example.com:8080` -> `example.com`; `[::1]:80` -> `::1`.
-fn strip_port(host: &str) -> &str {
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match host.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => host,
+    let method = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    match buf.get(method) {
+        None if method < 32 => Sniffed::NeedMore,
+        Some(b' ') if method > 0 => Sniffed::Http,
+        _ => Sniffed::Other,
     }
 }
 
@@ -226,16 +192,13 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_host_header_comes_out_of_a_request() {
-        let req = b"GET /simple/ HTTP/1.1\r\nhost: Example.com:8080\r\nAccept: */*\r\n\r\n";
-        assert_eq!(sniff(req), Sniffed::Http(Some("Example.com".into())));
-        assert_eq!(sniff(&req[..20]), Sniffed::NeedMore);
-        assert_eq!(sniff(b"GET / HTTP/1.0\r\n\r\n"), Sniffed::Http(None));
-        assert_eq!(
-            sniff(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
-            Sniffed::Other
-        );
+    fn an_http_request_is_known_by_its_method() {
+        assert_eq!(sniff(b"GE"), Sniffed::NeedMore);
+        assert_eq!(sniff(b"GET /simple/ HTTP/1.1\r\n"), Sniffed::Http);
+        assert_eq!(sniff(b"OPTIONS * HTTP/1.1\r\n"), Sniffed::Http);
         assert_eq!(sniff(b"SSH-2.0-OpenSSH\r\n"), Sniffed::Other);
+        assert_eq!(sniff(b"GET\t/"), Sniffed::Other);
+        assert_eq!(sniff(&[b'A'; 40]), Sniffed::Other);
         assert_eq!(sniff(b"\x00\x01"), Sniffed::Other);
     }
 }

@@ -282,8 +282,16 @@ pub struct SessionInfo {
     pub executions: u64,
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// `GET /healthz`: 200 `ok` while the server and its gateway can serve; 503 and why not
+/// when the gateway cannot relay (its runtime stalled, its reaper far behind).
+async fn healthz() -> (StatusCode, String) {
+    match crate::gateway::Gateway::health().await {
+        Ok(_) => (StatusCode::OK, "ok\n".into()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy\n{why}\n"),
+        ),
+    }
 }
 
 /// `GET /v1/pool`: how many pooled sandboxes and sessions are ready, by profile.

@@ -386,6 +386,10 @@ fn build() -> utoipa::openapi::OpenApi {
                 OperationBuilder::new()
                     .summary(Some("Liveness"))
                     .response("200", answer("ok", None))
+                    .response(
+                        "503",
+                        answer("the network gateway cannot relay (the body says why)", None),
+                    )
                     .build(),
             ),
         )
