@@ -416,11 +416,14 @@ pub enum ToSandbox {
     },
     /// Write files into /work; answered by `FilesWritten` or `FileError`.
     WriteFiles { files: Vec<crate::files::InputFile> },
-    /// Note what the output directory holds (each file's inode, size, mtime and ctime),
-    /// before a session call: answered by `OutputsMarked`.
-    MarkOutputs { rules: crate::files::OutputRules },
+    /// A session call begins: note the last pid the sandbox allocated (what starts after it
+    /// is the call's), and with `rules` what the output directory holds (each file's
+    /// inode, size, mtime and ctime): answered by `CallBegun`.
+    BeginCall {
+        rules: Option<crate::files::OutputRules>,
+    },
     /// Send the output directory's files (with `changed`, only those new or changed since
-    /// the last `MarkOutputs`): `OutputFile`s, then `OutputsDone`.
+    /// the last `BeginCall`): `OutputFile`s, then `OutputsDone`.
     CollectOutputs {
         rules: crate::files::OutputRules,
         changed: bool,
@@ -432,7 +435,9 @@ pub enum ToSandbox {
     /// Send `signal` to the process group of payload `id`.
     Signal { id: u64, signal: i32 },
     /// List the live processes of payload `id`'s process group (the payload itself left
-    /// out) that started at or after `since_ns` (CLOCK_BOOTTIME): `CallProcesses`.
+    /// out) that the running call started: newer than the pid `BeginCall` noted (should the
+    /// pids have wrapped since, started at or after `since_ns` of CLOCK_BOOTTIME):
+    /// `CallProcesses`.
     CallProcesses { id: u64, since_ns: u64 },
     /// SIGKILL each process that is still the one listed (pid and start time, so a reused
     /// pid is never hit): `ProcessesKilled`.
@@ -474,8 +479,8 @@ pub enum FromSandbox {
     ProcessesKilled,
     /// `WriteFiles` is done.
     FilesWritten,
-    /// `MarkOutputs` is done.
-    OutputsMarked,
+    /// `BeginCall` is done.
+    CallBegun,
     /// A file operation failed: what, in words.
     FileError { message: String },
     /// One output file, taken. Sent as a [`TAG_FILE`] frame, never as JSON.

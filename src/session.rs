@@ -310,7 +310,7 @@ impl Session {
                 return result;
             }
         }
-        let marked = self.mark_outputs();
+        let marked = self.begin_call();
         let mut call_state = CallRun::new(self.spec.output_limit, start + timeout, events);
         call_state.request = self.request(call);
         call_state.since_ns = crate::sys::boottime_ns();
@@ -367,15 +367,15 @@ impl Session {
         }
     }
 
-    /// Notes the output directory before a call; whether the init did.
-    fn mark_outputs(&mut self) -> bool {
-        let Some(rules) = self.spec.outputs.clone() else {
-            return false;
-        };
+    /// Tells the init a call begins (it notes the last pid, and the output directory if
+    /// the session takes output files); whether the output directory was noted.
+    fn begin_call(&mut self) -> bool {
+        let rules = self.spec.outputs.clone();
+        let outputs = rules.is_some();
         let answers = self
             .sandbox
-            .request(&ToSandbox::MarkOutputs { rules }, FILE_TIMEOUT);
-        matches!(answers.as_deref(), Ok([.., FromSandbox::OutputsMarked]))
+            .request(&ToSandbox::BeginCall { rules }, FILE_TIMEOUT);
+        outputs && matches!(answers.as_deref(), Ok([.., FromSandbox::CallBegun]))
     }
 
     /// Takes the output files new or changed since the call began (all of them if the

@@ -227,14 +227,23 @@ mod tests {
         // Both workers blocked: no task of the gateway's can run, nothing is relayed.
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
         for _ in 0..2 {
             let rx = rx.clone();
+            let started_tx = started_tx.clone();
             runtime.spawn(async move {
+                let _ = started_tx.send(());
                 let _ = rx
                     .lock()
                     .unwrap()
                     .recv_timeout(std::time::Duration::from_secs(5));
             });
+        }
+        // Both blockers are on a worker (a loaded machine may start them late).
+        for _ in 0..2 {
+            started
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("a blocking task started");
         }
         let start = std::time::Instant::now();
         let why = check().unwrap_err();

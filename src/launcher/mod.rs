@@ -358,7 +358,7 @@ impl Sandbox {
             while let Some(m) = self.inbox.pop_front() {
                 match m {
                     FromSandbox::FilesWritten
-                    | FromSandbox::OutputsMarked
+                    | FromSandbox::CallBegun
                     | FromSandbox::FileError { .. }
                     | FromSandbox::OutputsDone { .. }
                     | FromSandbox::Listing { .. }

@@ -51,7 +51,9 @@ struct Init<'a> {
     /// Live payloads: pid -> (id, last, the output files to send when it ends).
     payloads: BTreeMap<Pid, (u64, bool, Option<OutputRules>)>,
     newest: Option<Pid>,
-    /// The output directory as a session call began (`MarkOutputs`).
+    /// The last pid allocated in the sandbox as the running session call began.
+    call_mark: Option<i32>,
+    /// The output directory as a session call began (`BeginCall`).
     marked: Option<files::Marks>,
 }
 
@@ -64,6 +66,7 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
         netlink: None,
         payloads: BTreeMap::new(),
         newest: None,
+        call_mark: None,
         marked: None,
     };
     let signals = match init.prepare() {
@@ -196,7 +199,7 @@ impl Init<'_> {
             ToSandbox::CallProcesses { id, since_ns } => {
                 let leader = self.payloads.iter().find(|(_, (i, _, _))| *i == id);
                 let processes = leader.map_or_else(Vec::new, |(pid, _)| {
-                    procs::group_members(pid.as_raw(), pid.as_raw(), since_ns)
+                    procs::group_members(pid.as_raw(), pid.as_raw(), self.call_mark, since_ns)
                 });
                 self.send(&FromSandbox::CallProcesses { processes });
             }
@@ -213,9 +216,10 @@ impl Init<'_> {
                 Ok(()) => self.send(&FromSandbox::FilesWritten),
                 Err(message) => self.send(&FromSandbox::FileError { message }),
             },
-            ToSandbox::MarkOutputs { rules } => {
-                self.marked = Some(files::mark(&rules));
-                self.send(&FromSandbox::OutputsMarked);
+            ToSandbox::BeginCall { rules } => {
+                self.call_mark = procs::last_pid();
+                self.marked = rules.map(|rules| files::mark(&rules));
+                self.send(&FromSandbox::CallBegun);
             }
             ToSandbox::CollectOutputs { rules, changed } => {
                 let before = if changed { self.marked.take() } else { None };

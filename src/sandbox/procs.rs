@@ -77,10 +77,23 @@ fn ticks_per_second() -> u64 {
         .map_or(100, |t| t as u64)
 }
 
-/// The live members of process group `pgrp`, other than `leader`, started at or after
-/// `since_ns` of CLOCK_BOOTTIME (whose ticks /proc counts start times in).
-pub fn group_members(pgrp: i32, leader: i32, since_ns: u64) -> Vec<ProcessInfo> {
+/// The last pid allocated in this pid namespace.
+pub fn last_pid() -> Option<i32> {
+    fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The live members of process group `pgrp`, other than `leader`, that a call started:
+/// with a `mark` (the last pid allocated as the call began), those of a higher pid; should
+/// the pids have wrapped around since, those started at or after `since_ns` of
+/// CLOCK_BOOTTIME (whose ticks, 10 ms, /proc counts start times in: too coarse alone, a
+/// process an earlier call started just before would count).
+pub fn group_members(pgrp: i32, leader: i32, mark: Option<i32>, since_ns: u64) -> Vec<ProcessInfo> {
     let since = since_ns / (1_000_000_000 / ticks_per_second());
+    let wrapped = matches!((mark, last_pid()), (Some(mark), Some(now)) if now < mark);
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -97,7 +110,11 @@ pub fn group_members(pgrp: i32, leader: i32, since_ns: u64) -> Vec<ProcessInfo> 
             continue;
         }
         let Some(stat) = stat(pid) else { continue };
-        if stat.pgrp != pgrp || stat.state == 'Z' || stat.state == 'X' || stat.start < since {
+        let of_the_call = match mark {
+            Some(mark) if !wrapped => pid > mark,
+            _ => stat.start >= since,
+        };
+        if stat.pgrp != pgrp || stat.state == 'Z' || stat.state == 'X' || !of_the_call {
             continue;
         }
         members.push(ProcessInfo {
