@@ -30,15 +30,22 @@ __cc_json_string() {
     printf -v __cc_json '"%s"' "$s"
 }
 
-# Runs a cell in this shell (cd and assignments persist). An interrupt returns from it
-# with 130, abandoning the rest of the cell, as a terminal's ^C does.
-__cc_run() {
+# Runs a cell in this shell (cd and assignments persist): __cc_run, from the file `bash`
+# beside this one (see bash-cell.sh), which first sets the cells' own options again. An
+# interrupt returns from it with 130, abandoning the rest of the cell, as a terminal's ^C
+# does.
+__cc_restore_flags() {
     case $__cc_flags in *e*) set -e ;; esac
     case $__cc_flags in *u*) set -u ;; esac
     case $__cc_flags in *v*) set -v ;; esac
     case $__cc_flags in *x*) set -x ;; esac
-    eval "$1"
 }
+__cc_home=$PWD
+shopt -u sourcepath
+cd "${BASH_SOURCE[0]%/*}" && source bash
+shopt -s sourcepath
+cd "$__cc_home" || exit 70
+unset OLDPWD __cc_home
 trap 'return 130 2>/dev/null' INT
 
 # Whether fd $1 is open (a builtin redirection: no fork).

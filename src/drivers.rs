@@ -14,6 +14,8 @@ pub const FILES: &[(&str, &str)] = &[
     ),
     ("node.js", include_str!("../drivers/node.js")),
     ("bash.sh", include_str!("../drivers/bash.sh")),
+    // Sourced by bash.sh by this name: a cell's errors read "bash: line N: ...".
+    ("bash", include_str!("../drivers/bash-cell.sh")),
 ];
 
 /// The program that runs a language's driver.
