@@ -744,6 +744,24 @@ impl Session {
                     processes: left.iter().map(|p| (p.pid, p.start)).collect(),
                 };
                 let _ = self.sandbox.request(&kill, FILE_TIMEOUT);
+                // The call is over once they are: SIGKILL is delivered on the way out of
+                // the kernel, not by kill(2) itself.
+                let gone_by = Instant::now() + GRACE;
+                while Instant::now() < gone_by {
+                    let still = match self.sandbox.request(&request, FILE_TIMEOUT) {
+                        Ok(answers) => match answers.into_iter().last() {
+                            Some(FromSandbox::CallProcesses { processes }) => processes
+                                .iter()
+                                .any(|p| left.iter().any(|k| (k.pid, k.start) == (p.pid, p.start))),
+                            _ => false,
+                        },
+                        Err(_) => false,
+                    };
+                    if !still {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 return left
                     .into_iter()
                     .map(|p| KilledProcess {
