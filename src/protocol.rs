@@ -91,6 +91,7 @@ pub struct TmpfsSpec {
     /// Mount options, as `mount -t tmpfs -o` takes them.
     pub options: Vec<(&'static str, String)>,
     pub noexec: bool,
+    /// Made read-only by the init once attached (the launcher gives it its owner first).
     pub read_only: bool,
     pub owner: TmpfsOwner,
 }

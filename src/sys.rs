@@ -604,7 +604,7 @@ struct MountAttr {
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
-pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
 pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
@@ -616,8 +616,9 @@ const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 
 /// A new tmpfs, detached (fsopen, fsconfig, fsmount: Linux 5.2), made by this process in
 /// its own user namespace, with `options` (key, value) and the mount attributes `attrs`
-/// (`MOUNT_ATTR_*`); its root directory is then owned by `owner` (uid, gid), which the
-/// mount's options never show. Closing the fd drops it unless [`move_mount_here`]
+/// (`MOUNT_ATTR_*`; not RDONLY: the root's owner is set after, and mount_setattr, which
+/// could make it read-only then, needs 5.12); its root directory is then owned by `owner`
+/// (uid, gid), which the mount's options never show. Closing the fd drops it unless [`move_mount_here`]
 /// attached it first.
 pub fn detached_tmpfs(
     options: &[(&str, String)],
@@ -666,15 +667,13 @@ pub fn detached_tmpfs(
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
-    // Writable until its root has its owner; read-only after, if asked.
-    let writable = attrs & !MOUNT_ATTR_RDONLY;
     // SAFETY: a configured context fd; the result is checked and owned below.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_fsmount,
             context.as_raw_fd(),
             FSMOUNT_CLOEXEC,
-            writable as libc::c_uint,
+            attrs as libc::c_uint,
         )
     };
     if ret < 0 {
@@ -693,29 +692,6 @@ pub fn detached_tmpfs(
         Some(nix::unistd::Uid::from_raw(owner.0)),
         Some(nix::unistd::Gid::from_raw(owner.1)),
     )?;
-    if attrs & MOUNT_ATTR_RDONLY != 0 {
-        let attr = MountAttr {
-            attr_set: MOUNT_ATTR_RDONLY,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: 0,
-        };
-        // SAFETY: `attr` is a valid mount_attr of the size given, which the kernel only
-        // reads.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                mount.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH as libc::c_uint,
-                &attr as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            )
-        };
-        if ret < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
     Ok(mount)
 }
 

@@ -282,9 +282,6 @@ fn make_tmpfs(spec: &SandboxSpec, root: u32) -> Result<Vec<OwnedFd>, String> {
             if made.noexec {
                 attrs |= sys::MOUNT_ATTR_NOEXEC;
             }
-            if made.read_only {
-                attrs |= sys::MOUNT_ATTR_RDONLY;
-            }
             let owner = match made.owner {
                 TmpfsOwner::Root => root,
                 TmpfsOwner::User => root + 1,

@@ -81,7 +81,7 @@ pub fn mask_host_entries(proc: &Path, empty: &Path, tmpfs: &mut TmpfsFds) -> Don
         if !path.is_dir() {
             continue;
         }
-        // An empty read-only tmpfs, made by the launcher.
+        // An empty tmpfs made by the launcher, read-only once here.
         attach(tmpfs, Tmpfs::MaskedProc(i), &path).map_err(|e| {
             SetupError::io(
                 Step::MaskHostProcEntries,
@@ -89,6 +89,8 @@ pub fn mask_host_entries(proc: &Path, empty: &Path, tmpfs: &mut TmpfsFds) -> Don
                 format!("hiding /proc/{name}"),
             )
         })?;
+        super::mount::remount_readonly(&path)
+            .map_err(|e| fail(e, &format!("making /proc/{name} read-only")))?;
     }
     umount2(empty, MntFlags::MNT_DETACH).map_err(|e| fail(e, "unbinding the empty file"))?;
     fs::remove_file(empty)
