@@ -83,6 +83,57 @@ pub struct Token {
     pub token: String,
     #[serde(default)]
     pub role: Role,
+    /// The profiles this token may name (default: the built-in language profiles,
+    /// python, node, typescript and bash; not `ci`). An admin may name any.
+    #[serde(default)]
+    pub profiles: Option<Vec<String>>,
+    /// The most sessions it may hold at once; past it, 429 with Retry-After.
+    #[serde(default)]
+    pub max_sessions: Option<usize>,
+    /// The most runs and session calls it may have running at once; past it, 429.
+    #[serde(default)]
+    pub max_concurrent_runs: Option<usize>,
+    /// The most it may ask of each limit (`memory = "512M"`, `timeout = "60s"`, ...): a
+    /// request above one is refused (403), a profile default above one is lowered to it.
+    #[serde(default)]
+    pub limits: std::collections::BTreeMap<String, Raw>,
+}
+
+impl Token {
+    /// A token with only a name, a secret and a role (the token file's).
+    pub fn new(name: &str, token: &str, role: Role) -> Token {
+        Token {
+            name: name.to_string(),
+            token: token.to_string(),
+            role,
+            profiles: None,
+            max_sessions: None,
+            max_concurrent_runs: None,
+            limits: Default::default(),
+        }
+    }
+
+    /// Its `limits`, parsed (validated at load, so nothing is dropped here).
+    pub fn ceilings(&self) -> Vec<(codecage::knobs::Knob, u64)> {
+        self.parse_ceilings().unwrap_or_default()
+    }
+
+    fn parse_ceilings(&self) -> Result<Vec<(codecage::knobs::Knob, u64)>, String> {
+        self.limits
+            .iter()
+            .map(|(key, raw)| {
+                let knob = codecage::knobs::Knob::from_key(key)
+                    .filter(|k| k.requestable())
+                    .ok_or_else(|| {
+                        format!("tokens.limits: {key:?} is not a limit a request may set")
+                    })?;
+                let value = knob
+                    .from_raw(raw)
+                    .map_err(|e| format!("tokens.limits.{key}: {e}"))?;
+                Ok((knob, value))
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -183,7 +234,15 @@ impl ServerConfig {
                 self.mcp.max_text
             ));
         }
-        for t in &self.tokens {
+        for (i, t) in self.tokens.iter().enumerate() {
+            t.parse_ceilings()
+                .map_err(|e| format!("the token named {:?}: {e}", t.name))?;
+            if self.tokens[..i].iter().any(|u| u.name == t.name) {
+                return Err(format!(
+                    "two tokens are named {:?}: a name owns sessions, so each must be its own",
+                    t.name
+                ));
+            }
             if t.token.len() < 16 {
                 return Err(format!(
                     "the token named {:?} is {} characters: use 16 or more (e.g. `openssl rand -hex 32`)",
@@ -222,11 +281,7 @@ impl ServerConfig {
                     ))
                 }
             };
-            self.tokens.push(Token {
-                name: name.to_string(),
-                token: token.to_string(),
-                role,
-            });
+            self.tokens.push(Token::new(name, token, role));
         }
         self.validate()
     }
@@ -276,11 +331,7 @@ mod tests {
         assert_eq!(c.limits.queue_timeout, Duration::from_secs(2));
         assert!(toml::from_str::<ServerConfig>("colour = 1").is_err());
         let mut short = ServerConfig::default();
-        short.tokens.push(Token {
-            name: "x".into(),
-            token: "short".into(),
-            role: Role::User,
-        });
+        short.tokens.push(Token::new("x", "short", Role::User));
         assert!(short.validate().unwrap_err().contains("16 or more"));
         assert_eq!(
             Listen::parse("unix:/a.sock").unwrap(),

@@ -39,10 +39,10 @@ use codecage::runner::Lang;
 use codecage::session::{Call, CallOutcome, Event, MimeBundle};
 use codecage::Canceller;
 
-use super::api::{self, ApiError, RunRequest, SessionRequest};
 use super::registry::Entry;
 use super::{Caller, Shared};
 use crate::audit::Via;
+use crate::service::{self, Error as ApiError, RunRequest, SessionRequest};
 
 /// How many calls' full output is kept for `codecage://outputs/...` (the oldest go first).
 const KEPT_OUTPUTS: usize = 16;
@@ -195,10 +195,6 @@ fn api_error(e: ApiError) -> CallToolResult {
     let message = match e.kind() {
         "not_found" | "session_expired" => e
             .message()
-            .replace(
-                "create one with POST /v1/sessions",
-                "call create_session for a new one",
-            )
             .replace("create a new one", "call create_session for a new one"),
         _ => e.message().to_string(),
     };
@@ -230,7 +226,7 @@ impl CodecageMcp {
         };
         let ids: Vec<String> = connection.lock().await.drain().map(|(_, id)| id).collect();
         for id in ids {
-            let _ = api::close_session(&self.state, &self.caller, Via::Mcp, &id).await;
+            let _ = service::close_session(&self.state, &self.caller, Via::Mcp, &id).await;
         }
     }
 
@@ -311,7 +307,7 @@ impl CodecageMcp {
             }
             Err(e) => return Ok(e),
         };
-        Ok(match api::reset_session(&self.state, &caller, Via::Mcp, entry).await {
+        Ok(match service::reset_session(&self.state, &caller, Via::Mcp, entry).await {
             Ok(()) => CallToolResult::success(vec![ContentBlock::text(
                 "The interpreter was restarted: variables, imports and functions are gone; files in /work are kept.",
             )]),
@@ -334,7 +330,7 @@ impl CodecageMcp {
             Ok(entry) => entry,
             Err(e) => return Ok(e),
         };
-        let path = api::relative(args.path.as_deref().unwrap_or("")).to_string();
+        let path = service::relative(args.path.as_deref().unwrap_or("")).to_string();
         if !path.is_empty() {
             if let Err(e) = codecage::files::check_input_path(&path) {
                 return Ok(tool_error(format!("path: {e}")));
@@ -345,8 +341,10 @@ impl CodecageMcp {
         } else {
             format!("/work/{path}")
         };
-        let listed =
-            api::with_session(&self.state, &entry.id, move |s, _| s.list_files(&path)).await;
+        let listed = service::with_session(&self.state, &caller, &entry.id, move |s, _| {
+            s.list_files(&path)
+        })
+        .await;
         Ok(match listed {
             Ok(entries) if entries.is_empty() => {
                 CallToolResult::success(vec![ContentBlock::text(format!("{shown} is empty"))])
@@ -382,12 +380,12 @@ impl CodecageMcp {
             Ok(entry) => entry,
             Err(e) => return Ok(e),
         };
-        let path = api::relative(&args.path).to_string();
+        let path = service::relative(&args.path).to_string();
         if let Err(e) = codecage::files::check_input_path(&path) {
             return Ok(tool_error(format!("path: {e}")));
         }
         let wanted = path.clone();
-        let data = api::with_session(&self.state, &entry.id, move |s, e| {
+        let data = service::with_session(&self.state, &caller, &entry.id, move |s, e| {
             s.read_file(&wanted, e.caps.read_max)
         })
         .await;
@@ -430,7 +428,7 @@ impl CodecageMcp {
             Ok(entry) => entry,
             Err(e) => return Ok(e),
         };
-        let path = api::relative(&args.path).to_string();
+        let path = service::relative(&args.path).to_string();
         let data = match args.encoding.unwrap_or_default() {
             Encoding::Utf8 => args.content.into_bytes(),
             Encoding::Base64 => {
@@ -442,7 +440,7 @@ impl CodecageMcp {
         };
         let size = data.len();
         let file = codecage::files::InputFile::new(path.clone(), data);
-        let written = api::write_session_file(&self.state, &entry.id, file).await;
+        let written = service::write_session_file(&self.state, &caller, &entry.id, file).await;
         Ok(match written {
             Ok(()) => CallToolResult::success(vec![ContentBlock::text(format!(
                 "wrote /work/{path} ({size} bytes)"
@@ -485,7 +483,7 @@ impl CodecageMcp {
                 .retain(|_, id| *id != args.session_id);
         }
         Ok(
-            match api::close_session(&self.state, &caller, Via::Mcp, &args.session_id).await {
+            match service::close_session(&self.state, &caller, Via::Mcp, &args.session_id).await {
                 Ok(()) => CallToolResult::success(vec![ContentBlock::text(format!(
                     "session {} is closed",
                     args.session_id
@@ -502,7 +500,7 @@ impl CodecageMcp {
         let mcp = &self.state.config.mcp;
         let limits = |language: Language| -> String {
             let name = self.profile_name(language);
-            match api::load_profile(&self.state, &name) {
+            match service::load_profile(&self.state, &name) {
                 Ok(p) => {
                     use codecage::knobs::Knob;
                     format!(
@@ -671,7 +669,7 @@ impl CodecageMcp {
         let lang = match language {
             Language::Python => Lang::Python,
             Language::Shell => Lang::Bash,
-            Language::Node => api::load_profile(&self.state, &profile)?
+            Language::Node => service::load_profile(&self.state, &profile)?
                 .language
                 .filter(|l| matches!(l, Lang::Node | Lang::Typescript))
                 .unwrap_or(Lang::Typescript),
@@ -683,7 +681,7 @@ impl CodecageMcp {
             network: None,
             limits: Default::default(),
         };
-        api::open_session(&self.state, caller, Via::Mcp, request).await
+        service::open_session(&self.state, caller, Via::Mcp, request).await
     }
 
     /// The session a call uses: `session_id`'s, else (stdio) the connection's for the
@@ -697,14 +695,16 @@ impl CodecageMcp {
         create: bool,
     ) -> Result<Option<Arc<Entry>>, CallToolResult> {
         if let Some(id) = session_id {
-            return api::lookup(&self.state, id).map(Some).map_err(api_error);
+            return service::lookup(&self.state, caller, id)
+                .map(Some)
+                .map_err(api_error);
         }
         let Some(connection) = &self.connection else {
             return Ok(None);
         };
         let mut sessions = connection.lock().await;
         if let Some(id) = sessions.get(&language) {
-            if let Ok(entry) = api::lookup(&self.state, id) {
+            if let Ok(entry) = service::lookup(&self.state, caller, id) {
                 return Ok(Some(entry));
             }
             sessions.remove(&language);
@@ -821,7 +821,7 @@ impl CodecageMcp {
             files: Vec::new(),
         };
         wait_idle(&entry).await;
-        let result = api::call_session(
+        let result = service::call_session(
             self.state.clone(),
             caller,
             Via::Mcp,
@@ -891,7 +891,7 @@ impl CodecageMcp {
             }
             stop.cancel();
         });
-        let result = api::run_request(&self.state, caller, Via::Mcp, request, canceller).await;
+        let result = service::run_request(&self.state, caller, Via::Mcp, request, canceller).await;
         watcher.abort();
         match result {
             Ok(outcome) => {
@@ -1152,8 +1152,9 @@ impl ServerHandler for CodecageMcp {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        let caller = self.caller_of(&context);
         let uri = request.uri.clone();
         let not_found = || {
             ErrorData::resource_not_found(
@@ -1184,7 +1185,7 @@ impl ServerHandler for CodecageMcp {
         codecage::files::check_input_path(&path)
             .map_err(|e| ErrorData::invalid_params(format!("{uri}: {e}"), None))?;
         let wanted = path.clone();
-        let data = api::with_session(&self.state, id, move |s, e| {
+        let data = service::with_session(&self.state, &caller, id, move |s, e| {
             s.read_file(&wanted, e.caps.read_max)
         })
         .await

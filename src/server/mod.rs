@@ -13,16 +13,15 @@ pub mod config;
 pub mod mcp;
 mod openapi;
 pub mod pool;
-mod registry;
+pub(crate) mod registry;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
@@ -32,26 +31,7 @@ use codecage::Canceller;
 pub use config::{Listen, ServerConfig};
 pub use openapi::document as openapi_document;
 
-/// Who made a request, for logs and the audit log.
-#[derive(Debug, Clone)]
-pub enum Caller {
-    /// A peer of the unix socket, by uid.
-    Unix { uid: u32 },
-    /// A bearer token, by its name.
-    Token { name: String, role: config::Role },
-}
-
-impl std::fmt::Display for Caller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Caller::Unix { uid } => write!(f, "uid:{uid}"),
-            Caller::Token { name, role } => match role {
-                config::Role::Admin => write!(f, "token:{name}(admin)"),
-                config::Role::User => write!(f, "token:{name}"),
-            },
-        }
-    }
-}
+pub use crate::service::Caller;
 
 /// What every handler shares.
 pub struct AppState {
@@ -62,6 +42,8 @@ pub struct AppState {
     /// Room for sessions.
     pub session_slots: Arc<Semaphore>,
     pub sessions: registry::Registry,
+    /// Each caller's runs and calls in flight (`max_concurrent_runs`).
+    pub runs: crate::service::tenancy::RunCounts,
     /// Stops every run at shutdown.
     pub canceller: Canceller,
     /// Cancelled at shutdown (the async side: MCP connections, their runs).
@@ -90,6 +72,7 @@ impl AppState {
             sandboxes: Arc::new(Semaphore::new(config.limits.max_sandboxes)),
             session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),
             sessions: registry::Registry::default(),
+            runs: Default::default(),
             data_dir: DataDir::from_env(),
             canceller,
             shutdown: tokio_util::sync::CancellationToken::new(),
@@ -318,12 +301,11 @@ async fn bearer_caller(State(state): State<Shared>, mut request: Request, next: 
             response
         }
         None if request.uri().path() == "/healthz" => next.run(request).await,
-        None => api::ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+        None => crate::service::Error::new(
+            crate::service::Kind::Unauthorized,
             "this listener needs `Authorization: Bearer TOKEN` with a token from the server's configuration",
         )
-        .into_response_now(),
+        .into_response(),
     }
 }
 

@@ -21,4 +21,5 @@ mod pool;
 mod portability;
 mod profiles;
 mod server;
+mod service;
 mod sessions;
