@@ -160,6 +160,19 @@ pub struct Limits {
     /// How long a shutdown waits for running calls before it kills them.
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// Open connections per listener, at most (lowered to fit under the fd limit); past
+    /// it, new connections wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// A request's head must arrive within this, and so must the next one on a
+    /// kept-alive connection (the idle deadline).
+    #[serde(deserialize_with = "duration")]
+    pub header_timeout: Duration,
+    /// A request's body must arrive whole within this of its head.
+    #[serde(deserialize_with = "duration")]
+    pub body_timeout: Duration,
+    /// A write the client does not read for this long ends the connection.
+    #[serde(deserialize_with = "duration")]
+    pub write_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -170,6 +183,10 @@ impl Default for Limits {
             queue_timeout: Duration::from_secs(5),
             max_body: 32 << 20,
             shutdown_grace: Duration::from_secs(5),
+            max_connections: 512,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -250,6 +267,12 @@ impl ServerConfig {
                     t.token.len()
                 ));
             }
+        }
+        let l = &self.limits;
+        if l.max_connections == 0
+            || [l.header_timeout, l.body_timeout, l.write_timeout].contains(&Duration::ZERO)
+        {
+            return Err("limits.max_connections, header_timeout, body_timeout and write_timeout must be more than 0".into());
         }
         if self.limits.max_sandboxes == 0 || self.limits.max_sessions == 0 {
             return Err("limits.max_sandboxes and limits.max_sessions must be 1 or more".into());

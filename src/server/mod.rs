@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+mod listen;
 pub mod mcp;
 mod openapi;
 pub mod pool;
@@ -93,6 +94,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     let shutdown = tokio_util_shutdown();
     let mut tasks = Vec::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
+    let cap = listen::connection_cap(&state.config.limits, listens.len());
     for listen in listens {
         match listen {
             Listen::Unix(path) => {
@@ -106,14 +108,14 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                         api::audit_errors,
                     ));
                 let signal = shutdown.subscribe();
-                tasks.push(tokio::spawn(async move {
-                    axum::serve(
-                        listener,
-                        app.into_make_service_with_connect_info::<UdsPeer>(),
-                    )
-                    .with_graceful_shutdown(wait(signal))
-                    .await
-                }));
+                let limits = state.config.limits.clone();
+                tasks.push(tokio::spawn(listen::serve(
+                    listener,
+                    app,
+                    limits,
+                    cap,
+                    wait(signal),
+                )));
             }
             Listen::Tcp(addr) => {
                 if state.config.tokens.is_empty() {
@@ -135,14 +137,14 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                         api::audit_errors,
                     ));
                 let signal = shutdown.subscribe();
-                tasks.push(tokio::spawn(async move {
-                    axum::serve(
-                        listener,
-                        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-                    )
-                    .with_graceful_shutdown(wait(signal))
-                    .await
-                }));
+                let limits = state.config.limits.clone();
+                tasks.push(tokio::spawn(listen::serve(
+                    listener,
+                    app,
+                    limits,
+                    cap,
+                    wait(signal),
+                )));
             }
         }
     }
@@ -246,16 +248,7 @@ fn bind_unix(path: &std::path::Path, group: Option<&str>) -> Result<UnixListener
 /// A unix socket peer's credentials.
 #[derive(Clone, Debug)]
 pub struct UdsPeer {
-    uid: u32,
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, UnixListener>>
-    for UdsPeer
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, UnixListener>) -> Self {
-        let uid = stream.io().peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
-        UdsPeer { uid }
-    }
+    pub uid: u32,
 }
 
 /// The unix socket's mode already decided who may connect: the caller is the peer's uid.

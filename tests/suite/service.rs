@@ -3,6 +3,8 @@
 //! exhaust, streams that end with their verdict, a client that goes stops its call. Each
 //! test prints the server's peak RSS and open fds for the record.
 
+use std::time::{Duration, Instant};
+
 use serde_json::{json, Value};
 
 use super::common::*;
@@ -237,6 +239,87 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
         );
         assert_eq!(status, 201, "{again}");
         figures(&server, "profiles and quotas");
+        server.stop();
+    });
+}
+
+/// Finding 3: 1 100 TCP connections that send half a request head and no token, against
+/// a server whose fd limit is 1 024. Each listener holds at most its cap of them (the
+/// rest wait in the kernel's backlog), each only until its header deadline; a client of
+/// the unix socket is served meanwhile, and a TCP client with a token once they are gone.
+#[test]
+fn half_open_connections_without_a_token_do_not_starve_anyone() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    use std::io::{Read, Write};
+    as_root(|| {
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        // The server starts under the common default soft limit of 1 024 fds.
+        setrlimit(Resource::RLIMIT_NOFILE, 1024.min(hard), hard).unwrap();
+        let server = Server::start("[limits]\nheader_timeout = \"2s\"\n", true);
+        // This test holds the 1 100 connections: it needs more.
+        setrlimit(Resource::RLIMIT_NOFILE, soft.max(hard.min(4096)), hard).unwrap();
+        let tcp: std::net::SocketAddr = server.tcp_address().parse().unwrap();
+        let mut held = Vec::new();
+        for _ in 0..1100 {
+            if let Ok(mut s) = std::net::TcpStream::connect_timeout(&tcp, Duration::from_secs(1)) {
+                let _ = s.write_all(b"POST /v1/run HTTP/1.1\r\nHost: codecage\r\nContent-Le");
+                held.push(s);
+            }
+        }
+        assert!(held.len() >= 1000, "only {} connected", held.len());
+        std::thread::sleep(Duration::from_millis(500));
+        let (rss, fds) = server.footprint();
+        // At most `max_connections` (512) per listener, whatever the flood.
+        assert!(
+            fds < 600,
+            "the server holds {fds} fds for half-open connections"
+        );
+        // The unix socket's client is served while they are held.
+        let started = Instant::now();
+        let (status, out) = server.curl(&[
+            "--max-time",
+            "20",
+            "-X",
+            "POST",
+            "http://codecage/v1/run",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"language": "bash", "code": "echo still-served"}"#,
+        ]);
+        assert_eq!(status, 200, "{out}");
+        assert!(out.contains(r#""stdout":"still-served\n""#), "{out}");
+        assert!(started.elapsed() < Duration::from_secs(10 * slowdown()));
+        // The first ones accepted are closed at their header deadline.
+        held[0]
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let closed = match held[0].read(&mut buf) {
+            Ok(n) => n == 0 || String::from_utf8_lossy(&buf[..n]).contains(" 408 "),
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(
+            closed,
+            "a half-open connection outlived its header deadline"
+        );
+        // A TCP client with a token is served once the deadlines have freed room.
+        let (status, out) = server.tcp_request(
+            super::server::TOKEN,
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "code": "echo tcp-served"})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("tcp-served\n")),
+            "{out}"
+        );
+        drop(held);
+        eprintln!(
+            "figures: 1100 half-open connections: server peak RSS {rss} KiB, {fds} fds open while they were held"
+        );
+        figures(&server, "half-open connections, after");
         server.stop();
     });
 }
