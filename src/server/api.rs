@@ -8,6 +8,8 @@
 //! administrators.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
@@ -18,6 +20,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use codecage::outcome::encode_stream;
 use codecage::runner::Lang;
@@ -28,8 +31,8 @@ use super::registry::Entry;
 use super::{Caller, Shared};
 use crate::audit::{self, End, Kind as AuditKind, Start, Via};
 use crate::service::{
-    self, call_session, close_session, lookup, open_session, relative, reset_session, run_request,
-    timeout_of, with_session, write_session_file, Kind,
+    self, close_session, lookup, open_session, relative, reset_session, run_request, timeout_of,
+    with_session, write_session_file, Kind,
 };
 pub use crate::service::{ExecuteRequest, RunRequest, SessionRequest};
 
@@ -201,7 +204,10 @@ async fn run(
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<RunRequest>,
 ) -> Result<Json<codecage::outcome::Outcome>, ApiError> {
-    run_request(&state, &caller, Via::Api, body, state.canceller.clone())
+    // A client that goes away drops this future, and with it the guard: the run stops.
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    run_request(&state, &caller, Via::Api, body, stop)
         .await
         .map(Json)
 }
@@ -277,7 +283,30 @@ enum StreamEvent {
     Display {
         data: codecage::session::MimeBundle,
     },
+    /// Output the stream did not carry because its reader fell behind (the result
+    /// carries all of it, up to the output limit).
+    Dropped {
+        bytes: u64,
+        events: u64,
+    },
+    /// The call could not give its result (it ended the stream without one).
+    Error {
+        error: String,
+        message: String,
+    },
     Result(Box<CallOutcome>),
+}
+
+/// Bytes of events a stream holds for a slow reader; past it events are dropped and
+/// counted, and the call goes on on its own clock.
+const STREAM_BUFFER: usize = 1 << 20;
+
+/// What a streamed call has queued for its reader and what it dropped.
+#[derive(Default)]
+struct Backlog {
+    queued: AtomicUsize,
+    dropped_bytes: AtomicU64,
+    dropped_events: AtomicU64,
 }
 
 async fn execute(
@@ -302,12 +331,24 @@ async fn execute(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/x-ndjson"));
-    let (events, receiver) = tokio::sync::mpsc::channel::<StreamEvent>(256);
-    let final_events = events.clone();
-    let forward = move |event: Event| {
-        if !streaming {
-            return;
+    // Every refusal (busy, policy, quota) is known here, before any answer begins.
+    let begun = service::begin_call(state.clone(), caller.clone(), Via::Api, entry, call).await?;
+    let stop = CancellationToken::new();
+    if !streaming {
+        // A client that goes away drops this future and the guard: the call is interrupted.
+        let _guard = stop.clone().drop_guard();
+        let mut outcome = begun.run(|_| {}, stop).await?;
+        if names_only {
+            outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
         }
+        return Ok(Json(outcome).into_response());
+    }
+    let (events, receiver) = tokio::sync::mpsc::channel::<(StreamEvent, usize)>(1024);
+    let backlog = Arc::new(Backlog::default());
+    let (queue, seen, gone) = (events.clone(), backlog.clone(), stop.clone());
+    // On the call's thread: never waits for the reader. Past the buffer an event is
+    // dropped and counted; with the reader gone, the call is interrupted.
+    let forward = move |event: Event| {
         let event = match event {
             Event::Output(stream, bytes) => {
                 let (encoding, data) = encode_stream(bytes);
@@ -320,42 +361,67 @@ async fn execute(
                 data: bundle.clone(),
             },
         };
-        let _ = events.blocking_send(event);
+        let size = match &event {
+            StreamEvent::Stdout { data, .. } | StreamEvent::Stderr { data, .. } => data.len(),
+            _ => serde_json::to_vec(&event).map_or(0, |v| v.len()),
+        };
+        let drop_it = |seen: &Backlog| {
+            seen.dropped_bytes.fetch_add(size as u64, Ordering::Relaxed);
+            seen.dropped_events.fetch_add(1, Ordering::Relaxed);
+        };
+        if seen.queued.load(Ordering::Acquire) + size > STREAM_BUFFER {
+            return drop_it(&seen);
+        }
+        match queue.try_send((event, size)) {
+            Ok(()) => {
+                seen.queued.fetch_add(size, Ordering::AcqRel);
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => drop_it(&seen),
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => gone.cancel(),
+        }
     };
-    let worker = call_session(
-        state.clone(),
-        caller.clone(),
-        Via::Api,
-        entry,
-        call,
-        forward,
-    );
-    if streaming {
-        tokio::spawn(async move {
-            if let Ok(mut outcome) = worker.await {
+    let counts = backlog.clone();
+    // The body holds the guard: a client that goes away drops it, and the call stops.
+    let guard = stop.clone().drop_guard();
+    tokio::spawn(async move {
+        let last = match begun.run(forward, stop).await {
+            Ok(mut outcome) => {
                 if names_only {
                     outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
                 }
-                let _ = final_events
-                    .send(StreamEvent::Result(Box::new(outcome)))
-                    .await;
+                StreamEvent::Result(Box::new(outcome))
             }
-        });
-        let lines = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|event| {
-            let mut line = serde_json::to_vec(&event).unwrap_or_default();
-            line.push(b'\n');
-            Ok::<_, std::convert::Infallible>(Bytes::from(line))
-        });
-        let body = axum::body::Body::from_stream(lines);
-        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response());
-    }
-    drop(receiver);
-    drop(final_events);
-    let mut outcome = worker.await?;
-    if names_only {
-        outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
-    }
-    Ok(Json(outcome).into_response())
+            Err(e) => StreamEvent::Error {
+                error: e.kind().to_string(),
+                message: e.message,
+            },
+        };
+        let (bytes, dropped) = (
+            counts.dropped_bytes.load(Ordering::Relaxed),
+            counts.dropped_events.load(Ordering::Relaxed),
+        );
+        if dropped > 0 {
+            let _ = events
+                .send((
+                    StreamEvent::Dropped {
+                        bytes,
+                        events: dropped,
+                    },
+                    0,
+                ))
+                .await;
+        }
+        let _ = events.send((last, 0)).await;
+    });
+    let lines = tokio_stream::wrappers::ReceiverStream::new(receiver).map(move |(event, size)| {
+        let _held = &guard;
+        backlog.queued.fetch_sub(size, Ordering::AcqRel);
+        let mut line = serde_json::to_vec(&event).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    let body = axum::body::Body::from_stream(lines);
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
 }
 
 async fn reset(

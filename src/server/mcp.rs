@@ -37,7 +37,6 @@ use serde::Deserialize;
 use codecage::outcome::ErrorKind;
 use codecage::runner::Lang;
 use codecage::session::{Call, CallOutcome, Event, MimeBundle};
-use codecage::Canceller;
 
 use super::registry::Entry;
 use super::{Caller, Shared};
@@ -875,24 +874,9 @@ impl CodecageMcp {
             volumes: Vec::new(),
             limits,
         };
-        let canceller = match Canceller::new() {
-            Ok(c) => c,
-            Err(e) => return tool_error(format!("cannot start the run: {e}")),
-        };
-        let (cancelled, shutdown, stop) = (
-            ctx.ct.clone(),
-            self.state.shutdown.clone(),
-            canceller.clone(),
-        );
-        let watcher = tokio::spawn(async move {
-            tokio::select! {
-                _ = cancelled.cancelled() => {}
-                _ = shutdown.cancelled() => {}
-            }
-            stop.cancel();
-        });
-        let result = service::run_request(&self.state, caller, Via::Mcp, request, canceller).await;
-        watcher.abort();
+        // The client's cancellation stops the run (the service watches the shutdown).
+        let result =
+            service::run_request(&self.state, caller, Via::Mcp, request, ctx.ct.clone()).await;
         match result {
             Ok(outcome) => {
                 let call = CallOutcome {

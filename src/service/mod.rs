@@ -25,8 +25,9 @@ pub use error::{Error, Kind};
 pub use request::{ExecuteRequest, RunRequest, SessionRequest};
 pub use runs::run_request;
 pub use sessions::{
-    call_session, close_session, interrupt_session, list_sessions, lookup, open_session, relative,
-    reset_session, session_spec_of, timeout_of, with_session, write_session_file,
+    begin_call, call_session, close_session, interrupt_session, list_sessions, lookup,
+    open_session, relative, reset_session, session_spec_of, timeout_of, with_session,
+    write_session_file,
 };
 pub use tenancy::Caller;
 

@@ -5,6 +5,7 @@ use codecage::knobs::Knob;
 use codecage::outcome::Outcome;
 use codecage::profile::{self, Request as PolicyRequest};
 use codecage::Canceller;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     audit_slot, knobs_of, load_profile, log_call, network_allowed, refused, room, Caller, Error,
@@ -13,15 +14,15 @@ use super::{
 use crate::audit::{Kind as AuditKind, Start, Via};
 use crate::server::Shared;
 
-/// A run, resolved against its profile and run on a blocking thread until it ends or
-/// `canceller` fires (`POST /v1/run`; MCP's tools without a session). Its audit record is
+/// A run, resolved against its profile and run on a blocking thread until it ends, the
+/// server shuts down or `stop` fires (a client that went away, a cancelled MCP request) (`POST /v1/run`; MCP's tools without a session). Its audit record is
 /// written before it starts and completed on that thread, whatever becomes of the request.
 pub async fn run_request(
     state: &Shared,
     caller: &Caller,
     via: Via,
     body: RunRequest,
-    canceller: Canceller,
+    stop: CancellationToken,
 ) -> Result<Outcome, Error> {
     let mut start = Start::new(AuditKind::Run, via, caller.to_string());
     start.code = body.code.clone();
@@ -51,6 +52,16 @@ pub async fn run_request(
         },
     };
     let slot = audit_slot(state).await?;
+    let canceller = Canceller::new()
+        .map_err(|e| Error::new(Kind::Setup, format!("cannot start the run: {e}")))?;
+    let (shutdown, stopper) = (state.shutdown.clone(), canceller.clone());
+    let watcher = tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = shutdown.cancelled() => {}
+        }
+        stopper.cancel();
+    });
     // The outcome comes back as soon as the run ends; its record is completed after, on
     // the same thread (hashing a large output takes milliseconds).
     let (answer, answered) = tokio::sync::oneshot::channel();
@@ -81,8 +92,9 @@ pub async fn run_request(
             }
         }
     });
+    let answered = answered.await;
+    watcher.abort();
     let mut outcome = answered
-        .await
         .map_err(|_| Error::new(Kind::Setup, "the run's thread ended without an outcome"))?;
     outcome.phases = None;
     if names_only {

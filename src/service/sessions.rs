@@ -11,6 +11,8 @@ use codecage::profile::{self, Profile, Request as PolicyRequest};
 use codecage::runner::Lang;
 use codecage::session::{Call, CallOutcome, Event, Session, SessionSpec};
 
+use tokio_util::sync::CancellationToken;
+
 use super::tenancy::new_id;
 use super::{
     audit_slot, knobs_of, load_profile, log_call, network_allowed, refused, room, Caller, Error,
@@ -254,8 +256,36 @@ pub async fn call_session(
     via: Via,
     entry: Arc<Entry>,
     call: Call,
-    mut forward: impl FnMut(Event) + Send + 'static,
+    forward: impl FnMut(Event) + Send + 'static,
 ) -> Result<CallOutcome, Error> {
+    begin_call(state, caller, via, entry, call)
+        .await?
+        .run(forward, CancellationToken::new())
+        .await
+}
+
+/// A call admitted: its policy checked, its caller's quota counted, the session claimed,
+/// its audit record placed. A front end learns every refusal here, before it answers
+/// anything (a stream then starts only for a call that runs).
+pub struct Begun {
+    state: Shared,
+    caller: Caller,
+    entry: Arc<Entry>,
+    call: Call,
+    start: Start,
+    ticket: super::tenancy::RunTicket,
+    claim: registry::Busy,
+    slot: Option<audit::Slot>,
+}
+
+/// Checks a call and claims its session (see [`Begun`]).
+pub async fn begin_call(
+    state: Shared,
+    caller: Caller,
+    via: Via,
+    entry: Arc<Entry>,
+    call: Call,
+) -> Result<Begun, Error> {
     let mut start = Start::new(AuditKind::Call, via, caller.to_string());
     start.code = Some(call.code.clone());
     start.stdin = call.stdin.as_ref().map(|s| s.clone().into_bytes());
@@ -266,7 +296,8 @@ pub async fn call_session(
         start.limits = Some(serde_json::json!({"timeout_ms": t.as_millis() as u64}));
     }
     if let Some(asked) = call.timeout.filter(|t| *t > entry.caps.max_timeout) {
-        let e = Error::new(Kind::Policy,
+        let e = Error::new(
+            Kind::Policy,
             format!(
                 "a timeout of {} is more than the session's profile {} allows (at most {}); ask for less",
                 codecage::units::format_duration(asked),
@@ -287,68 +318,105 @@ pub async fn call_session(
         return Err(refused(&state, start, busy(&entry.id)).await);
     };
     let slot = audit_slot(&state).await?;
-    let worker_entry = entry.clone();
-    // As for a run: the outcome goes back first, the record is completed after, with the
-    // session already free for its next call.
-    let (answer, answered) = tokio::sync::oneshot::channel();
-    tokio::task::spawn_blocking(move || {
-        let claim = claim;
-        let pending = slot.map(|slot| slot.begin(start.input_files(&call.files)));
-        let mut guard = worker_entry
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let Some(session) = guard.as_mut() else {
-            if let Some(pending) = pending {
-                pending.finish(End::error(
-                    "not_found",
-                    "the session was closed before the call ran",
-                ));
+    Ok(Begun {
+        state,
+        caller,
+        entry,
+        call,
+        start,
+        ticket,
+        claim,
+        slot,
+    })
+}
+
+impl Begun {
+    /// Runs the call to its end; `stop` interrupts it as its timeout would (a client
+    /// that went away, a cancelled MCP request).
+    pub async fn run(
+        self,
+        mut forward: impl FnMut(Event) + Send + 'static,
+        stop: CancellationToken,
+    ) -> Result<CallOutcome, Error> {
+        let Begun {
+            state,
+            caller,
+            entry,
+            call,
+            start,
+            ticket,
+            claim,
+            slot,
+        } = self;
+        let interrupter = entry.interrupter.clone();
+        let watcher = tokio::spawn(async move {
+            stop.cancelled().await;
+            interrupter.interrupt();
+        });
+        let worker_entry = entry.clone();
+        // As for a run: the outcome goes back first, the record is completed after, with
+        // the session already free for its next call.
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        tokio::task::spawn_blocking(move || {
+            let claim = claim;
+            let pending = slot.map(|slot| slot.begin(start.input_files(&call.files)));
+            let mut guard = worker_entry
+                .session
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let Some(session) = guard.as_mut() else {
+                if let Some(pending) = pending {
+                    pending.finish(End::error(
+                        "not_found",
+                        "the session was closed before the call ran",
+                    ));
+                }
+                let _ = answer.send(None);
+                return;
+            };
+            let outcome = session.execute(&call, &mut forward);
+            drop(ticket);
+            worker_entry
+                .executions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            drop(guard);
+            drop(claim);
+            match pending {
+                Some(pending) => {
+                    let details = serde_json::json!({
+                        "execution_count": outcome.execution_count,
+                        "exception": outcome.exception.as_ref().map(|e| &e.name),
+                        "state": outcome.state,
+                    });
+                    let end = pending.end_of(&outcome.outcome).details(details);
+                    let stdout = outcome.outcome.stdout.clone();
+                    let stderr = outcome.outcome.stderr.clone();
+                    let _ = answer.send(Some(outcome));
+                    pending.finish_with_output(end, &stdout, &stderr);
+                }
+                None => {
+                    let _ = answer.send(Some(outcome));
+                }
             }
-            let _ = answer.send(None);
-            return;
-        };
-        let outcome = session.execute(&call, &mut forward);
-        drop(ticket);
-        worker_entry
-            .executions
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        drop(guard);
-        drop(claim);
-        match pending {
-            Some(pending) => {
-                let details = serde_json::json!({
-                    "execution_count": outcome.execution_count,
-                    "exception": outcome.exception.as_ref().map(|e| &e.name),
-                    "state": outcome.state,
-                });
-                let end = pending.end_of(&outcome.outcome).details(details);
-                let stdout = outcome.outcome.stdout.clone();
-                let stderr = outcome.outcome.stderr.clone();
-                let _ = answer.send(Some(outcome));
-                pending.finish_with_output(end, &stdout, &stderr);
-            }
-            None => {
-                let _ = answer.send(Some(outcome));
-            }
-        }
-    });
-    let outcome = answered
-        .await
-        .map_err(|_| Error::new(Kind::Setup, "the call's thread ended without an outcome"))?
-        .ok_or_else(|| {
-            lookup(&state, &caller, &entry.id)
-                .err()
-                .unwrap_or_else(|| busy(&entry.id))
-        })?;
-    log_call(
-        &caller,
-        "execute",
-        Some(entry.lang),
-        Some(&entry.id),
-        &outcome.outcome,
-    );
-    Ok(outcome)
+        });
+        let outcome = answered.await;
+        watcher.abort();
+        let outcome = outcome
+            .map_err(|_| Error::new(Kind::Setup, "the call's thread ended without an outcome"))?
+            .ok_or_else(|| {
+                lookup(&state, &caller, &entry.id)
+                    .err()
+                    .unwrap_or_else(|| busy(&entry.id))
+            })?;
+        log_call(
+            &caller,
+            "execute",
+            Some(entry.lang),
+            Some(&entry.id),
+            &outcome.outcome,
+        );
+        Ok(outcome)
+    }
 }
 
 /// A fresh interpreter in the session's sandbox (409 if it is busy).

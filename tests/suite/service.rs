@@ -3,6 +3,7 @@
 //! exhaust, streams that end with their verdict, a client that goes stops its call. Each
 //! test prints the server's peak RSS and open fds for the record.
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -320,6 +321,224 @@ fn half_open_connections_without_a_token_do_not_starve_anyone() {
             "figures: 1100 half-open connections: server peak RSS {rss} KiB, {fds} fds open while they were held"
         );
         figures(&server, "half-open connections, after");
+        server.stop();
+    });
+}
+
+/// Whether a process whose command line contains `mark` is alive on the host.
+fn alive(mark: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).contains(mark))
+            .unwrap_or(false)
+    })
+}
+
+/// A request over the unix socket whose answer is never read: the stalled reader.
+fn stalled(server: &Server, path: &str, body: &Value) -> std::os::unix::net::UnixStream {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: codecage\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+fn busy(server: &Server, id: &str) -> bool {
+    server.request("GET", &format!("/v1/sessions/{id}"), None).1["busy"] == Value::Bool(true)
+}
+
+/// Finding 7: a streamed call's refusal is its status and its error, never an empty 200;
+/// one refused after the stream began would end it with an `error` event.
+#[test]
+fn a_streamed_refusal_is_an_error_not_an_empty_200() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let execute = format!("http://codecage/v1/sessions/{id}/execute");
+        let stream = |body: Value| {
+            server.curl(&[
+                "-X",
+                "POST",
+                &execute,
+                "-H",
+                "Accept: application/x-ndjson",
+                "-d",
+                &body.to_string(),
+            ])
+        };
+        // A timeout over the profile's maximum.
+        let (status, out) = stream(json!({"code": "1", "timeout": "10h"}));
+        assert_eq!(status, 403, "{out}");
+        assert!(out.contains("\"policy\""), "{out}");
+        // Busy: another call runs.
+        let socket = server.socket_path();
+        let long = std::thread::spawn(move || {
+            Command::new("curl")
+                .args(["-s", "--unix-socket"])
+                .arg(socket)
+                .args([
+                    "-X",
+                    "POST",
+                    &format!("http://codecage/v1/sessions/{id}/execute"),
+                ])
+                .args(["-d", r#"{"code": "import time; time.sleep(3)"}"#])
+                .output()
+                .unwrap()
+        });
+        assert!(wait_for(Duration::from_secs(5), || {
+            let (_, list) = server.request("GET", "/v1/sessions", None);
+            list[0]["busy"] == Value::Bool(true)
+        }));
+        let (status, out) = stream(json!({"code": "1"}));
+        assert_eq!(status, 409, "{out}");
+        assert!(out.contains("\"busy\""), "{out}");
+        long.join().unwrap();
+        // A call that runs streams and ends with its result.
+        let (status, out) = stream(json!({"code": "print('hi')"}));
+        assert_eq!(status, 200, "{out}");
+        let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(last["type"], "result", "{out}");
+        figures(&server, "streamed refusals");
+        server.stop();
+    });
+}
+
+/// Finding 7: a client that goes away stops its run, and its session call, within a
+/// second.
+#[test]
+fn a_client_that_disconnects_stops_its_run_and_its_call() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let mark = format!("{}.{}", 40 + std::process::id() % 50, std::process::id());
+        let (status, _) = server.curl(&[
+            "--max-time",
+            "1",
+            "-X",
+            "POST",
+            "http://codecage/v1/run",
+            "-d",
+            &json!({"argv": ["sleep", mark]}).to_string(),
+        ]);
+        assert_eq!(status, 0, "curl gave up after 1 s");
+        let gone = Instant::now();
+        assert!(
+            wait_for(Duration::from_secs(10), || !alive(&mark)),
+            "the run outlived its client"
+        );
+        let run_ended = gone.elapsed();
+        // A session call, non-streamed and streamed.
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let mut call_ended = Vec::new();
+        for accept in ["Accept: application/json", "Accept: application/x-ndjson"] {
+            let (status, _) = server.curl(&[
+                "--max-time",
+                "1",
+                "-X",
+                "POST",
+                &format!("http://codecage/v1/sessions/{id}/execute"),
+                "-H",
+                accept,
+                "-d",
+                r#"{"code": "import time; time.sleep(60)"}"#,
+            ]);
+            // Cut off at 1 s: no answer yet, or (streamed) the head and no result.
+            assert!(status == 0 || accept.contains("ndjson"), "{status}");
+            let gone = Instant::now();
+            assert!(
+                wait_for(Duration::from_secs(10), || !busy(&server, &id)),
+                "the call outlived its client ({accept})"
+            );
+            call_ended.push(gone.elapsed());
+        }
+        eprintln!("figures: disconnect: the run ended {run_ended:?} after its client left, the calls {call_ended:?}");
+        assert!(
+            run_ended < Duration::from_millis(1000 * slowdown()),
+            "{run_ended:?}"
+        );
+        for ended in call_ended {
+            assert!(
+                ended < Duration::from_millis(1500 * slowdown()),
+                "{ended:?}"
+            );
+        }
+        let (_, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "2 + 2"})),
+        );
+        assert_eq!(out["result"]["text/plain"], "4", "{out}");
+        figures(&server, "disconnects");
+        server.stop();
+    });
+}
+
+/// Finding 5: a streaming client that never reads does not suspend the call's limits:
+/// its timeout ends it on time, an interrupt stops it, and DELETE answers at once.
+#[test]
+fn a_stalled_streaming_reader_does_not_suspend_the_calls_limits() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let path = format!("/v1/sessions/{id}/execute");
+        // Many small events (more than any buffer between the call and a reader that
+        // never reads), then a sleep that only the timeout ends.
+        let flood = "import time\nfor i in range(20000): print(i, flush=True)\ntime.sleep(60)";
+        let reader = stalled(&server, &path, &json!({"code": flood, "timeout": "5s"}));
+        let started = Instant::now();
+        assert!(wait_for(Duration::from_secs(3), || busy(&server, &id)));
+        assert!(
+            wait_for(Duration::from_secs(20), || !busy(&server, &id)),
+            "the 5 s call still runs after 20 s with its reader stalled"
+        );
+        let timed_out = started.elapsed();
+        assert!(
+            timed_out < Duration::from_secs(5 + 3 * slowdown()),
+            "{timed_out:?}"
+        );
+        // The interrupt acts.
+        let second = stalled(&server, &path, &json!({"code": flood, "timeout": "60s"}));
+        assert!(wait_for(Duration::from_secs(3), || busy(&server, &id)));
+        std::thread::sleep(Duration::from_millis(500));
+        let (status, _) = server.request("POST", &format!("/v1/sessions/{id}/interrupt"), None);
+        assert_eq!(status, 204);
+        let interrupted = Instant::now();
+        assert!(
+            wait_for(Duration::from_secs(10), || !busy(&server, &id)),
+            "the interrupt did nothing"
+        );
+        let interrupted = interrupted.elapsed();
+        // DELETE answers at once, with a third stalled call running.
+        let third = stalled(&server, &path, &json!({"code": flood, "timeout": "60s"}));
+        assert!(wait_for(Duration::from_secs(3), || busy(&server, &id)));
+        std::thread::sleep(Duration::from_millis(500));
+        let deleting = Instant::now();
+        let (status, _) = server.curl(&[
+            "--max-time",
+            "10",
+            "-X",
+            "DELETE",
+            &format!("http://codecage/v1/sessions/{id}"),
+        ]);
+        let deleted = deleting.elapsed();
+        assert_eq!(status, 204);
+        assert!(deleted < Duration::from_secs(3 * slowdown()), "{deleted:?}");
+        eprintln!(
+            "figures: stalled reader: the 5 s call ended at {timed_out:?}, the interrupted one {interrupted:?} after the interrupt, DELETE took {deleted:?}"
+        );
+        figures(&server, "stalled reader");
+        drop((reader, second, third));
         server.stop();
     });
 }
