@@ -83,6 +83,8 @@ struct ErrorInfo {
     kind: &'static str,
     message: String,
     audited: bool,
+    /// Code refused for its size, as measured (for the refusal's record).
+    code: Option<Box<service::code::Measured>>,
 }
 
 #[derive(Serialize)]
@@ -104,6 +106,7 @@ impl IntoResponse for ApiError {
             kind: self.kind(),
             message: self.message.clone(),
             audited: self.is_audited(),
+            code: self.code.clone(),
         };
         let body = ErrorBody {
             error: self.kind().to_string(),
@@ -124,20 +127,73 @@ impl IntoResponse for ApiError {
 /// path; a body over the cap is 413.
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<Shared> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(request, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    Kind::PayloadTooLarge,
-                    "the request body is over the server's limit (limits.max_body)",
+    async fn from_request(request: Request, state: &Shared) -> Result<Self, ApiError> {
+        // Bodies in memory at once are bounded by `limits.max_body` together: a body takes
+        // its size (its Content-Length, else the cap) from that budget while it is read
+        // and parsed, and waits (up to the queue timeout) for it.
+        let max = state.config.limits.max_body;
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(max)
+            .min(max);
+        let kib = u32::try_from(declared / 1024 + 1).unwrap_or(u32::MAX);
+        let budget = tokio::time::timeout(
+            state.config.limits.queue_timeout,
+            state.bodies.clone().acquire_many_owned(kib),
+        )
+        .await;
+        let _budget = match budget {
+            Ok(Ok(permit)) => permit,
+            _ => {
+                return Err(ApiError::new(
+                    Kind::Capacity,
+                    "the server is reading as many request bodies as it holds at once; try again shortly",
                 )
-            } else {
-                ApiError::invalid(format!("cannot read the request body: {e}"))
+                .retry_after(state.config.limits.queue_timeout.as_secs()))
             }
-        })?;
+        };
+        // Read into one buffer of the declared size: no list of chunks copied at the end.
+        let too_large = || {
+            ApiError::new(
+                Kind::PayloadTooLarge,
+                "the request body is over the server's limit (limits.max_body)",
+            )
+        };
+        let mut body = request.into_body();
+        let mut bytes = Vec::with_capacity(declared as usize);
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            let frame = frame
+                .map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if (bytes.len() + data.len()) as u64 > max {
+                    return Err(too_large());
+                }
+                bytes.extend_from_slice(&data);
+            }
+        }
+        drop(body);
+        // Code over `limits.max_code` is refused before the body is decoded: measured in
+        // the JSON text (a pass that allocates nothing of its size).
+        if let Ok(probe) = serde_json::from_slice::<Probe>(&bytes) {
+            if let Some(raw) = probe
+                .code
+                .filter(|raw| raw.get().len() as u64 > state.config.limits.max_code + 2)
+            {
+                let cap = state.audit.as_ref().map_or(0, |a| a.code_cap());
+                if let Some(measured) = service::code::measure(raw.get(), cap) {
+                    if let Err(mut e) = service::code_within(state, measured.size as usize) {
+                        e.code = Some(Box::new(measured));
+                        return Err(e);
+                    }
+                }
+            }
+        }
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
@@ -154,6 +210,14 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         Ok(JsonBody(value))
     }
 }
+/// A body's `code`, as JSON text borrowed from the body (everything else is skipped
+/// without being decoded).
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default)]
+    code: Option<&'a serde_json::value::RawValue>,
+}
+
 /// A session, as the API shows it.
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -599,7 +663,11 @@ pub async fn audit_errors(
     let Some(suppressed) = audit.refusal_admitted() else {
         return response;
     };
-    let start = Start::new(AuditKind::Refused, via, caller);
+    let mut start = Start::new(AuditKind::Refused, via, caller);
+    if let Some(code) = info.as_ref().and_then(|i| i.code.as_ref()) {
+        start.code = Some(code.head.clone());
+        start.code_digest = Some((code.sha256.clone(), code.size));
+    }
     let mut details = serde_json::json!({"status": status.as_u16(), "endpoint": endpoint});
     if let Some(peer) = peer {
         details["peer"] = peer.into();
@@ -718,13 +786,30 @@ async fn audit_export(
 ) -> Result<Response, ApiError> {
     let path = admin_only(&state, &caller)?;
     let filter = query.filter(true)?;
-    let records = read_audit(path, move |store| store.query(&filter, true)).await?;
-    let mut body = Vec::new();
-    for record in &records {
-        if serde_json::to_writer(&mut body, record).is_ok() {
-            body.push(b'\n');
+    // Streamed: one record at a time from the database to the client, a few lines
+    // buffered between them, whatever the export's size.
+    let (lines, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    let opened = read_audit(path, |_| Ok(())).await;
+    opened?;
+    let path = state.config.audit.path.clone();
+    tokio::task::spawn_blocking(move || {
+        let store = match audit::Store::open_existing(&path) {
+            Ok(store) => store,
+            Err(e) => {
+                let _ = lines.blocking_send(Err(std::io::Error::other(e)));
+                return;
+            }
+        };
+        let result = store.each(&filter, true, |record| {
+            let mut line = serde_json::to_vec(&record).unwrap_or_default();
+            line.push(b'\n');
+            lines.blocking_send(Ok(Bytes::from(line))).is_ok()
+        });
+        if let Err(e) = result {
+            let _ = lines.blocking_send(Err(std::io::Error::other(e.to_string())));
         }
-    }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(receiver));
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
 }
 

@@ -160,6 +160,10 @@ pub struct Limits {
     /// How long a shutdown waits for running calls before it kills them.
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// The largest code (or argv, joined) a run or call may send; more is refused (413)
+    /// before the request goes further, and its audit record keeps `audit.code_cap` of it.
+    #[serde(deserialize_with = "size")]
+    pub max_code: u64,
     /// Open connections per listener, at most (lowered to fit under the fd limit); past
     /// it, new connections wait in the kernel's backlog.
     pub max_connections: usize,
@@ -183,6 +187,7 @@ impl Default for Limits {
             queue_timeout: Duration::from_secs(5),
             max_body: 32 << 20,
             shutdown_grace: Duration::from_secs(5),
+            max_code: 1 << 20,
             max_connections: 512,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),

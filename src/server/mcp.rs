@@ -674,11 +674,8 @@ impl CodecageMcp {
                 .unwrap_or(Lang::Typescript),
         };
         let request = SessionRequest {
-            language: lang,
             profile: Some(profile),
-            env: Default::default(),
-            network: None,
-            limits: Default::default(),
+            ..SessionRequest::new(lang)
         };
         service::open_session(&self.state, caller, Via::Mcp, request).await
     }
@@ -854,25 +851,13 @@ impl CodecageMcp {
             Language::Node => Lang::Typescript,
             Language::Shell => Lang::Bash,
         };
-        let mut limits = std::collections::BTreeMap::new();
-        if let Some(t) = timeout {
-            limits.insert(
-                "timeout".to_string(),
-                serde_json::json!(format!("{}ms", t.as_millis())),
-            );
-        }
         let request = RunRequest {
             language: Some(lang),
             code: Some(code),
-            argv: None,
             profile: Some(profile),
-            stdin: None,
-            env: Default::default(),
-            files: Vec::new(),
             file_data: Some(true),
-            network: None,
-            volumes: Vec::new(),
-            limits,
+            timeout: timeout.map(|t| codecage::knobs::Raw::Text(format!("{}ms", t.as_millis()))),
+            ..RunRequest::default()
         };
         // The client's cancellation stops the run (the service watches the shutdown).
         let result =

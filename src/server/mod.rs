@@ -43,6 +43,8 @@ pub struct AppState {
     /// Room for sessions.
     pub session_slots: Arc<Semaphore>,
     pub sessions: registry::Registry,
+    /// Request bodies in memory at once, in KiB (`limits.max_body` in all).
+    pub bodies: Arc<Semaphore>,
     /// Each caller's runs and calls in flight (`max_concurrent_runs`).
     pub runs: crate::service::tenancy::RunCounts,
     /// Stops every run at shutdown.
@@ -74,6 +76,9 @@ impl AppState {
             session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),
             sessions: registry::Registry::default(),
             runs: Default::default(),
+            bodies: Arc::new(Semaphore::new(
+                usize::try_from(config.limits.max_body / 1024 + 1).unwrap_or(usize::MAX),
+            )),
             data_dir: DataDir::from_env(),
             canceller,
             shutdown: tokio_util::sync::CancellationToken::new(),

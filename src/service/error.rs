@@ -70,6 +70,8 @@ pub struct Error {
     pub retry_after: Option<u64>,
     /// Its refusal is in the audit log already (or cannot be: the audit's own refusal).
     pub(crate) audited: bool,
+    /// Code refused for its size, as measured in the request (for the audit record).
+    pub(crate) code: Option<Box<super::code::Measured>>,
 }
 
 impl Error {
@@ -79,6 +81,7 @@ impl Error {
             message: message.into(),
             retry_after: None,
             audited: false,
+            code: None,
         }
     }
 

@@ -4,13 +4,13 @@
 //! quotas and ownership ([`tenancy`]), the audit record. Errors are [`Error`]s: a kind in
 //! words and a message, never a status code or a flag; front ends only translate them.
 
+pub mod code;
 pub mod error;
 pub mod request;
 pub mod runs;
 pub mod sessions;
 pub mod tenancy;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use codecage::knobs::{Knob, Raw, Values};
@@ -31,36 +31,15 @@ pub use sessions::{
 };
 pub use tenancy::Caller;
 
-/// The knob fields of a request: each must be a knob a request may set.
-pub(crate) fn knobs_of(
-    fields: &BTreeMap<String, serde_json::Value>,
-    what: &str,
-) -> Result<Values, Error> {
+/// The limits a request asks for, each parsed by its knob (the field named on error).
+pub(crate) fn knobs_of(fields: &[(&'static str, &Raw)]) -> Result<Values, Error> {
     let mut values = Values::new();
-    for (key, value) in fields {
+    for (key, raw) in fields {
         let knob = Knob::from_key(key)
             .filter(|k| k.requestable())
-            .ok_or_else(|| {
-                let knobs: Vec<&str> = Knob::all()
-                    .filter(|k| k.requestable())
-                    .map(|k| k.key())
-                    .collect();
-                Error::invalid(format!(
-                    "unknown field `{key}`: {what} takes {} and the limits {}",
-                    match what {
-                        "a run" => "language, code, argv, profile, stdin, env",
-                        _ => "language, profile, env",
-                    },
-                    knobs.join(", ")
-                ))
-            })?;
-        let raw: Raw = serde_json::from_value(value.clone()).map_err(|_| {
-            Error::invalid(format!(
-                "field `{key}`: give a number or a string with a unit"
-            ))
-        })?;
+            .ok_or_else(|| Error::invalid(format!("unknown field `{key}`")))?;
         let parsed = knob
-            .from_raw(&raw)
+            .from_raw(raw)
             .map_err(|e| Error::invalid(format!("field `{key}`: {e}")))?;
         values.insert(knob, parsed);
     }
@@ -166,4 +145,21 @@ pub(crate) async fn refused(state: &Shared, start: Start, error: Error) -> Error
 pub(crate) fn network_allowed(state: &Shared, mode: codecage::network::Mode) -> Result<(), Error> {
     crate::gateway::Gateway::check_mode(&state.config.network, mode)
         .map_err(|m| Error::new(Kind::Policy, m))
+}
+
+/// Code (or a program's argv) over the server's `limits.max_code` is refused before it
+/// goes further.
+pub(crate) fn code_within(state: &Shared, size: usize) -> Result<(), Error> {
+    let max = state.config.limits.max_code;
+    if size as u64 > max {
+        return Err(Error::new(
+            Kind::PayloadTooLarge,
+            format!(
+                "the code is {}, more than this server takes (at most {}, its limits.max_code)",
+                codecage::units::format_size(size as u64),
+                codecage::units::format_size(max)
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -8,8 +8,8 @@ use codecage::Canceller;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    audit_slot, knobs_of, load_profile, log_call, network_allowed, refused, room, Caller, Error,
-    Kind, RunRequest,
+    audit_slot, code_within, knobs_of, load_profile, log_call, network_allowed, refused, room,
+    Caller, Error, Kind, RunRequest,
 };
 use crate::audit::{Kind as AuditKind, Start, Via};
 use crate::server::Shared;
@@ -25,11 +25,25 @@ pub async fn run_request(
     stop: CancellationToken,
 ) -> Result<Outcome, Error> {
     let mut start = Start::new(AuditKind::Run, via, caller.to_string());
-    start.code = body.code.clone();
-    start.argv = body.argv.clone();
-    start.stdin = body.stdin.as_ref().map(|s| s.clone().into_bytes());
+    start.stdin_digest = body
+        .stdin
+        .as_ref()
+        .map(|s| (codecage::files::sha256(s.as_bytes()), s.len() as u64));
     start.language = body.language.map(|l| l.name().to_string());
     start.profile = run_profile(&body).ok();
+    let size = body.code.as_ref().map_or(0, String::len)
+        + body
+            .argv
+            .as_ref()
+            .map_or(0, |a| a.iter().map(|s| s.len() + 1).sum());
+    if let Err(e) = code_within(state, size) {
+        // Moved, not copied: the audit keeps its head, sha256 and size.
+        start.code = body.code;
+        start.argv = body.argv;
+        return Err(refused(state, start, e).await);
+    }
+    start.code = body.code.clone();
+    start.argv = body.argv.clone();
     let names_only = body.file_data == Some(false);
     let language = body.language;
     let (spec, profile_name, opened) = match resolve_run(state, caller, body) {
@@ -123,7 +137,7 @@ fn resolve_run(
     caller: &Caller,
     body: RunRequest,
 ) -> Result<(codecage::Spec, String, Vec<std::os::fd::OwnedFd>), Error> {
-    let mut knobs = knobs_of(&body.limits, "a run")?;
+    let mut knobs = knobs_of(&body.limits())?;
     let profile_name = run_profile(&body)?;
     caller.check_profile(&state.config, &profile_name)?;
     let profile = load_profile(state, &profile_name)?;

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::tenancy::new_id;
 use super::{
-    audit_slot, knobs_of, load_profile, log_call, network_allowed, refused, room, Caller, Error,
-    Kind, SessionRequest,
+    audit_slot, code_within, knobs_of, load_profile, log_call, network_allowed, refused, room,
+    Caller, Error, Kind, SessionRequest,
 };
 use crate::audit::{self, End, Kind as AuditKind, Start, Via};
 use crate::server::registry::{self, Caps, Entry, Missing};
@@ -117,7 +117,7 @@ fn resolve_session(
     caller: &Caller,
     body: SessionRequest,
 ) -> Result<(SessionSpec, Caps, (Duration, Duration), String), Error> {
-    let mut knobs = knobs_of(&body.limits, "a session")?;
+    let mut knobs = knobs_of(&body.limits())?;
     let profile_name = body
         .profile
         .clone()
@@ -284,16 +284,24 @@ pub async fn begin_call(
     caller: Caller,
     via: Via,
     entry: Arc<Entry>,
-    call: Call,
+    mut call: Call,
 ) -> Result<Begun, Error> {
     let mut start = Start::new(AuditKind::Call, via, caller.to_string());
-    start.code = Some(call.code.clone());
+    let oversized = code_within(&state, call.code.len());
+    start.code = Some(match oversized {
+        // The audit keeps the head, sha256 and size of what was refused.
+        Err(_) => std::mem::take(&mut call.code),
+        Ok(()) => call.code.clone(),
+    });
     start.stdin = call.stdin.as_ref().map(|s| s.clone().into_bytes());
     start.session = Some(entry.id.clone());
     start.profile = Some(entry.profile.clone());
     start.language = Some(entry.lang.name().to_string());
     if let Some(t) = call.timeout {
         start.limits = Some(serde_json::json!({"timeout_ms": t.as_millis() as u64}));
+    }
+    if let Err(e) = oversized {
+        return Err(refused(&state, start, e).await);
     }
     if let Some(asked) = call.timeout.filter(|t| *t > entry.caps.max_timeout) {
         let e = Error::new(

@@ -542,3 +542,86 @@ fn a_stalled_streaming_reader_does_not_suspend_the_calls_limits() {
         server.stop();
     });
 }
+
+/// Findings 4 and 6: 31 MiB bodies of code (four at once) are refused past `max_code`
+/// at the cost of one body in memory; the refusals' records keep 64 KiB of the code with
+/// its whole size and sha256, the database stays small, and the export streams.
+#[test]
+fn big_refused_bodies_are_cheap_and_leave_the_audit_small() {
+    use sha2::Digest;
+    as_root(|| {
+        let server = Server::start("", false);
+        let dir = TempDir::new("bigbody");
+        // Newlines: escapes in JSON, the parser's costly case; 31.6 MiB of body.
+        let code = "print('x')\n".repeat((29 << 20) / 11);
+        let body = dir.path().join("body.json");
+        std::fs::write(
+            &body,
+            json!({"language": "python", "code": code}).to_string(),
+        )
+        .unwrap();
+        let before = server.footprint().0;
+        let socket = server.socket_path();
+        let posts: Vec<_> = (0..4)
+            .map(|_| {
+                let (socket, body) = (socket.clone(), body.clone());
+                std::thread::spawn(move || {
+                    let out = Command::new("curl")
+                        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--unix-socket"])
+                        .arg(socket)
+                        .args(["-X", "POST", "http://codecage/v1/run"])
+                        .args(["-H", "Content-Type: application/json"])
+                        .arg("--data-binary")
+                        .arg(format!("@{}", body.display()))
+                        .output()
+                        .unwrap();
+                    super::server::split_status(&out.stdout)
+                })
+            })
+            .collect();
+        let mut refused = 0;
+        for post in posts {
+            let (status, out) = post.join().unwrap();
+            assert!(status == 413 || status == 503, "{status} {out}");
+            if status == 413 {
+                assert!(out.contains("max_code"), "{out}");
+                refused += 1;
+            }
+        }
+        assert!(refused >= 1);
+        let (rss, fds) = server.footprint();
+        eprintln!(
+            "figures: four 31 MiB bodies: server peak RSS {rss} KiB (before: {before} KiB), {fds} fds"
+        );
+        assert!(rss < 100 << 10, "peak RSS {rss} KiB");
+        // The records: the code's head, its whole size and sha256.
+        let (_, list) = server.request("GET", "/v1/audit?kind=refused", None);
+        let id = list["records"][0]["id"].as_str().unwrap().to_string();
+        let (_, record) = server.request("GET", &format!("/v1/audit/{id}"), None);
+        assert_eq!(record["code_size"], json!(code.len()), "{record:.300}");
+        let sha = format!("{:x}", sha2::Sha256::digest(code.as_bytes()));
+        assert_eq!(record["code_sha256"], json!(sha));
+        assert_eq!(record["code"].as_str().map(str::len), Some(64 << 10));
+        let db = server.audit_db();
+        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let wal = db.with_file_name("audit.db-wal");
+        let total = size(&db) + size(&wal);
+        assert!(total < 8 << 20, "the audit database is {total} bytes");
+        // The export streams (chunked, no length) and each line is a record.
+        let (status, out) = server.curl(&["-i", "http://codecage/v1/audit/export"]);
+        assert_eq!(status, 200);
+        let (head, lines) = out.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.to_lowercase().contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        let records: Vec<Value> = lines
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(records.len() >= refused, "{}", records.len());
+        eprintln!("figures: the audit database and WAL: {total} bytes after the refusals");
+        figures(&server, "big bodies");
+        server.stop();
+    });
+}
