@@ -396,12 +396,16 @@ impl CodecageMcp {
         let uri = file_uri(&entry.id, &path);
         let edge = self.state.config.mcp.image_max_edge;
         let block = if media == "image/png" {
-            match downscale_png(&data, edge) {
-                Ok(png) => ContentBlock::image(b64(&png), "image/png"),
+            // Never decoded here: shown as it is if its header says it fits, else named.
+            match check_png(&data, edge) {
+                Ok(()) => ContentBlock::image(b64(&data), "image/png"),
                 Err(e) => {
-                    return Ok(tool_error(format!(
-                        "/work/{path} is not a PNG that decodes: {e}"
-                    )))
+                    return Ok(CallToolResult::success(vec![
+                        ContentBlock::text(format!(
+                            "/work/{path} is not shown as an image: {e}. Scale it down in the sandbox \
+                             (e.g. PIL's Image.thumbnail) and read that, or fetch the file itself: {uri}"
+                        )),
+                    ]))
                 }
             }
         } else if let Some(text) = as_text(media, &data) {
@@ -673,10 +677,18 @@ impl CodecageMcp {
                 .filter(|l| matches!(l, Lang::Node | Lang::Typescript))
                 .unwrap_or(Lang::Typescript),
         };
-        let request = SessionRequest {
+        let mut request = SessionRequest {
             profile: Some(profile),
             ..SessionRequest::new(lang)
         };
+        // The driver scales what it shows to the server's edge (its default is the
+        // server's default; only another edge needs saying, and costs the warm pool).
+        let edge = self.state.config.mcp.image_max_edge;
+        if edge != super::config::McpConfig::default().image_max_edge {
+            request
+                .env
+                .insert("CODECAGE_IMAGE_MAX_EDGE".into(), edge.to_string());
+        }
         service::open_session(&self.state, caller, Via::Mcp, request).await
     }
 
@@ -950,9 +962,7 @@ impl CodecageMcp {
                     images.push(ContentBlock::image(b64(&png), "image/png"))
                 }
                 Some(Ok(_)) => skipped_images += 1,
-                Some(Err(e)) => {
-                    text.push_str(&format!("[a display is not a PNG that decodes: {e}]\n"))
-                }
+                Some(Err(e)) => text.push_str(&format!("[an image not shown: {e}]\n")),
                 None => {
                     if !bundle.contains_key("text/plain") {
                         let kinds: Vec<&str> = bundle.keys().map(String::as_str).collect();
@@ -1213,48 +1223,42 @@ fn as_text(media: &str, data: &[u8]) -> Option<String> {
         .flatten()
 }
 
-/// A bundle's PNG, downscaled; None if it has none.
+/// A bundle's PNG, checked (never decoded: the driver scaled it in the sandbox); None if
+/// it has none.
 fn image_of(bundle: &MimeBundle, edge: u32) -> Option<Result<Vec<u8>, String>> {
     let data = bundle.get("image/png")?;
     let bytes = match base64::engine::general_purpose::STANDARD.decode(data.trim()) {
         Ok(b) => b,
         Err(e) => return Some(Err(format!("not base64: {e}"))),
     };
-    Some(downscale_png(&bytes, edge))
+    Some(check_png(&bytes, edge).map(|()| bytes))
 }
 
-/// The PNG as it is if its longer edge is within `edge`, else scaled down to it. The
-/// dimensions come from the header; only a larger image is decoded, under allocation
-/// limits (the bytes come from the sandbox: pure-Rust decoders, bounded).
-pub fn downscale_png(png: &[u8], edge: u32) -> Result<Vec<u8>, String> {
+/// The largest PNG shown, in bytes: far above what an image within the edge needs.
+const MAX_PNG_BYTES: usize = 8 << 20;
+
+/// Whether a PNG may be shown as it is: its header says a PNG of at most `edge` pixels on
+/// its longer edge, and it is at most [`MAX_PNG_BYTES`]. The server reads the header and
+/// nothing else: images are decoded and scaled only inside the sandbox (the driver).
+pub fn check_png(png: &[u8], edge: u32) -> Result<(), String> {
     const SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
     if png.len() < 24 || &png[..8] != SIGNATURE || &png[12..16] != b"IHDR" {
-        return Err("no PNG header".into());
+        return Err("it has no PNG header".into());
     }
     let width = u32::from_be_bytes([png[16], png[17], png[18], png[19]]);
     let height = u32::from_be_bytes([png[20], png[21], png[22], png[23]]);
-    if width.max(height) <= edge {
-        return Ok(png.to_vec());
+    if width.max(height) > edge {
+        return Err(format!(
+            "it is {width}x{height} pixels, more than the {edge} this server shows (mcp.image_max_edge)"
+        ));
     }
-    let mut reader =
-        image::ImageReader::with_format(std::io::Cursor::new(png), image::ImageFormat::Png);
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(16_384);
-    limits.max_image_height = Some(16_384);
-    limits.max_alloc = Some(512 << 20);
-    reader.limits(limits);
-    let picture = reader.decode().map_err(|e| e.to_string())?;
-    let scale = f64::from(edge) / f64::from(width.max(height));
-    let (w, h) = (
-        ((f64::from(width) * scale).round() as u32).max(1),
-        ((f64::from(height) * scale).round() as u32).max(1),
-    );
-    let smaller = picture.resize(w, h, image::imageops::FilterType::Triangle);
-    let mut out = std::io::Cursor::new(Vec::new());
-    smaller
-        .write_to(&mut out, image::ImageFormat::Png)
-        .map_err(|e| e.to_string())?;
-    Ok(out.into_inner())
+    if png.len() > MAX_PNG_BYTES {
+        return Err(format!(
+            "it is {} bytes, more than the {MAX_PNG_BYTES} this server shows",
+            png.len()
+        ));
+    }
+    Ok(())
 }
 
 /// `codecage mcp`: one client over stdin/stdout until it goes (or SIGTERM); its sessions
@@ -1326,36 +1330,25 @@ pub fn http_service(
 mod tests {
     use super::*;
 
+    /// A PNG header (and no more) of the given size.
     fn png(width: u32, height: u32) -> Vec<u8> {
-        let picture =
-            image::RgbImage::from_fn(width, height, |x, y| image::Rgb([x as u8, y as u8, 7]));
-        let mut out = std::io::Cursor::new(Vec::new());
-        picture.write_to(&mut out, image::ImageFormat::Png).unwrap();
-        out.into_inner()
-    }
-
-    fn size_of(png: &[u8]) -> (u32, u32) {
-        let d = image::load_from_memory(png).unwrap();
-        (d.width(), d.height())
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&width.to_be_bytes());
+        png.extend_from_slice(&height.to_be_bytes());
+        png.extend_from_slice(&[8, 2, 0, 0, 0]);
+        png
     }
 
     #[test]
-    fn images_are_scaled_to_the_edge_and_small_ones_kept() {
-        let small = png(300, 200);
-        assert_eq!(downscale_png(&small, 1024).unwrap(), small);
-        assert_eq!(
-            size_of(&downscale_png(&png(2000, 1000), 1024).unwrap()),
-            (1024, 512)
-        );
-        assert_eq!(
-            size_of(&downscale_png(&png(500, 3000), 600).unwrap()),
-            (100, 600)
-        );
-        assert!(downscale_png(b"GIF89a......................", 1024).is_err());
-        // A header that claims a huge image, without the data: refused, not allocated.
-        let mut liar = png(2000, 1000);
-        liar[16..20].copy_from_slice(&100_000u32.to_be_bytes());
-        assert!(downscale_png(&liar, 1024).is_err());
+    fn images_are_checked_by_their_header_and_never_decoded() {
+        assert!(check_png(&png(300, 200), 1024).is_ok());
+        assert!(check_png(&png(1024, 10), 1024).is_ok());
+        let e = check_png(&png(11_585, 11_585), 1024).unwrap_err();
+        assert!(e.contains("11585x11585"), "{e}");
+        assert!(check_png(b"GIF89a......................", 1024).is_err());
+        let mut big = png(100, 100);
+        big.resize(MAX_PNG_BYTES + 1, 0);
+        assert!(check_png(&big, 1024).is_err());
     }
 
     #[test]
