@@ -215,7 +215,11 @@ fn build() -> utoipa::openapi::OpenApi {
                         .description(Some(
                             "With `Accept: application/x-ndjson` the events stream as they happen: \
                              {\"type\":\"stdout\"|\"stderr\",\"data\",\"encoding\"}, {\"type\":\"display\",\"data\"}, \
-                             then {\"type\":\"result\", ...CallOutcome}.",
+                             then {\"type\":\"result\", ...CallOutcome}. A reader more than 1 MiB of events behind \
+                             loses events, counted in {\"type\":\"dropped\",\"bytes\",\"events\"} before the result \
+                             (which has all the output); the call keeps its own clock. Refusals are known before the \
+                             stream starts (their status codes); a failure after it ends the stream with \
+                             {\"type\":\"error\",\"error\",\"message\"}. A client that disconnects interrupts the call.",
                         ))
                         .request_body(Some(json_body("ExecuteRequest"))),
                 )
