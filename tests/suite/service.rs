@@ -135,7 +135,9 @@ fn another_tokens_session_is_invisible_and_untouchable() {
 fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
     as_root(|| {
         let server = Server::start(
-            &tokens("max_sessions = 1\n[tokens.limits]\nmemory = \"128M\"\n"),
+            &tokens(
+                "max_sessions = 1\nmax_concurrent_runs = 1\n[tokens.limits]\nmemory = \"128M\"\n",
+            ),
             true,
         );
         // The built-in ci profile (8G, 4096 pids, 1 h) is not a default token's.
@@ -239,6 +241,32 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
             Some(json!({"language": "bash"})),
         );
         assert_eq!(status, 201, "{again}");
+        // max_concurrent_runs = 1: a second run while one runs is 429; user1 is not held.
+        let (tcp, slow) = (
+            server.tcp_address(),
+            json!({"argv": ["sleep", "3"]}).to_string(),
+        );
+        let first = std::thread::spawn(move || {
+            Command::new("curl")
+                .args(["-s", "-H", &format!("Authorization: Bearer {USER2}")])
+                .args(["-d", &slow, &format!("http://{tcp}/v1/run")])
+                .output()
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(1000));
+        let quick = json!({"argv": ["true"]});
+        let (status, out) = server.tcp_request(USER2, "POST", "/v1/run", Some(quick.clone()));
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (429, Some("quota")),
+            "{out}"
+        );
+        let (status, out) = server.tcp_request(USER1, "POST", "/v1/run", Some(quick.clone()));
+        assert_eq!(status, 200, "{out}");
+        let first = first.join().unwrap();
+        assert!(String::from_utf8_lossy(&first.stdout).contains("\"exit_code\":0"));
+        let (status, out) = server.tcp_request(USER2, "POST", "/v1/run", Some(quick));
+        assert_eq!(status, 200, "{out}");
         figures(&server, "profiles and quotas");
         server.stop();
     });
