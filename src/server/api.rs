@@ -266,14 +266,36 @@ async fn not_found() -> ApiError {
 async fn run(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<RunRequest>,
-) -> Result<Json<codecage::outcome::Outcome>, ApiError> {
-    // A client that goes away drops this future, and with it the guard: the run stops.
+) -> Result<Response, ApiError> {
+    // A client that goes away drops this future (or the streamed body), and with it the
+    // guard: the run stops.
     let stop = CancellationToken::new();
-    let _guard = stop.clone().drop_guard();
-    run_request(&state, &caller, Via::Api, body, stop)
-        .await
-        .map(Json)
+    if !wants_ndjson(&headers) {
+        let _guard = stop.clone().drop_guard();
+        let outcome = run_request(&state, &caller, Via::Api, body, stop, |_, _| {}).await?;
+        return Ok(Json(outcome).into_response());
+    }
+    // Streamed: stdout and stderr as they come, then the outcome (or the refusal, as a
+    // final error event: a run's checks happen once the stream has begun).
+    let (stream, response) = ndjson(stop.clone());
+    let events = stream.clone();
+    let sink = move |s: Stream, bytes: &[u8]| events.push(output_event(s, bytes));
+    tokio::spawn(stream.conclude(async move {
+        match run_request(&state, &caller, Via::Api, body, stop, sink).await {
+            Ok(outcome) => StreamEvent::RunResult(Box::new(outcome)),
+            Err(e) => StreamEvent::error(e),
+        }
+    }));
+    Ok(response)
+}
+
+fn wants_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/x-ndjson"))
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -358,7 +380,21 @@ enum StreamEvent {
         error: String,
         message: String,
     },
+    /// The stream is alive (every 10 s while the work runs).
+    Heartbeat,
     Result(Box<CallOutcome>),
+    /// A run's outcome (`POST /v1/run` streamed).
+    #[serde(rename = "result")]
+    RunResult(Box<codecage::outcome::Outcome>),
+}
+
+impl StreamEvent {
+    fn error(e: ApiError) -> StreamEvent {
+        StreamEvent::Error {
+            error: e.kind().to_string(),
+            message: e.message,
+        }
+    }
 }
 
 /// Bytes of events a stream holds for a slow reader; past it events are dropped and
@@ -391,10 +427,7 @@ async fn execute(
         files: body.files,
     };
     let names_only = body.file_data == Some(false);
-    let streaming = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/x-ndjson"));
+    let streaming = wants_ndjson(&headers);
     // Every refusal (busy, policy, quota) is known here, before any answer begins.
     let begun = service::begin_call(state.clone(), caller.clone(), Via::Api, entry, call).await?;
     let stop = CancellationToken::new();
@@ -407,76 +440,62 @@ async fn execute(
         }
         return Ok(Json(outcome).into_response());
     }
-    let (events, receiver) = tokio::sync::mpsc::channel::<(StreamEvent, usize)>(1024);
-    let backlog = Arc::new(Backlog::default());
-    let (queue, seen, gone) = (events.clone(), backlog.clone(), stop.clone());
-    // On the call's thread: never waits for the reader. Past the buffer an event is
-    // dropped and counted; with the reader gone, the call is interrupted.
+    let (stream, response) = ndjson(stop.clone());
+    let events = stream.clone();
     let forward = move |event: Event| {
-        let event = match event {
-            Event::Output(stream, bytes) => {
-                let (encoding, data) = encode_stream(bytes);
-                match stream {
-                    Stream::Stdout => StreamEvent::Stdout { data, encoding },
-                    Stream::Stderr => StreamEvent::Stderr { data, encoding },
-                }
-            }
+        events.push(match event {
+            Event::Output(stream, bytes) => output_event(stream, bytes),
             Event::Display(bundle) => StreamEvent::Display {
                 data: bundle.clone(),
             },
-        };
-        let size = match &event {
-            StreamEvent::Stdout { data, .. } | StreamEvent::Stderr { data, .. } => data.len(),
-            _ => serde_json::to_vec(&event).map_or(0, |v| v.len()),
-        };
-        let drop_it = |seen: &Backlog| {
-            seen.dropped_bytes.fetch_add(size as u64, Ordering::Relaxed);
-            seen.dropped_events.fetch_add(1, Ordering::Relaxed);
-        };
-        if seen.queued.load(Ordering::Acquire) + size > STREAM_BUFFER {
-            return drop_it(&seen);
-        }
-        match queue.try_send((event, size)) {
-            Ok(()) => {
-                seen.queued.fetch_add(size, Ordering::AcqRel);
-            }
-            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => drop_it(&seen),
-            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => gone.cancel(),
-        }
+        })
     };
-    let counts = backlog.clone();
-    // The body holds the guard: a client that goes away drops it, and the call stops.
-    let guard = stop.clone().drop_guard();
-    tokio::spawn(async move {
-        let last = match begun.run(forward, stop).await {
+    tokio::spawn(stream.conclude(async move {
+        match begun.run(forward, stop).await {
             Ok(mut outcome) => {
                 if names_only {
                     outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
                 }
                 StreamEvent::Result(Box::new(outcome))
             }
-            Err(e) => StreamEvent::Error {
-                error: e.kind().to_string(),
-                message: e.message,
-            },
-        };
-        let (bytes, dropped) = (
-            counts.dropped_bytes.load(Ordering::Relaxed),
-            counts.dropped_events.load(Ordering::Relaxed),
-        );
-        if dropped > 0 {
-            let _ = events
-                .send((
-                    StreamEvent::Dropped {
-                        bytes,
-                        events: dropped,
-                    },
-                    0,
-                ))
-                .await;
+            Err(e) => StreamEvent::error(e),
         }
-        let _ = events.send((last, 0)).await;
-    });
+    }));
+    Ok(response)
+}
+
+fn output_event(stream: Stream, bytes: &[u8]) -> StreamEvent {
+    let (encoding, data) = encode_stream(bytes);
+    match stream {
+        Stream::Stdout => StreamEvent::Stdout { data, encoding },
+        Stream::Stderr => StreamEvent::Stderr { data, encoding },
+    }
+}
+
+/// How often an idle stream says it is alive.
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The sending side of a streamed answer (NDJSON): events from the work's thread, which
+/// never waits for the reader, then the final event.
+#[derive(Clone)]
+struct Events {
+    queue: tokio::sync::mpsc::Sender<(StreamEvent, usize)>,
+    backlog: Arc<Backlog>,
+    /// Fired when the reader is gone: the work stops.
+    stop: CancellationToken,
+}
+
+/// A streamed answer: the sender for the work, and the response whose body holds `stop`'s
+/// drop guard (a client that goes drops the body, and the work is stopped).
+fn ndjson(stop: CancellationToken) -> (Events, Response) {
+    let (queue, receiver) = tokio::sync::mpsc::channel::<(StreamEvent, usize)>(1024);
+    let backlog = Arc::new(Backlog::default());
+    let events = Events {
+        queue,
+        backlog: backlog.clone(),
+        stop: stop.clone(),
+    };
+    let guard = stop.drop_guard();
     let lines = tokio_stream::wrappers::ReceiverStream::new(receiver).map(move |(event, size)| {
         let _held = &guard;
         backlog.queued.fetch_sub(size, Ordering::AcqRel);
@@ -485,7 +504,57 @@ async fn execute(
         Ok::<_, std::convert::Infallible>(Bytes::from(line))
     });
     let body = axum::body::Body::from_stream(lines);
-    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
+    let response = ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();
+    (events, response)
+}
+
+impl Events {
+    /// On the work's thread: queued if the buffer has room, else dropped and counted; with
+    /// the reader gone, the work is stopped.
+    fn push(&self, event: StreamEvent) {
+        let size = match &event {
+            StreamEvent::Stdout { data, .. } | StreamEvent::Stderr { data, .. } => data.len(),
+            _ => serde_json::to_vec(&event).map_or(0, |v| v.len()),
+        };
+        let dropped = |seen: &Backlog| {
+            seen.dropped_bytes.fetch_add(size as u64, Ordering::Relaxed);
+            seen.dropped_events.fetch_add(1, Ordering::Relaxed);
+        };
+        if self.backlog.queued.load(Ordering::Acquire) + size > STREAM_BUFFER {
+            return dropped(&self.backlog);
+        }
+        match self.queue.try_send((event, size)) {
+            Ok(()) => {
+                self.backlog.queued.fetch_add(size, Ordering::AcqRel);
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => dropped(&self.backlog),
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => self.stop.cancel(),
+        }
+    }
+
+    /// Waits for the work's last event (with a heartbeat while it runs), then sends what
+    /// was dropped, if anything, and that event.
+    async fn conclude(self, work: impl std::future::Future<Output = StreamEvent>) {
+        tokio::pin!(work);
+        let mut beat = tokio::time::interval(HEARTBEAT);
+        beat.tick().await;
+        let last = loop {
+            tokio::select! {
+                last = &mut work => break last,
+                _ = beat.tick() => self.push(StreamEvent::Heartbeat),
+            }
+        };
+        let dropped = self.backlog.dropped_events.load(Ordering::Relaxed);
+        if dropped > 0 {
+            let bytes = self.backlog.dropped_bytes.load(Ordering::Relaxed);
+            let event = StreamEvent::Dropped {
+                bytes,
+                events: dropped,
+            };
+            let _ = self.queue.send((event, 0)).await;
+        }
+        let _ = self.queue.send((last, 0)).await;
+    }
 }
 
 async fn reset(

@@ -872,8 +872,15 @@ impl CodecageMcp {
             ..RunRequest::default()
         };
         // The client's cancellation stops the run (the service watches the shutdown).
-        let result =
-            service::run_request(&self.state, caller, Via::Mcp, request, ctx.ct.clone()).await;
+        let result = service::run_request(
+            &self.state,
+            caller,
+            Via::Mcp,
+            request,
+            ctx.ct.clone(),
+            |_, _| {},
+        )
+        .await;
         match result {
             Ok(outcome) => {
                 let call = CallOutcome {

@@ -147,6 +147,11 @@ fn build() -> utoipa::openapi::OpenApi {
                 with_refusals(
                     OperationBuilder::new()
                         .summary(Some("Run code or a program in a new sandbox"))
+                        .description(Some(
+                            "With `Accept: application/x-ndjson` the run streams: {\"type\":\"stdout\"|\"stderr\",\"data\",\"encoding\"} \
+                             as they happen, {\"type\":\"heartbeat\"} every 10 s, then {\"type\":\"result\", ...Outcome}; a refusal found \
+                             after the stream began is a final {\"type\":\"error\",\"error\",\"message\"}. A client that disconnects stops the run.",
+                        ))
                         .request_body(Some(json_body("RunRequest")))
                         .response("200", answer("the run's outcome, whatever its verdict", Some("Outcome"))),
                 )

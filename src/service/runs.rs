@@ -15,7 +15,8 @@ use crate::audit::{Kind as AuditKind, Start, Via};
 use crate::server::Shared;
 
 /// A run, resolved against its profile and run on a blocking thread until it ends, the
-/// server shuts down or `stop` fires (a client that went away, a cancelled MCP request) (`POST /v1/run`; MCP's tools without a session). Its audit record is
+/// server shuts down or `stop` fires (a client that went away, a cancelled MCP request);
+/// `sink` sees its output as it comes, on that thread (it must not wait) (`POST /v1/run`; MCP's tools without a session). Its audit record is
 /// written before it starts and completed on that thread, whatever becomes of the request.
 pub async fn run_request(
     state: &Shared,
@@ -23,6 +24,7 @@ pub async fn run_request(
     via: Via,
     body: RunRequest,
     stop: CancellationToken,
+    mut sink: impl FnMut(codecage::Stream, &[u8]) + Send + 'static,
 ) -> Result<Outcome, Error> {
     let mut start = Start::new(AuditKind::Run, via, caller.to_string());
     start.stdin_digest = body
@@ -89,8 +91,8 @@ pub async fn run_request(
             slot.begin(start)
         });
         let outcome = match pooled {
-            Some(prepared) => prepared.run(&spec, &mut |_, _| {}, None, Some(&canceller)),
-            None => codecage::run_cancellable(&spec, &mut |_, _| {}, &canceller),
+            Some(prepared) => prepared.run(&spec, &mut sink, None, Some(&canceller)),
+            None => codecage::run_cancellable(&spec, &mut sink, &canceller),
         };
         drop(opened);
         drop(ticket);

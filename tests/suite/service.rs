@@ -435,6 +435,41 @@ fn a_streamed_refusal_is_an_error_not_an_empty_200() {
         assert_eq!(status, 200, "{out}");
         let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
         assert_eq!(last["type"], "result", "{out}");
+        // POST /v1/run streams too: its output, then its outcome; a refusal found once
+        // the stream began is its final error event; a quiet run has heartbeats.
+        let run = |body: Value| {
+            server.curl(&[
+                "-X",
+                "POST",
+                "http://codecage/v1/run",
+                "-H",
+                "Accept: application/x-ndjson",
+                "-d",
+                &body.to_string(),
+            ])
+        };
+        let events = |out: &str| -> Vec<Value> {
+            out.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        };
+        let (status, out) =
+            run(json!({"language": "bash", "code": "echo one; sleep 11; echo two"}));
+        assert_eq!(status, 200, "{out}");
+        let got = events(&out);
+        let types: Vec<&str> = got.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(types.first(), Some(&"stdout"), "{out}");
+        assert!(types.contains(&"heartbeat"), "{out}");
+        assert_eq!(types.last(), Some(&"result"), "{out}");
+        assert_eq!(got.last().unwrap()["exit_code"], 0, "{out}");
+        let (status, out) = run(json!({"language": "bash", "code": "true", "profile": "no/such"}));
+        assert_eq!(status, 200, "{out}");
+        let last = events(&out).pop().unwrap();
+        assert_eq!(
+            (last["type"].as_str(), last["error"].as_str()),
+            (Some("error"), Some("invalid_request")),
+            "{out}"
+        );
         figures(&server, "streamed refusals");
         server.stop();
     });
