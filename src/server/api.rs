@@ -123,6 +123,74 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A request's body, read under the server's body budget: bodies in memory at once are
+/// bounded by `limits.max_body` together; a body takes its size (its Content-Length, else
+/// the cap) from that budget (given back with the permit) and waits up to the queue
+/// timeout for it. Read into one buffer of the declared size: no list of chunks copied
+/// at the end.
+async fn read_body(
+    request: Request,
+    state: &Shared,
+) -> Result<(Vec<u8>, tokio::sync::OwnedSemaphorePermit), ApiError> {
+    // Bodies in memory at once are bounded by `limits.max_body` together: a body takes
+    // its size (its Content-Length, else the cap) from that budget while it is read
+    // and parsed, and waits (up to the queue timeout) for it.
+    let max = state.config.limits.max_body;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(max)
+        .min(max);
+    let kib = u32::try_from(declared / 1024 + 1).unwrap_or(u32::MAX);
+    let budget = tokio::time::timeout(
+        state.config.limits.queue_timeout,
+        state.bodies.clone().acquire_many_owned(kib),
+    )
+    .await;
+    let budget = match budget {
+        Ok(Ok(permit)) => permit,
+        _ => return Err(ApiError::new(
+            Kind::Capacity,
+            "the server is reading as many request bodies as it holds at once; try again shortly",
+        )
+        .retry_after(state.config.limits.queue_timeout.as_secs())),
+    };
+    // Read into one buffer of the declared size: no list of chunks copied at the end.
+    let too_large = || {
+        ApiError::new(
+            Kind::PayloadTooLarge,
+            "the request body is over the server's limit (limits.max_body)",
+        )
+    };
+    let mut body = request.into_body();
+    let mut bytes = Vec::with_capacity(declared as usize);
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let frame =
+            frame.map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if (bytes.len() + data.len()) as u64 > max {
+                return Err(too_large());
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    drop(body);
+    Ok((bytes, budget))
+}
+
+/// A raw body (file uploads), read as [`read_body`] does.
+pub struct RawBody(pub Vec<u8>);
+
+impl FromRequest<Shared> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &Shared) -> Result<Self, ApiError> {
+        Ok(RawBody(read_body(request, state).await?.0))
+    }
+}
+
 /// A JSON body: malformed JSON, unknown fields and wrong types are 400 with the field's
 /// path; a body over the cap is 413.
 pub struct JsonBody<T>(pub T);
@@ -131,53 +199,7 @@ impl<T: DeserializeOwned> FromRequest<Shared> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &Shared) -> Result<Self, ApiError> {
-        // Bodies in memory at once are bounded by `limits.max_body` together: a body takes
-        // its size (its Content-Length, else the cap) from that budget while it is read
-        // and parsed, and waits (up to the queue timeout) for it.
-        let max = state.config.limits.max_body;
-        let declared = request
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(max)
-            .min(max);
-        let kib = u32::try_from(declared / 1024 + 1).unwrap_or(u32::MAX);
-        let budget = tokio::time::timeout(
-            state.config.limits.queue_timeout,
-            state.bodies.clone().acquire_many_owned(kib),
-        )
-        .await;
-        let _budget = match budget {
-            Ok(Ok(permit)) => permit,
-            _ => {
-                return Err(ApiError::new(
-                    Kind::Capacity,
-                    "the server is reading as many request bodies as it holds at once; try again shortly",
-                )
-                .retry_after(state.config.limits.queue_timeout.as_secs()))
-            }
-        };
-        // Read into one buffer of the declared size: no list of chunks copied at the end.
-        let too_large = || {
-            ApiError::new(
-                Kind::PayloadTooLarge,
-                "the request body is over the server's limit (limits.max_body)",
-            )
-        };
-        let mut body = request.into_body();
-        let mut bytes = Vec::with_capacity(declared as usize);
-        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
-            let frame = frame
-                .map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
-            if let Ok(data) = frame.into_data() {
-                if (bytes.len() + data.len()) as u64 > max {
-                    return Err(too_large());
-                }
-                bytes.extend_from_slice(&data);
-            }
-        }
-        drop(body);
+        let (bytes, _budget) = read_body(request, state).await?;
         // Code over `limits.max_code` is refused before the body is decoded: measured in
         // the JSON text (a pass that allocates nothing of its size).
         if let Ok(probe) = serde_json::from_slice::<Probe>(&bytes) {
@@ -638,10 +660,10 @@ async fn upload(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<StatusCode, ApiError> {
     let path = relative(&path).to_string();
-    let file = codecage::files::InputFile::new(path, body.to_vec());
+    let file = codecage::files::InputFile::new(path, body);
     write_session_file(&state, &caller, &id, file).await?;
     Ok(StatusCode::NO_CONTENT)
 }
