@@ -84,11 +84,11 @@ pub struct Lane {
 /// Skipped in every lane: the image tests need the default image, which lives on the host
 /// (/var/lib/codecage/rootfs), not in the VM; the server's tests (server::, service::) need
 /// its clients (curl among them), which are the host's, and so do the MCP tests' (the MCP
-/// Python SDK, in a
-/// venv of the host), the audit tests' (servers and curl), and the pool's (they pre-start
-/// the default image's Python); so do the files tests named here (the default image's
-/// matplotlib and pandas, or curl through the server). A test that panics while a server
-/// it started is up aborts the whole test binary, so these must not run in a VM.
+/// Python SDK, in a venv of the host), the audit tests' (servers and curl), and the pool's
+/// (they pre-start the default image's Python); so do the files tests named here (the
+/// default image's matplotlib and pandas, or curl through the server). A test that panics
+/// while a server it started is up aborts the whole test binary, so these must not run in
+/// a VM.
 const SKIP_EVERYWHERE: &[&str] = &[
     "image::",
     "server::",
