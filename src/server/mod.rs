@@ -193,7 +193,13 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
 
 /// The API and, at /mcp, the MCP server (behind the same caller check).
 fn routes(state: &Shared) -> axum::Router {
-    api::router(state.clone()).nest_service("/mcp", mcp::http_service(state.clone()))
+    let mcp = axum::Router::new()
+        .fallback_service(mcp::http_service(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            api::body_budget,
+        ));
+    api::router(state.clone()).nest("/mcp", mcp)
 }
 
 fn tokio_util_shutdown() -> tokio::sync::broadcast::Sender<()> {

@@ -689,3 +689,39 @@ fn big_refused_bodies_are_cheap_and_leave_the_audit_small() {
         server.stop();
     });
 }
+
+/// Bodies in memory at once are bounded by `max_body` together, MCP's too: a client that
+/// sends half of a body the size of the budget (to /mcp) makes another body wait, then get
+/// 503 with Retry-After, instead of the server holding both.
+#[test]
+fn request_bodies_share_one_budget_mcp_included() {
+    use std::io::Write;
+    as_root(|| {
+        let server = Server::start(
+            "[limits]\nmax_body = \"64K\"\nqueue_timeout = \"1s\"\n",
+            false,
+        );
+        let mut held = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
+        write!(
+            held,
+            "POST /mcp HTTP/1.1\r\nHost: codecage\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 60000\r\n\r\n{{\"jsonrpc\":"
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let code = format!("# {}\nprint('ok')", "x".repeat(20_000));
+        let body = json!({"language": "python", "code": code}).to_string();
+        let url = "http://codecage/v1/run";
+        let args = ["-i", "-X", "POST", url, "-d", body.as_str()];
+        let (status, out) = server.curl(&args);
+        assert_eq!(status, 503, "{out}");
+        assert!(out.to_lowercase().contains("retry-after: 1"), "{out}");
+        assert!(out.contains("request bodies"), "{out}");
+        // With the held body gone, the budget is back.
+        drop(held);
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, out) = server.curl(&["-X", "POST", url, "-d", body.as_str()]);
+        assert_eq!(status, 200, "{out}");
+        figures(&server, "body budget");
+        server.stop();
+    });
+}

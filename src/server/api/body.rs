@@ -20,31 +20,8 @@ async fn read_body(
     request: Request,
     state: &Shared,
 ) -> Result<(Vec<u8>, tokio::sync::OwnedSemaphorePermit), ApiError> {
-    // Bodies in memory at once are bounded by `limits.max_body` together: a body takes
-    // its size (its Content-Length, else the cap) from that budget while it is read
-    // and parsed, and waits (up to the queue timeout) for it.
+    let (budget, declared) = budget(request.headers(), state).await?;
     let max = state.config.limits.max_body;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(max)
-        .min(max);
-    let kib = u32::try_from(declared / 1024 + 1).unwrap_or(u32::MAX);
-    let budget = tokio::time::timeout(
-        state.config.limits.queue_timeout,
-        state.bodies.clone().acquire_many_owned(kib),
-    )
-    .await;
-    let budget = match budget {
-        Ok(Ok(permit)) => permit,
-        _ => return Err(ApiError::new(
-            Kind::Capacity,
-            "the server is reading as many request bodies as it holds at once; try again shortly",
-        )
-        .retry_after(state.config.limits.queue_timeout.as_secs())),
-    };
     // Read into one buffer of the declared size: no list of chunks copied at the end.
     let too_large = || {
         ApiError::new(
@@ -66,6 +43,48 @@ async fn read_body(
     }
     drop(body);
     Ok((bytes, budget))
+}
+
+/// For a service that reads its own bodies (rmcp's, at /mcp): the request holds its share
+/// of the body budget (its Content-Length, else `max_body`) until its answer begins.
+pub async fn body_budget(
+    axum::extract::State(state): axum::extract::State<Shared>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match budget(request.headers(), &state).await {
+        Ok((_permit, _)) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A place in the body budget for `request`'s body, and the size it declared.
+async fn budget(
+    headers: &axum::http::HeaderMap,
+    state: &Shared,
+) -> Result<(tokio::sync::OwnedSemaphorePermit, u64), ApiError> {
+    let max = state.config.limits.max_body;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(max)
+        .min(max);
+    let kib = u32::try_from(declared / 1024 + 1).unwrap_or(u32::MAX);
+    let budget = tokio::time::timeout(
+        state.config.limits.queue_timeout,
+        state.bodies.clone().acquire_many_owned(kib),
+    )
+    .await;
+    match budget {
+        Ok(Ok(permit)) => Ok((permit, declared)),
+        _ => Err(ApiError::new(
+            Kind::Capacity,
+            "the server is reading as many request bodies as it holds at once; try again shortly",
+        )
+        .retry_after(state.config.limits.queue_timeout.as_secs())),
+    }
 }
 
 /// A raw body (file uploads), read as [`read_body`] does.

@@ -37,7 +37,7 @@ use crate::service::{
 pub use crate::service::{ExecuteRequest, RunRequest, SessionRequest};
 pub use audit_api::{audit_errors, AuditList};
 use audit_api::{audit_export, audit_list, audit_show};
-pub use body::{JsonBody, RawBody};
+pub use body::{body_budget, JsonBody, RawBody};
 use stream::{ndjson, output_event, wants_ndjson, StreamEvent};
 
 /// The routes, on whatever listener.
