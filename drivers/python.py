@@ -27,8 +27,11 @@ import threading
 import traceback
 
 MAX_TEXT = 64 * 1024        # characters of one text MIME type
-MAX_IMAGE_EDGE = 1600       # pixels: figures are rendered at most this large
+# pixels: every image shown (figures, PNG displays) is at most this large, scaled here in
+# the sandbox; the server never decodes an image (it checks the PNG header only)
+MAX_IMAGE_EDGE = int(os.environ.get("CODECAGE_IMAGE_MAX_EDGE", "1024"))
 MAX_DPI = 100
+MAX_DECODE_PIXELS = 50_000_000  # larger images are not decoded to be shown at all
 DRIVER_FILE = __file__
 
 
@@ -128,12 +131,45 @@ def mime_bundle(value):
 def add(bundle, mime, content):
     if content is None:
         return
+    if mime == "image/png":
+        try:
+            data = content if isinstance(content, bytes) else base64.b64decode(content)
+        except Exception:
+            return
+        content = bounded_png(data)
+        if content is None:
+            return
     if isinstance(content, bytes):
         bundle[mime] = base64.b64encode(content).decode()
     elif isinstance(content, str):
         bundle[mime] = content if mime.startswith("image/") else clip(content)
     else:
         bundle[mime] = clip(json.dumps(content, default=str))
+
+
+def bounded_png(data):
+    """The PNG as it is if its longer edge is within MAX_IMAGE_EDGE, else decoded and
+    scaled down to it here (Pillow, within the sandbox's limits); None if it is not one."""
+    if len(data) < 24 or data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if max(width, height) <= MAX_IMAGE_EDGE:
+        return data
+    if width * height > MAX_DECODE_PIXELS:
+        print(f"codecage: a {width}x{height} image is too large to show; scale it down first",
+              file=sys.stderr)
+        return None
+    try:
+        from PIL import Image
+
+        picture = Image.open(io.BytesIO(data))
+        picture.thumbnail((MAX_IMAGE_EDGE, MAX_IMAGE_EDGE))
+        out = io.BytesIO()
+        picture.save(out, format="PNG")
+        return out.getvalue()
+    except Exception as error:
+        print(f"codecage: an image could not be scaled down to show: {error}", file=sys.stderr)
+        return None
 
 
 def display(*values):

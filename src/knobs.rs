@@ -497,13 +497,44 @@ fn format_cpus(millis: u64) -> String {
     }
 }
 
-/// A knob's value as a TOML or JSON document holds it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A knob's value as a TOML or JSON document holds it. Read in one pass by its own
+/// visitor (an untagged enum would buffer the value first, whatever its size).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Raw {
     Int(i64),
     Float(f64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for Raw {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Raw, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Raw;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number, or a string with a unit")
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Raw, E> {
+                Ok(Raw::Int(n))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Raw, E> {
+                i64::try_from(n)
+                    .map(Raw::Int)
+                    .map_err(|_| E::custom("the number is too large"))
+            }
+            fn visit_f64<E: serde::de::Error>(self, f: f64) -> Result<Raw, E> {
+                Ok(Raw::Float(f))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Raw, E> {
+                Ok(Raw::Text(s.to_string()))
+            }
+            fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Raw, E> {
+                Ok(Raw::Text(s))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// Values by knob: what a profile section holds, or what a request asks for.

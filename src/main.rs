@@ -5,6 +5,7 @@ mod cli;
 mod client;
 mod gateway;
 mod server;
+mod service;
 
 fn main() {
     // Before anything else: if this process is a sandbox's init, it never returns.

@@ -43,6 +43,9 @@ pub struct AuditConfig {
     /// Keep each execution's code (and a program's argv); its sha256 and size are kept
     /// either way.
     pub log_code: bool,
+    /// The code (or argv) kept, at most; the whole's sha256 and size are kept either way.
+    #[serde(deserialize_with = "crate::server::config::size")]
+    pub code_cap: u64,
     /// Keep stdout and stderr, each up to `output_cap`; their sizes and sha256 either way.
     pub log_output: bool,
     #[serde(deserialize_with = "crate::server::config::size")]
@@ -65,6 +68,7 @@ impl Default for AuditConfig {
             path: PathBuf::from(DEFAULT_PATH),
             log_code: true,
             log_output: true,
+            code_cap: 64 << 10,
             output_cap: 64 << 10,
             retention_days: 30,
             queue: 1024,
@@ -78,6 +82,9 @@ impl AuditConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=1 << 20).contains(&self.queue) {
             return Err(format!("audit.queue = {}: give 1 to 1048576", self.queue));
+        }
+        if self.code_cap > 16 << 20 || self.output_cap > 16 << 20 {
+            return Err("audit.code_cap and audit.output_cap: give at most 16M".into());
         }
         if self.retention_days == 0 {
             return Err("audit.retention_days = 0: give 1 or more days".into());
@@ -177,6 +184,11 @@ pub struct Start {
     pub layers: Option<Value>,
     /// What else the front end knows (the endpoint, the HTTP status of a refusal).
     pub details: Value,
+    /// The whole code's (or argv's) sha256 and size, taken when the code is cut to the
+    /// audit's `code_cap` ([`Start::bounded`]).
+    pub code_digest: Option<(String, u64)>,
+    /// stdin's sha256 and size (its bytes are never kept).
+    pub stdin_digest: Option<(String, u64)>,
 }
 
 impl Start {
@@ -195,7 +207,56 @@ impl Start {
             limits: None,
             layers: None,
             details: Value::Null,
+            code_digest: None,
+            stdin_digest: None,
         }
+    }
+
+    /// What the record keeps, bounded before it is queued: the code (or argv) cut to `cap`
+    /// bytes with the whole's sha256 and size beside it, stdin only as its sha256 and
+    /// size. A queue of records is then bounded in bytes too.
+    pub fn bounded(mut self, cap: usize) -> Start {
+        if self.code_digest.is_none() {
+            let whole = match (&self.code, &self.argv) {
+                (Some(code), _) => {
+                    Some(codecage::files::sha256(code.as_bytes())).zip(Some(code.len() as u64))
+                }
+                (None, Some(argv)) => {
+                    let joined = argv.join("\0");
+                    Some(codecage::files::sha256(joined.as_bytes())).zip(Some(joined.len() as u64))
+                }
+                (None, None) => None,
+            };
+            self.code_digest = whole;
+        }
+        if let Some(code) = &mut self.code {
+            if code.len() > cap {
+                *code = codecage::units::head(code, cap).to_string();
+                self.details = with_detail(std::mem::take(&mut self.details), "code_truncated");
+            }
+        }
+        if let Some(argv) = &mut self.argv {
+            let mut room = cap;
+            let mut kept = Vec::new();
+            for arg in argv.iter() {
+                if room == 0 {
+                    break;
+                }
+                let part = codecage::units::head(arg, room).to_string();
+                room = room.saturating_sub(part.len() + 1);
+                kept.push(part);
+            }
+            if kept.len() < argv.len()
+                || kept.last().map(String::len) != argv.last().map(String::len)
+            {
+                *argv = kept;
+                self.details = with_detail(std::mem::take(&mut self.details), "code_truncated");
+            }
+        }
+        if let Some(stdin) = self.stdin.take() {
+            self.stdin_digest = Some((codecage::files::sha256(&stdin), stdin.len() as u64));
+        }
+        self
     }
 
     pub fn input_files(mut self, files: &[InputFile]) -> Start {
@@ -463,6 +524,11 @@ impl Audit {
         })
     }
 
+    /// The most of a request's code a record keeps.
+    pub fn code_cap(&self) -> usize {
+        usize::try_from(self.inner.config.code_cap).unwrap_or(usize::MAX)
+    }
+
     /// Whether a refusal may be recorded now: `Some(n)` with the refusals counted but not
     /// recorded since the last one that was, or `None` (this one is counted).
     pub fn refusal_admitted(&self) -> Option<u64> {
@@ -650,6 +716,7 @@ impl Audit {
 impl Slot {
     /// Writes the record of an execution that starts now.
     pub fn begin(self, start: Start) -> Pending {
+        let start = start.bounded(self.audit.code_cap());
         let id = new_id();
         let at = time::millis(SystemTime::now());
         self.permit.send(Message::Begin {
@@ -666,6 +733,7 @@ impl Slot {
 
     /// Writes a record that is complete at once (a refusal).
     pub fn whole(self, start: Start, end: End) -> String {
+        let start = start.bounded(self.audit.code_cap());
         let id = new_id();
         let at = time::millis(SystemTime::now());
         self.permit.send(Message::Whole {
@@ -725,10 +793,26 @@ impl Drop for Pending {
 }
 
 /// A record id: 16 random bytes, hex.
+/// `details` with `key: true` (an object made if it was null).
+fn with_detail(details: Value, key: &str) -> Value {
+    let mut details = match details {
+        Value::Object(map) => Value::Object(map),
+        Value::Null => json!({}),
+        other => json!({ "details": other }),
+    };
+    details[key] = Value::Bool(true);
+    details
+}
+
+/// A record's id: random (the OS's CSPRNG); should it fail, the time and a counter, which
+/// are unique in this process, and the writer's name tells processes apart.
 fn new_id() -> String {
     let mut bytes = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut bytes);
+    if getrandom::fill(&mut bytes).is_err() {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let now = time::millis(SystemTime::now()) as u64;
+        bytes[..8].copy_from_slice(&now.to_be_bytes());
+        bytes[8..].copy_from_slice(&N.fetch_add(1, Ordering::Relaxed).to_be_bytes());
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -272,6 +272,22 @@ impl Store {
     /// The records the filter selects: newest first up to its limit, or all oldest first.
     /// `full` includes code and output.
     pub fn query(&self, filter: &Filter, full: bool) -> rusqlite::Result<Vec<Record>> {
+        let mut records = Vec::new();
+        self.each(filter, full, |r| {
+            records.push(r);
+            true
+        })?;
+        Ok(records)
+    }
+
+    /// The records `filter` selects, one at a time to `f` (which returns false to stop):
+    /// an export of any size holds one record at once.
+    pub fn each(
+        &self,
+        filter: &Filter,
+        full: bool,
+        mut f: impl FnMut(Record) -> bool,
+    ) -> rusqlite::Result<()> {
         let mut clauses = Vec::new();
         let mut args: Vec<Sql> = Vec::new();
         let mut add = |clause: &str, value: Sql| {
@@ -311,7 +327,12 @@ impl Store {
         }
         let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| read_row(r, full))?;
-        rows.collect()
+        for row in rows {
+            if !f(row?) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// One record, whole.
@@ -357,6 +378,9 @@ fn int(n: Option<u64>) -> Option<i64> {
 
 /// The code's hash and size: of the code, or of a program's argv joined by NUL bytes.
 fn code_of(start: &Start) -> (Option<String>, Option<u64>) {
+    if let Some((sha, size)) = &start.code_digest {
+        return (Some(sha.clone()), Some(*size));
+    }
     let bytes = match (&start.code, &start.argv) {
         (Some(code), _) => code.as_bytes().to_vec(),
         (None, Some(argv)) => argv.join("\0").into_bytes(),
@@ -406,7 +430,11 @@ fn insert(
     } else {
         (None, None)
     };
-    let stdin = start.stdin.as_ref();
+    let stdin = match (&start.stdin_digest, &start.stdin) {
+        (Some((sha, size)), _) => Some((sha.clone(), *size)),
+        (None, Some(s)) => Some((codecage::files::sha256(s), s.len() as u64)),
+        (None, None) => None,
+    };
     tx.prepare_cached(
         "INSERT INTO records (id, kind, status, started_at, via, caller, profile, language, session, \
          code_sha256, code_size, code, argv, stdin_sha256, stdin_size, limits, layers, input_files, details, writer) \
@@ -426,8 +454,8 @@ fn insert(
         int(code_size),
         code,
         argv,
-        stdin.map(|s| codecage::files::sha256(s)),
-        int(stdin.map(|s| s.len() as u64)),
+        stdin.as_ref().map(|s| s.0.clone()),
+        int(stdin.as_ref().map(|s| s.1)),
         start.limits.as_ref().and_then(json_text),
         start.layers.as_ref().and_then(json_text),
         json_text(&Value::from(start.input_files.clone())),

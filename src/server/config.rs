@@ -88,6 +88,57 @@ pub struct Token {
     pub token: String,
     #[serde(default)]
     pub role: Role,
+    /// The profiles this token may name (default: the built-in language profiles,
+    /// python, node, typescript and bash; not `ci`). An admin may name any.
+    #[serde(default)]
+    pub profiles: Option<Vec<String>>,
+    /// The most sessions it may hold at once; past it, 429 with Retry-After.
+    #[serde(default)]
+    pub max_sessions: Option<usize>,
+    /// The most runs and session calls it may have running at once; past it, 429.
+    #[serde(default)]
+    pub max_concurrent_runs: Option<usize>,
+    /// The most it may ask of each limit (`memory = "512M"`, `timeout = "60s"`, ...): a
+    /// request above one is refused (403), a profile default above one is lowered to it.
+    #[serde(default)]
+    pub limits: std::collections::BTreeMap<String, Raw>,
+}
+
+impl Token {
+    /// A token with only a name, a secret and a role (the token file's).
+    pub fn new(name: &str, token: &str, role: Role) -> Token {
+        Token {
+            name: name.to_string(),
+            token: token.to_string(),
+            role,
+            profiles: None,
+            max_sessions: None,
+            max_concurrent_runs: None,
+            limits: Default::default(),
+        }
+    }
+
+    /// Its `limits`, parsed (validated at load, so nothing is dropped here).
+    pub fn ceilings(&self) -> Vec<(codecage::knobs::Knob, u64)> {
+        self.parse_ceilings().unwrap_or_default()
+    }
+
+    fn parse_ceilings(&self) -> Result<Vec<(codecage::knobs::Knob, u64)>, String> {
+        self.limits
+            .iter()
+            .map(|(key, raw)| {
+                let knob = codecage::knobs::Knob::from_key(key)
+                    .filter(|k| k.requestable())
+                    .ok_or_else(|| {
+                        format!("tokens.limits: {key:?} is not a limit a request may set")
+                    })?;
+                let value = knob
+                    .from_raw(raw)
+                    .map_err(|e| format!("tokens.limits.{key}: {e}"))?;
+                Ok((knob, value))
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -114,6 +165,23 @@ pub struct Limits {
     /// How long a shutdown waits for running calls before it kills them.
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// The largest code (or argv, joined) a run or call may send; more is refused (413)
+    /// before the request goes further, and its audit record keeps `audit.code_cap` of it.
+    #[serde(deserialize_with = "size")]
+    pub max_code: u64,
+    /// Open connections per listener, at most (lowered to fit under the fd limit); past
+    /// it, new connections wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// A request's head must arrive within this, and so must the next one on a
+    /// kept-alive connection (the idle deadline).
+    #[serde(deserialize_with = "duration")]
+    pub header_timeout: Duration,
+    /// A request's body must arrive whole within this of its head.
+    #[serde(deserialize_with = "duration")]
+    pub body_timeout: Duration,
+    /// A write the client does not read for this long ends the connection.
+    #[serde(deserialize_with = "duration")]
+    pub write_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -124,6 +192,11 @@ impl Default for Limits {
             queue_timeout: Duration::from_secs(5),
             max_body: 32 << 20,
             shutdown_grace: Duration::from_secs(5),
+            max_code: 1 << 20,
+            max_connections: 512,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -188,7 +261,15 @@ impl ServerConfig {
                 self.mcp.max_text
             ));
         }
-        for t in &self.tokens {
+        for (i, t) in self.tokens.iter().enumerate() {
+            t.parse_ceilings()
+                .map_err(|e| format!("the token named {:?}: {e}", t.name))?;
+            if self.tokens[..i].iter().any(|u| u.name == t.name) {
+                return Err(format!(
+                    "two tokens are named {:?}: a name owns sessions, so each must be its own",
+                    t.name
+                ));
+            }
             if t.token.len() < 16 {
                 return Err(format!(
                     "the token named {:?} is {} characters: use 16 or more (e.g. `openssl rand -hex 32`)",
@@ -196,6 +277,12 @@ impl ServerConfig {
                     t.token.len()
                 ));
             }
+        }
+        let l = &self.limits;
+        if l.max_connections == 0
+            || [l.header_timeout, l.body_timeout, l.write_timeout].contains(&Duration::ZERO)
+        {
+            return Err("limits.max_connections, header_timeout, body_timeout and write_timeout must be more than 0".into());
         }
         if self.limits.max_sandboxes == 0 || self.limits.max_sessions == 0 {
             return Err("limits.max_sandboxes and limits.max_sessions must be 1 or more".into());
@@ -227,11 +314,7 @@ impl ServerConfig {
                     ))
                 }
             };
-            self.tokens.push(Token {
-                name: name.to_string(),
-                token: token.to_string(),
-                role,
-            });
+            self.tokens.push(Token::new(name, token, role));
         }
         self.validate()
     }
@@ -281,11 +364,7 @@ mod tests {
         assert_eq!(c.limits.queue_timeout, Duration::from_secs(2));
         assert!(toml::from_str::<ServerConfig>("colour = 1").is_err());
         let mut short = ServerConfig::default();
-        short.tokens.push(Token {
-            name: "x".into(),
-            token: "short".into(),
-            role: Role::User,
-        });
+        short.tokens.push(Token::new("x", "short", Role::User));
         assert!(short.validate().unwrap_err().contains("16 or more"));
         assert_eq!(
             Listen::parse("unix:/a.sock").unwrap(),

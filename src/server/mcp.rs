@@ -37,12 +37,11 @@ use serde::Deserialize;
 use codecage::outcome::ErrorKind;
 use codecage::runner::Lang;
 use codecage::session::{Call, CallOutcome, Event, MimeBundle};
-use codecage::Canceller;
 
-use super::api::{self, ApiError, RunRequest, SessionRequest};
 use super::registry::Entry;
 use super::{Caller, Shared};
 use crate::audit::Via;
+use crate::service::{self, Error as ApiError, RunRequest, SessionRequest};
 
 /// How many calls' full output is kept for `codecage://outputs/...` (the oldest go first).
 const KEPT_OUTPUTS: usize = 16;
@@ -195,10 +194,6 @@ fn api_error(e: ApiError) -> CallToolResult {
     let message = match e.kind() {
         "not_found" | "session_expired" => e
             .message()
-            .replace(
-                "create one with POST /v1/sessions",
-                "call create_session for a new one",
-            )
             .replace("create a new one", "call create_session for a new one"),
         _ => e.message().to_string(),
     };
@@ -230,7 +225,7 @@ impl CodecageMcp {
         };
         let ids: Vec<String> = connection.lock().await.drain().map(|(_, id)| id).collect();
         for id in ids {
-            let _ = api::close_session(&self.state, &self.caller, Via::Mcp, &id).await;
+            let _ = service::close_session(&self.state, &self.caller, Via::Mcp, &id).await;
         }
     }
 
@@ -311,7 +306,7 @@ impl CodecageMcp {
             }
             Err(e) => return Ok(e),
         };
-        Ok(match api::reset_session(&self.state, &caller, Via::Mcp, entry).await {
+        Ok(match service::reset_session(&self.state, &caller, Via::Mcp, entry).await {
             Ok(()) => CallToolResult::success(vec![ContentBlock::text(
                 "The interpreter was restarted: variables, imports and functions are gone; files in /work are kept.",
             )]),
@@ -334,7 +329,7 @@ impl CodecageMcp {
             Ok(entry) => entry,
             Err(e) => return Ok(e),
         };
-        let path = api::relative(args.path.as_deref().unwrap_or("")).to_string();
+        let path = service::relative(args.path.as_deref().unwrap_or("")).to_string();
         if !path.is_empty() {
             if let Err(e) = codecage::files::check_input_path(&path) {
                 return Ok(tool_error(format!("path: {e}")));
@@ -345,8 +340,10 @@ impl CodecageMcp {
         } else {
             format!("/work/{path}")
         };
-        let listed =
-            api::with_session(&self.state, &entry.id, move |s, _| s.list_files(&path)).await;
+        let listed = service::with_session(&self.state, &caller, &entry.id, move |s, _| {
+            s.list_files(&path)
+        })
+        .await;
         Ok(match listed {
             Ok(entries) if entries.is_empty() => {
                 CallToolResult::success(vec![ContentBlock::text(format!("{shown} is empty"))])
@@ -382,12 +379,12 @@ impl CodecageMcp {
             Ok(entry) => entry,
             Err(e) => return Ok(e),
         };
-        let path = api::relative(&args.path).to_string();
+        let path = service::relative(&args.path).to_string();
         if let Err(e) = codecage::files::check_input_path(&path) {
             return Ok(tool_error(format!("path: {e}")));
         }
         let wanted = path.clone();
-        let data = api::with_session(&self.state, &entry.id, move |s, e| {
+        let data = service::with_session(&self.state, &caller, &entry.id, move |s, e| {
             s.read_file(&wanted, e.caps.read_max)
         })
         .await;
@@ -399,12 +396,16 @@ impl CodecageMcp {
         let uri = file_uri(&entry.id, &path);
         let edge = self.state.config.mcp.image_max_edge;
         let block = if media == "image/png" {
-            match downscale_png(&data, edge) {
-                Ok(png) => ContentBlock::image(b64(&png), "image/png"),
+            // Never decoded here: shown as it is if its header says it fits, else named.
+            match check_png(&data, edge) {
+                Ok(()) => ContentBlock::image(b64(&data), "image/png"),
                 Err(e) => {
-                    return Ok(tool_error(format!(
-                        "/work/{path} is not a PNG that decodes: {e}"
-                    )))
+                    return Ok(CallToolResult::success(vec![
+                        ContentBlock::text(format!(
+                            "/work/{path} is not shown as an image: {e}. Scale it down in the sandbox \
+                             (e.g. PIL's Image.thumbnail) and read that, or fetch the file itself: {uri}"
+                        )),
+                    ]))
                 }
             }
         } else if let Some(text) = as_text(media, &data) {
@@ -430,7 +431,7 @@ impl CodecageMcp {
             Ok(entry) => entry,
             Err(e) => return Ok(e),
         };
-        let path = api::relative(&args.path).to_string();
+        let path = service::relative(&args.path).to_string();
         let data = match args.encoding.unwrap_or_default() {
             Encoding::Utf8 => args.content.into_bytes(),
             Encoding::Base64 => {
@@ -442,7 +443,7 @@ impl CodecageMcp {
         };
         let size = data.len();
         let file = codecage::files::InputFile::new(path.clone(), data);
-        let written = api::write_session_file(&self.state, &entry.id, file).await;
+        let written = service::write_session_file(&self.state, &caller, &entry.id, file).await;
         Ok(match written {
             Ok(()) => CallToolResult::success(vec![ContentBlock::text(format!(
                 "wrote /work/{path} ({size} bytes)"
@@ -485,7 +486,7 @@ impl CodecageMcp {
                 .retain(|_, id| *id != args.session_id);
         }
         Ok(
-            match api::close_session(&self.state, &caller, Via::Mcp, &args.session_id).await {
+            match service::close_session(&self.state, &caller, Via::Mcp, &args.session_id).await {
                 Ok(()) => CallToolResult::success(vec![ContentBlock::text(format!(
                     "session {} is closed",
                     args.session_id
@@ -502,7 +503,7 @@ impl CodecageMcp {
         let mcp = &self.state.config.mcp;
         let limits = |language: Language| -> String {
             let name = self.profile_name(language);
-            match api::load_profile(&self.state, &name) {
+            match service::load_profile(&self.state, &name) {
                 Ok(p) => {
                     use codecage::knobs::Knob;
                     format!(
@@ -671,19 +672,24 @@ impl CodecageMcp {
         let lang = match language {
             Language::Python => Lang::Python,
             Language::Shell => Lang::Bash,
-            Language::Node => api::load_profile(&self.state, &profile)?
+            Language::Node => service::load_profile(&self.state, &profile)?
                 .language
                 .filter(|l| matches!(l, Lang::Node | Lang::Typescript))
                 .unwrap_or(Lang::Typescript),
         };
-        let request = SessionRequest {
-            language: lang,
+        let mut request = SessionRequest {
             profile: Some(profile),
-            env: Default::default(),
-            network: None,
-            limits: Default::default(),
+            ..SessionRequest::new(lang)
         };
-        api::open_session(&self.state, caller, Via::Mcp, request).await
+        // The driver scales what it shows to the server's edge (its default is the
+        // server's default; only another edge needs saying, and costs the warm pool).
+        let edge = self.state.config.mcp.image_max_edge;
+        if edge != super::config::McpConfig::default().image_max_edge {
+            request
+                .env
+                .insert("CODECAGE_IMAGE_MAX_EDGE".into(), edge.to_string());
+        }
+        service::open_session(&self.state, caller, Via::Mcp, request).await
     }
 
     /// The session a call uses: `session_id`'s, else (stdio) the connection's for the
@@ -697,14 +703,16 @@ impl CodecageMcp {
         create: bool,
     ) -> Result<Option<Arc<Entry>>, CallToolResult> {
         if let Some(id) = session_id {
-            return api::lookup(&self.state, id).map(Some).map_err(api_error);
+            return service::lookup(&self.state, caller, id)
+                .map(Some)
+                .map_err(api_error);
         }
         let Some(connection) = &self.connection else {
             return Ok(None);
         };
         let mut sessions = connection.lock().await;
         if let Some(id) = sessions.get(&language) {
-            if let Ok(entry) = api::lookup(&self.state, id) {
+            if let Ok(entry) = service::lookup(&self.state, caller, id) {
                 return Ok(Some(entry));
             }
             sessions.remove(&language);
@@ -821,7 +829,7 @@ impl CodecageMcp {
             files: Vec::new(),
         };
         wait_idle(&entry).await;
-        let result = api::call_session(
+        let result = service::call_session(
             self.state.clone(),
             caller,
             Via::Mcp,
@@ -855,44 +863,24 @@ impl CodecageMcp {
             Language::Node => Lang::Typescript,
             Language::Shell => Lang::Bash,
         };
-        let mut limits = std::collections::BTreeMap::new();
-        if let Some(t) = timeout {
-            limits.insert(
-                "timeout".to_string(),
-                serde_json::json!(format!("{}ms", t.as_millis())),
-            );
-        }
         let request = RunRequest {
             language: Some(lang),
             code: Some(code),
-            argv: None,
             profile: Some(profile),
-            stdin: None,
-            env: Default::default(),
-            files: Vec::new(),
             file_data: Some(true),
-            network: None,
-            volumes: Vec::new(),
-            limits,
+            timeout: timeout.map(|t| codecage::knobs::Raw::Text(format!("{}ms", t.as_millis()))),
+            ..RunRequest::default()
         };
-        let canceller = match Canceller::new() {
-            Ok(c) => c,
-            Err(e) => return tool_error(format!("cannot start the run: {e}")),
-        };
-        let (cancelled, shutdown, stop) = (
+        // The client's cancellation stops the run (the service watches the shutdown).
+        let result = service::run_request(
+            &self.state,
+            caller,
+            Via::Mcp,
+            request,
             ctx.ct.clone(),
-            self.state.shutdown.clone(),
-            canceller.clone(),
-        );
-        let watcher = tokio::spawn(async move {
-            tokio::select! {
-                _ = cancelled.cancelled() => {}
-                _ = shutdown.cancelled() => {}
-            }
-            stop.cancel();
-        });
-        let result = api::run_request(&self.state, caller, Via::Mcp, request, canceller).await;
-        watcher.abort();
+            |_, _| {},
+        )
+        .await;
         match result {
             Ok(outcome) => {
                 let call = CallOutcome {
@@ -982,9 +970,7 @@ impl CodecageMcp {
                     images.push(ContentBlock::image(b64(&png), "image/png"))
                 }
                 Some(Ok(_)) => skipped_images += 1,
-                Some(Err(e)) => {
-                    text.push_str(&format!("[a display is not a PNG that decodes: {e}]\n"))
-                }
+                Some(Err(e)) => text.push_str(&format!("[an image not shown: {e}]\n")),
                 None => {
                     if !bundle.contains_key("text/plain") {
                         let kinds: Vec<&str> = bundle.keys().map(String::as_str).collect();
@@ -1153,8 +1139,9 @@ impl ServerHandler for CodecageMcp {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        let caller = self.caller_of(&context);
         let uri = request.uri.clone();
         let not_found = || {
             ErrorData::resource_not_found(
@@ -1185,7 +1172,7 @@ impl ServerHandler for CodecageMcp {
         codecage::files::check_input_path(&path)
             .map_err(|e| ErrorData::invalid_params(format!("{uri}: {e}"), None))?;
         let wanted = path.clone();
-        let data = api::with_session(&self.state, id, move |s, e| {
+        let data = service::with_session(&self.state, &caller, id, move |s, e| {
             s.read_file(&wanted, e.caps.read_max)
         })
         .await
@@ -1244,48 +1231,42 @@ fn as_text(media: &str, data: &[u8]) -> Option<String> {
         .flatten()
 }
 
-/// A bundle's PNG, downscaled; None if it has none.
+/// A bundle's PNG, checked (never decoded: the driver scaled it in the sandbox); None if
+/// it has none.
 fn image_of(bundle: &MimeBundle, edge: u32) -> Option<Result<Vec<u8>, String>> {
     let data = bundle.get("image/png")?;
     let bytes = match base64::engine::general_purpose::STANDARD.decode(data.trim()) {
         Ok(b) => b,
         Err(e) => return Some(Err(format!("not base64: {e}"))),
     };
-    Some(downscale_png(&bytes, edge))
+    Some(check_png(&bytes, edge).map(|()| bytes))
 }
 
-/// The PNG as it is if its longer edge is within `edge`, else scaled down to it. The
-/// dimensions come from the header; only a larger image is decoded, under allocation
-/// limits (the bytes come from the sandbox: pure-Rust decoders, bounded).
-pub fn downscale_png(png: &[u8], edge: u32) -> Result<Vec<u8>, String> {
+/// The largest PNG shown, in bytes: far above what an image within the edge needs.
+const MAX_PNG_BYTES: usize = 8 << 20;
+
+/// Whether a PNG may be shown as it is: its header says a PNG of at most `edge` pixels on
+/// its longer edge, and it is at most [`MAX_PNG_BYTES`]. The server reads the header and
+/// nothing else: images are decoded and scaled only inside the sandbox (the driver).
+pub fn check_png(png: &[u8], edge: u32) -> Result<(), String> {
     const SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
     if png.len() < 24 || &png[..8] != SIGNATURE || &png[12..16] != b"IHDR" {
-        return Err("no PNG header".into());
+        return Err("it has no PNG header".into());
     }
     let width = u32::from_be_bytes([png[16], png[17], png[18], png[19]]);
     let height = u32::from_be_bytes([png[20], png[21], png[22], png[23]]);
-    if width.max(height) <= edge {
-        return Ok(png.to_vec());
+    if width.max(height) > edge {
+        return Err(format!(
+            "it is {width}x{height} pixels, more than the {edge} this server shows (mcp.image_max_edge)"
+        ));
     }
-    let mut reader =
-        image::ImageReader::with_format(std::io::Cursor::new(png), image::ImageFormat::Png);
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(16_384);
-    limits.max_image_height = Some(16_384);
-    limits.max_alloc = Some(512 << 20);
-    reader.limits(limits);
-    let picture = reader.decode().map_err(|e| e.to_string())?;
-    let scale = f64::from(edge) / f64::from(width.max(height));
-    let (w, h) = (
-        ((f64::from(width) * scale).round() as u32).max(1),
-        ((f64::from(height) * scale).round() as u32).max(1),
-    );
-    let smaller = picture.resize(w, h, image::imageops::FilterType::Triangle);
-    let mut out = std::io::Cursor::new(Vec::new());
-    smaller
-        .write_to(&mut out, image::ImageFormat::Png)
-        .map_err(|e| e.to_string())?;
-    Ok(out.into_inner())
+    if png.len() > MAX_PNG_BYTES {
+        return Err(format!(
+            "it is {} bytes, more than the {MAX_PNG_BYTES} this server shows",
+            png.len()
+        ));
+    }
+    Ok(())
 }
 
 /// `codecage mcp`: one client over stdin/stdout until it goes (or SIGTERM); its sessions
@@ -1359,36 +1340,25 @@ pub fn http_service(
 mod tests {
     use super::*;
 
+    /// A PNG header (and no more) of the given size.
     fn png(width: u32, height: u32) -> Vec<u8> {
-        let picture =
-            image::RgbImage::from_fn(width, height, |x, y| image::Rgb([x as u8, y as u8, 7]));
-        let mut out = std::io::Cursor::new(Vec::new());
-        picture.write_to(&mut out, image::ImageFormat::Png).unwrap();
-        out.into_inner()
-    }
-
-    fn size_of(png: &[u8]) -> (u32, u32) {
-        let d = image::load_from_memory(png).unwrap();
-        (d.width(), d.height())
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&width.to_be_bytes());
+        png.extend_from_slice(&height.to_be_bytes());
+        png.extend_from_slice(&[8, 2, 0, 0, 0]);
+        png
     }
 
     #[test]
-    fn images_are_scaled_to_the_edge_and_small_ones_kept() {
-        let small = png(300, 200);
-        assert_eq!(downscale_png(&small, 1024).unwrap(), small);
-        assert_eq!(
-            size_of(&downscale_png(&png(2000, 1000), 1024).unwrap()),
-            (1024, 512)
-        );
-        assert_eq!(
-            size_of(&downscale_png(&png(500, 3000), 600).unwrap()),
-            (100, 600)
-        );
-        assert!(downscale_png(b"GIF89a......................", 1024).is_err());
-        // A header that claims a huge image, without the data: refused, not allocated.
-        let mut liar = png(2000, 1000);
-        liar[16..20].copy_from_slice(&100_000u32.to_be_bytes());
-        assert!(downscale_png(&liar, 1024).is_err());
+    fn images_are_checked_by_their_header_and_never_decoded() {
+        assert!(check_png(&png(300, 200), 1024).is_ok());
+        assert!(check_png(&png(1024, 10), 1024).is_ok());
+        let e = check_png(&png(11_585, 11_585), 1024).unwrap_err();
+        assert!(e.contains("11585x11585"), "{e}");
+        assert!(check_png(b"GIF89a......................", 1024).is_err());
+        let mut big = png(100, 100);
+        big.resize(MAX_PNG_BYTES + 1, 0);
+        assert!(check_png(&big, 1024).is_err());
     }
 
     #[test]

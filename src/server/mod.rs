@@ -10,20 +10,20 @@
 
 pub mod api;
 pub mod config;
+mod listen;
 pub mod mcp;
 mod mcp_stdio;
 mod openapi;
 pub mod pool;
-mod registry;
+pub(crate) mod registry;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
@@ -33,26 +33,7 @@ use codecage::Canceller;
 pub use config::{Listen, ServerConfig};
 pub use openapi::document as openapi_document;
 
-/// Who made a request, for logs and the audit log.
-#[derive(Debug, Clone)]
-pub enum Caller {
-    /// A peer of the unix socket, by uid.
-    Unix { uid: u32 },
-    /// A bearer token, by its name.
-    Token { name: String, role: config::Role },
-}
-
-impl std::fmt::Display for Caller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Caller::Unix { uid } => write!(f, "uid:{uid}"),
-            Caller::Token { name, role } => match role {
-                config::Role::Admin => write!(f, "token:{name}(admin)"),
-                config::Role::User => write!(f, "token:{name}"),
-            },
-        }
-    }
-}
+pub use crate::service::Caller;
 
 /// What every handler shares.
 pub struct AppState {
@@ -63,6 +44,10 @@ pub struct AppState {
     /// Room for sessions.
     pub session_slots: Arc<Semaphore>,
     pub sessions: registry::Registry,
+    /// Request bodies in memory at once, in KiB (`limits.max_body` in all).
+    pub bodies: Arc<Semaphore>,
+    /// Each caller's runs and calls in flight (`max_concurrent_runs`).
+    pub runs: crate::service::tenancy::RunCounts,
     /// Stops every run at shutdown.
     pub canceller: Canceller,
     /// Cancelled at shutdown (the async side: MCP connections, their runs).
@@ -91,6 +76,10 @@ impl AppState {
             sandboxes: Arc::new(Semaphore::new(config.limits.max_sandboxes)),
             session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),
             sessions: registry::Registry::default(),
+            runs: Default::default(),
+            bodies: Arc::new(Semaphore::new(
+                usize::try_from(config.limits.max_body / 1024 + 1).unwrap_or(usize::MAX),
+            )),
             data_dir: DataDir::from_env(),
             canceller,
             shutdown: tokio_util::sync::CancellationToken::new(),
@@ -111,6 +100,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     let shutdown = tokio_util_shutdown();
     let mut tasks = Vec::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
+    let cap = listen::connection_cap(&state.config.limits, listens.len());
     for listen in listens {
         match listen {
             Listen::Unix(path) => {
@@ -124,14 +114,14 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                         api::audit_errors,
                     ));
                 let signal = shutdown.subscribe();
-                tasks.push(tokio::spawn(async move {
-                    axum::serve(
-                        listener,
-                        app.into_make_service_with_connect_info::<UdsPeer>(),
-                    )
-                    .with_graceful_shutdown(wait(signal))
-                    .await
-                }));
+                let limits = state.config.limits.clone();
+                tasks.push(tokio::spawn(listen::serve(
+                    listener,
+                    app,
+                    limits,
+                    cap,
+                    wait(signal),
+                )));
             }
             Listen::Tcp(addr) => {
                 if state.config.tokens.is_empty() {
@@ -153,14 +143,14 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                         api::audit_errors,
                     ));
                 let signal = shutdown.subscribe();
-                tasks.push(tokio::spawn(async move {
-                    axum::serve(
-                        listener,
-                        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-                    )
-                    .with_graceful_shutdown(wait(signal))
-                    .await
-                }));
+                let limits = state.config.limits.clone();
+                tasks.push(tokio::spawn(listen::serve(
+                    listener,
+                    app,
+                    limits,
+                    cap,
+                    wait(signal),
+                )));
             }
         }
     }
@@ -204,7 +194,13 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
 
 /// The API and, at /mcp, the MCP server (behind the same caller check).
 fn routes(state: &Shared) -> axum::Router {
-    api::router(state.clone()).nest_service("/mcp", mcp::http_service(state.clone()))
+    let mcp = axum::Router::new()
+        .fallback_service(mcp::http_service(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            api::body_budget,
+        ));
+    api::router(state.clone()).nest("/mcp", mcp)
 }
 
 fn tokio_util_shutdown() -> tokio::sync::broadcast::Sender<()> {
@@ -264,16 +260,7 @@ fn bind_unix(path: &std::path::Path, group: Option<&str>) -> Result<UnixListener
 /// A unix socket peer's credentials.
 #[derive(Clone, Debug)]
 pub struct UdsPeer {
-    uid: u32,
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, UnixListener>>
-    for UdsPeer
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, UnixListener>) -> Self {
-        let uid = stream.io().peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
-        UdsPeer { uid }
-    }
+    pub uid: u32,
 }
 
 /// The unix socket's mode already decided who may connect: the caller is the peer's uid.
@@ -319,12 +306,11 @@ async fn bearer_caller(State(state): State<Shared>, mut request: Request, next: 
             response
         }
         None if request.uri().path() == "/healthz" => next.run(request).await,
-        None => api::ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+        None => crate::service::Error::new(
+            crate::service::Kind::Unauthorized,
             "this listener needs `Authorization: Bearer TOKEN` with a token from the server's configuration",
         )
-        .into_response_now(),
+        .into_response(),
     }
 }
 

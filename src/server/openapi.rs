@@ -113,8 +113,15 @@ fn build() -> utoipa::openapi::OpenApi {
     let refused = [
         ("400", "invalid request: the message names the field"),
         ("401", "no or bad token (TCP listeners)"),
-        ("403", "the request asks more than its profile allows"),
+        (
+            "403",
+            "the request asks more than its profile or its token allows, or names a profile its token may not use",
+        ),
         ("413", "the body is over the server's limit"),
+        (
+            "429",
+            "the caller is past its token's quota (`max_sessions`, `max_concurrent_runs`): retry after the Retry-After header's seconds",
+        ),
         (
             "503",
             "at capacity: retry after the Retry-After header's seconds",
@@ -129,7 +136,7 @@ fn build() -> utoipa::openapi::OpenApi {
     let session_missing = |op: OperationBuilder| {
         op.parameter(id_parameter()).response(
             "404",
-            error("no such session (`not_found`), or it expired (`session_expired`)"),
+            error("no such session of this caller's (`not_found`: another caller's session is not revealed), or it expired (`session_expired`)"),
         )
     };
     let paths = PathsBuilder::new()
@@ -140,6 +147,11 @@ fn build() -> utoipa::openapi::OpenApi {
                 with_refusals(
                     OperationBuilder::new()
                         .summary(Some("Run code or a program in a new sandbox"))
+                        .description(Some(
+                            "With `Accept: application/x-ndjson` the run streams: {\"type\":\"stdout\"|\"stderr\",\"data\",\"encoding\"} \
+                             as they happen, {\"type\":\"heartbeat\"} every 10 s, then {\"type\":\"result\", ...Outcome}; a refusal found \
+                             after the stream began is a final {\"type\":\"error\",\"error\",\"message\"}. A client that disconnects stops the run.",
+                        ))
                         .request_body(Some(json_body("RunRequest")))
                         .response("200", answer("the run's outcome, whatever its verdict", Some("Outcome"))),
                 )
@@ -162,7 +174,7 @@ fn build() -> utoipa::openapi::OpenApi {
             .operation(
                 HttpMethod::Get,
                 OperationBuilder::new()
-                    .summary(Some("List the live sessions"))
+                    .summary(Some("List the caller's live sessions (an admin's: every one)"))
                     .response(
                         "200",
                         ResponseBuilder::new()
@@ -208,13 +220,19 @@ fn build() -> utoipa::openapi::OpenApi {
                         .description(Some(
                             "With `Accept: application/x-ndjson` the events stream as they happen: \
                              {\"type\":\"stdout\"|\"stderr\",\"data\",\"encoding\"}, {\"type\":\"display\",\"data\"}, \
-                             then {\"type\":\"result\", ...CallOutcome}.",
+                             then {\"type\":\"result\", ...CallOutcome}. A reader more than 1 MiB of events behind \
+                             loses events, counted in {\"type\":\"dropped\",\"bytes\",\"events\"} before the result \
+                             (which has all the output); the call keeps its own clock. Refusals are known before the \
+                             stream starts (their status codes); a failure after it ends the stream with \
+                             {\"type\":\"error\",\"error\",\"message\"}. A client that disconnects interrupts the call.",
                         ))
                         .request_body(Some(json_body("ExecuteRequest"))),
                 )
                 .response("200", answer("the call's outcome, whatever its verdict", Some("CallOutcome")))
                 .response("400", error("invalid request"))
                 .response("409", error("the session is running another call"))
+                .response("403", error("a timeout over the profile's or the token's maximum"))
+                .response("429", error("the caller is past its `max_concurrent_runs`: retry after Retry-After"))
                 .build(),
             ),
         )

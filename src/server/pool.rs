@@ -201,7 +201,7 @@ pub fn start(state: &Shared, config: &PoolConfig) -> Vec<tokio::task::JoinHandle
         if target == 0 {
             continue;
         }
-        let profile = match super::api::load_profile(state, name) {
+        let profile = match crate::service::load_profile(state, name) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(profile = %name, error = %e.message(), "no run pool for this profile");
@@ -259,11 +259,11 @@ pub fn start(state: &Shared, config: &PoolConfig) -> Vec<tokio::task::JoinHandle
 /// The session a `POST /v1/sessions` with only this profile (no limits, no env) starts.
 fn session_spec(state: &Shared, name: &str) -> Result<SessionSpec, String> {
     let profile: Profile =
-        super::api::load_profile(state, name).map_err(|e| e.message().to_string())?;
+        crate::service::load_profile(state, name).map_err(|e| e.message().to_string())?;
     let lang = profile
         .language
         .ok_or_else(|| format!("the profile {name} has no language"))?;
-    super::api::session_spec_of(&profile, name, lang, &Default::default(), &state.data_dir)
+    crate::service::session_spec_of(&profile, name, lang, &Default::default(), &state.data_dir)
         .map_err(|e| e.message().to_string())
 }
 

@@ -13,6 +13,8 @@ use codecage::runner::Lang;
 use codecage::session::{Interrupter, Session};
 
 use super::Shared;
+use crate::service::tenancy::Caller;
+use crate::service::{Error, Kind};
 
 /// How many ended sessions' ids are remembered, to answer "expired" rather than "unknown".
 const REMEMBERED_EXPIRED: usize = 4096;
@@ -33,6 +35,10 @@ pub struct Caps {
 /// One live session.
 pub struct Entry {
     pub id: String,
+    /// Who made it (`token:NAME` or `uid:N`): only it and admins see and use it.
+    pub owner: String,
+    /// Counts the session against its owner's `max_sessions` while it lives.
+    _quota: SessionTicket,
     pub lang: Lang,
     pub profile: String,
     pub created: SystemTime,
@@ -52,8 +58,11 @@ pub struct Entry {
 }
 
 impl Entry {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: String,
+        owner: String,
+        quota: SessionTicket,
         profile: String,
         session: Session,
         idle_timeout: Duration,
@@ -63,6 +72,8 @@ impl Entry {
     ) -> Entry {
         Entry {
             id,
+            owner,
+            _quota: quota,
             lang: session.lang(),
             profile,
             created: SystemTime::now(),
@@ -126,13 +137,34 @@ impl Drop for Busy {
 
 #[derive(Default)]
 pub struct Registry {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
 }
 
 #[derive(Default)]
 struct Inner {
     sessions: HashMap<String, Arc<Entry>>,
-    expired: VecDeque<String>,
+    /// Ended sessions' ids, with their owners.
+    expired: VecDeque<(String, String)>,
+    /// Live (or starting) sessions by owner, against `max_sessions`.
+    per_owner: HashMap<String, usize>,
+}
+
+/// One session (live, or being started) counted against its owner until dropped.
+pub struct SessionTicket {
+    registry: Arc<Mutex<Inner>>,
+    owner: String,
+}
+
+impl Drop for SessionTicket {
+    fn drop(&mut self) {
+        let mut inner = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = inner.per_owner.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                inner.per_owner.remove(&self.owner);
+            }
+        }
+    }
 }
 
 /// Why an id does not name a live session.
@@ -152,13 +184,60 @@ impl Registry {
         entry
     }
 
-    pub fn get(&self, id: &str) -> Result<Arc<Entry>, Missing> {
+    /// A place for one more session of `caller`, or 429 past its `max` (None: no quota
+    /// of its own; the server's cap still holds).
+    pub fn admit(&self, caller: &Caller, max: Option<usize>) -> Result<SessionTicket, Error> {
+        let owner = caller.owner();
+        let mut inner = self.lock();
+        let now = inner.per_owner.entry(owner.clone()).or_insert(0);
+        if let Some(max) = max {
+            if *now >= max {
+                return Err(Error::new(
+                    Kind::Quota,
+                    format!(
+                        "this caller already holds {now} sessions, its limit (max_sessions = {max}); close one first"
+                    ),
+                )
+                .retry_after(1));
+            }
+        }
+        *now += 1;
+        Ok(SessionTicket {
+            registry: self.inner.clone(),
+            owner,
+        })
+    }
+
+    /// The session `id` if `caller` may see it: its owner, or an admin. To anyone else a
+    /// live or ended session is `Unknown`, as one that never was: its existence is not
+    /// revealed.
+    pub fn get(&self, id: &str, caller: &Caller) -> Result<Arc<Entry>, Missing> {
         let inner = self.lock();
         match inner.sessions.get(id) {
-            Some(entry) => Ok(entry.clone()),
-            None if inner.expired.iter().any(|e| e == id) => Err(Missing::Expired),
+            Some(entry) if caller.may_use(&entry.owner) => Ok(entry.clone()),
+            Some(_) => Err(Missing::Unknown),
+            None if inner
+                .expired
+                .iter()
+                .any(|(e, owner)| e == id && caller.may_use(owner)) =>
+            {
+                Err(Missing::Expired)
+            }
             None => Err(Missing::Unknown),
         }
+    }
+
+    /// The sessions `caller` may see: its own, or every one for an admin.
+    pub fn list_for(&self, caller: &Caller) -> Vec<Arc<Entry>> {
+        let mut mine: Vec<Arc<Entry>> = self
+            .lock()
+            .sessions
+            .values()
+            .filter(|e| caller.may_use(&e.owner))
+            .cloned()
+            .collect();
+        mine.sort_by_key(|e| e.created);
+        mine
     }
 
     pub fn list(&self) -> Vec<Arc<Entry>> {
@@ -171,8 +250,9 @@ impl Registry {
     pub fn remove(&self, id: &str, expired: bool) -> Option<Arc<Entry>> {
         let mut inner = self.lock();
         let entry = inner.sessions.remove(id);
-        if entry.is_some() && expired {
-            inner.expired.push_back(id.to_string());
+        if let (Some(entry), true) = (&entry, expired) {
+            let owner = entry.owner.clone();
+            inner.expired.push_back((id.to_string(), owner));
             if inner.expired.len() > REMEMBERED_EXPIRED {
                 inner.expired.pop_front();
             }

@@ -183,7 +183,8 @@ fn over_stdio_the_tools_keep_state_and_return_what_a_model_can_use() {
             "{}",
             results[4]
         );
-        // The figure: an image block, a PNG downscaled to the edge.
+        // The figure: an image block, a PNG rendered in the sandbox within the edge (the
+        // server decodes none; `bbox_inches="tight"` may make it a little smaller).
         let images = blocks(&results[5], "image");
         assert_eq!(images.len(), 1, "{}", results[5]);
         assert_eq!(images[0]["mimeType"], "image/png");
@@ -191,7 +192,7 @@ fn over_stdio_the_tools_keep_state_and_return_what_a_model_can_use() {
             .decode(images[0]["data"].as_str().unwrap())
             .unwrap();
         let (w, h) = png_size(&png);
-        assert!(w.max(h) <= 300 && w == 300, "{w}x{h}");
+        assert!(w.max(h) <= 300 && w.max(h) >= 200, "{w}x{h}");
         assert!(results[5].get("structuredContent").is_none());
         // The shell: a pipeline, cd kept, a failing status is an error.
         assert_eq!(text(&results[6]).trim(), "2 b", "{}", results[6]);
@@ -578,5 +579,97 @@ fn over_stdio_a_request_over_the_size_limit_is_answered_with_an_error_that_names
         let listing = text(&results[2]);
         assert!(listing.contains("fits"), "{listing}");
         assert!(!listing.contains("big.txt"), "{listing}");
+    });
+}
+
+/// Finding 2: sandboxed code shows 24 copies of an 11 585 x 11 585 PNG (a few hundred KB
+/// each) and the model reads it as a file. The server reads PNG headers only: it decodes
+/// nothing, stays small, and answers /healthz at once while the call runs; the images are
+/// scaled (or, this large, refused) inside the sandbox.
+#[test]
+fn a_sandbox_that_shows_huge_pngs_costs_the_server_nothing() {
+    mcp_test(|python| {
+        let server = Server::start("", true);
+        let token = super::server::TOKEN;
+        let (status, created) = server.tcp_request(
+            token,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "timeout": "120s"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let code = r#"import struct, zlib
+w = h = 11585
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+packer = zlib.compressobj(9)
+row = bytes(1 + 3 * w)
+pixels = b"".join(packer.compress(row) for _ in range(h)) + packer.flush()
+png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+       + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+open("huge.png", "wb").write(png)
+class Huge:
+    def _repr_png_(self):
+        return png
+for _ in range(24):
+    display(Huge())
+len(png)"#;
+        let url = format!("http://{}/mcp", server.tcp_address());
+        let health = {
+            let address = server.tcp_address();
+            std::thread::spawn(move || {
+                // The slowest /healthz while the call runs.
+                let mut slowest = std::time::Duration::ZERO;
+                let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while std::time::Instant::now() < end {
+                    let started = std::time::Instant::now();
+                    let out = Command::new("curl")
+                        .args(["-s", "-m", "10", &format!("http://{address}/healthz")])
+                        .output()
+                        .unwrap();
+                    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+                    slowest = slowest.max(started.elapsed());
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                slowest
+            })
+        };
+        let results = drive(
+            python,
+            json!({"http": url, "token": token}),
+            json!([
+                tool("execute_python", json!({"code": code, "session_id": id})),
+                tool("read_file", json!({"path": "huge.png", "session_id": id})),
+                tool(
+                    "execute_python",
+                    json!({"code": "import io\nfrom PIL import Image\nb = io.BytesIO()\nImage.new('RGB', (3000, 2000), (9, 99, 199)).save(b, 'PNG')\nclass Big:\n    def _repr_png_(self):\n        return b.getvalue()\nBig()", "session_id": id}),
+                ),
+            ]),
+        );
+        // A large image that can be decoded is scaled down by the driver, in the sandbox.
+        let scaled = blocks(&results[2], "image");
+        assert_eq!(scaled.len(), 1, "{:.600}", results[2]);
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(scaled[0]["data"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(png_size(&png), (1024, 683));
+        let shown = &results[0];
+        assert!(!is_error(shown), "{shown}");
+        assert!(blocks(shown, "image").is_empty(), "{shown:.400}");
+        assert!(text(shown).contains("too large to show"), "{shown:.600}");
+        let read = text(&results[1]);
+        assert!(
+            read.contains("11585x11585") && read.contains("not shown as an image"),
+            "{read}"
+        );
+        let slowest = health.join().unwrap();
+        let (rss, fds) = server.footprint();
+        eprintln!(
+            "figures: 24 huge PNGs through MCP: server peak RSS {rss} KiB, {fds} fds, slowest /healthz {slowest:?}"
+        );
+        assert!(rss < 100 << 10, "peak RSS {rss} KiB");
+        assert!(slowest < std::time::Duration::from_secs(1), "{slowest:?}");
+        server.stop();
     });
 }

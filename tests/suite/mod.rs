@@ -22,5 +22,6 @@ mod pool;
 mod portability;
 mod profiles;
 mod server;
+mod service;
 mod sessions;
 mod transcripts;

@@ -135,6 +135,53 @@ impl Server {
         )
     }
 
+    /// curl over the TCP listener with `token`; returns (HTTP status, body).
+    pub(super) fn tcp_curl(&self, token: &str, args: &[&str]) -> (u16, String) {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .args(args)
+            .output()
+            .expect("curl");
+        split_status(&out.stdout)
+    }
+
+    /// A JSON request over TCP with `token`.
+    pub(super) fn tcp_request(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let url = format!("http://{}{path}", self.tcp_address());
+        let mut args = vec!["-X", method, url.as_str()];
+        let text = body.map(|b| b.to_string());
+        if let Some(text) = &text {
+            args.extend(["-H", "Content-Type: application/json", "-d", text.as_str()]);
+        }
+        let (status, body) = self.tcp_curl(token, &args);
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or(Value::String(body)),
+        )
+    }
+
+    /// The server's peak RSS (KiB, VmHWM) and open fds now, for the findings' figures.
+    pub(super) fn footprint(&self) -> (u64, usize) {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let hwm = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        (hwm, fds)
+    }
+
     pub(super) fn session_cli(&self, args: &[&str]) -> (i32, String, String) {
         let out = codecage()
             .arg("session")

@@ -83,15 +83,17 @@ pub struct Lane {
 
 /// Skipped in every lane: the image tests need the default image, which lives on the host
 /// (/var/lib/codecage/rootfs), not in the VM, and so do the transcripts (run on the image
-/// through the library, the server and MCP); the server's tests need its clients (curl
-/// among them), which are the host's, and so do the MCP tests' (the MCP Python SDK, in a
-/// venv of the host), the audit tests' (servers and curl), and the pool's (they pre-start
-/// the default image's Python); so do the files tests named here (the default image's
-/// matplotlib and pandas, or curl through the server). A test that panics while a server
-/// it started is up aborts the whole test binary, so these must not run in a VM.
+/// through the library, the server and MCP); the server's tests (server::, service::) need
+/// its clients (curl among them), which are the host's, and so do the MCP tests' (the MCP
+/// Python SDK, in a venv of the host), the audit tests' (servers and curl), and the pool's
+/// (they pre-start the default image's Python); so do the files tests named here (the
+/// default image's matplotlib and pandas, or curl through the server). A test that panics
+/// while a server it started is up aborts the whole test binary, so these must not run in
+/// a VM.
 const SKIP_EVERYWHERE: &[&str] = &[
     "image::",
     "server::",
+    "service::",
     "mcp::",
     "network::",
     "audit::",
@@ -349,7 +351,7 @@ mod tests {
         assert_eq!(DEFAULT_LANE.test_phases(), (skips, None));
         assert_eq!(
             DEFAULT_LANE.selection(),
-            "every suite (without image::, server::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
+            "every suite (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -376,7 +378,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
-             (without image::, server::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
+             (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
         );
     }
 

@@ -1,0 +1,410 @@
+//! The HTTP API: a front end of the service (src/service), which decides; this module
+//! translates. Requests in (body.rs: bodies under a budget, parsed in one pass), service
+//! errors out as status codes (`status_of`): a request that ran returns 200 with the
+//! verdict in the body (timeout, oom, exception are verdicts, not HTTP errors); refused
+//! before running: 400 invalid (the message names the field), 401 no or bad token, 403
+//! policy, 404 unknown session (or another caller's), 409 session busy, 413 body or code
+//! too large, 429 (with Retry-After) past the caller's quota, 503 (with Retry-After) at
+//! capacity or when the audit log cannot take the request's record. Streams are
+//! stream.rs; the audit API and the audit of refusals are audit_api.rs.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use codecage::runner::Lang;
+use codecage::session::{Call, Event};
+use codecage::Stream;
+
+mod audit_api;
+mod body;
+mod stream;
+
+use super::registry::Entry;
+use super::{Caller, Shared};
+use crate::audit::Via;
+use crate::service::{
+    self, close_session, lookup, open_session, relative, reset_session, run_request, timeout_of,
+    with_session, write_session_file, Kind,
+};
+pub use crate::service::{ExecuteRequest, RunRequest, SessionRequest};
+pub use audit_api::{audit_errors, AuditList};
+use audit_api::{audit_export, audit_list, audit_show};
+pub use body::{body_budget, JsonBody, RawBody};
+use stream::{ndjson, output_event, wants_ndjson, StreamEvent};
+
+/// The routes, on whatever listener.
+pub fn router(state: Shared) -> Router {
+    let max_body = state.config.limits.max_body as usize;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/pool", get(pool_status))
+        .route("/openapi.json", get(openapi))
+        .route("/v1/run", post(run))
+        .route("/v1/sessions", post(create_session).get(list_sessions))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/execute", post(execute))
+        .route("/v1/sessions/{id}/reset", post(reset))
+        .route("/v1/sessions/{id}/interrupt", post(interrupt))
+        .route("/v1/sessions/{id}/files", get(list_files))
+        .route("/v1/sessions/{id}/files/{*path}", get(download).put(upload))
+        .route("/v1/audit", get(audit_list))
+        .route("/v1/audit/export", get(audit_export))
+        .route("/v1/audit/{id}", get(audit_show))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// An answer that is not a run's: the service's error, `{"error": kind, "message": ...}`.
+pub type ApiError = crate::service::Error;
+
+/// The one place a kind of error becomes an HTTP status (DESIGN.md, "Status codes").
+pub fn status_of(kind: Kind) -> StatusCode {
+    match kind {
+        Kind::InvalidRequest => StatusCode::BAD_REQUEST,
+        Kind::Unauthorized => StatusCode::UNAUTHORIZED,
+        Kind::Policy | Kind::Forbidden => StatusCode::FORBIDDEN,
+        Kind::NotFound | Kind::SessionExpired => StatusCode::NOT_FOUND,
+        Kind::Busy => StatusCode::CONFLICT,
+        Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Kind::Quota => StatusCode::TOO_MANY_REQUESTS,
+        Kind::Capacity | Kind::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Kind::Setup | Kind::SessionLost | Kind::Audit => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// On an error response: what went wrong, for the audit of refusals outside the routes.
+#[derive(Clone)]
+struct ErrorInfo {
+    pub(super) kind: &'static str,
+    pub(super) message: String,
+    pub(super) audited: bool,
+    /// Code refused for its size, as measured (for the refusal's record).
+    pub(super) code: Option<Box<service::code::Measured>>,
+}
+
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    /// What went wrong, for a program: `invalid_request`, `unauthorized`, `policy`,
+    /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `quota` (the caller
+    /// is past one of its token's quotas: 429), `capacity`, `setup`, `forbidden` (the
+    /// audit API without the admin role), `audit_unavailable` (the audit log cannot take
+    /// the request's record and its `on_full` is `refuse`).
+    pub error: String,
+    /// What went wrong and what to do, for a person or an agent.
+    pub message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let info = ErrorInfo {
+            kind: self.kind(),
+            message: self.message.clone(),
+            audited: self.is_audited(),
+            code: self.code.clone(),
+        };
+        let body = ErrorBody {
+            error: self.kind().to_string(),
+            message: self.message,
+        };
+        let mut response = (status_of(self.kind), Json(body)).into_response();
+        response.extensions_mut().insert(info);
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
+    }
+}
+
+/// A session, as the API shows it.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionInfo {
+    pub id: String,
+    pub language: Lang,
+    pub profile: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// When the session ends unless used again (RFC 3339).
+    pub expires_at: String,
+    pub idle_timeout_s: u64,
+    pub max_duration_s: u64,
+    pub busy: bool,
+    pub executions: u64,
+}
+
+/// `GET /healthz`: 200 `ok` while the server and its gateway can serve; 503 and why not
+/// when the gateway cannot relay (its runtime stalled, its reaper far behind).
+async fn healthz() -> (StatusCode, String) {
+    match crate::gateway::Gateway::health().await {
+        Ok(_) => (StatusCode::OK, "ok\n".into()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy\n{why}\n"),
+        ),
+    }
+}
+
+/// `GET /v1/pool`: how many pooled sandboxes and sessions are ready, by profile.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PoolStatus {
+    /// Sandboxes ready for `POST /v1/run`, by profile.
+    pub runs: BTreeMap<String, usize>,
+    /// Sessions ready for `POST /v1/sessions`, by profile.
+    pub sessions: BTreeMap<String, usize>,
+}
+
+async fn pool_status(State(state): State<Shared>) -> Json<PoolStatus> {
+    let (runs, sessions) = state.pool.ready();
+    Json(PoolStatus { runs, sessions })
+}
+
+async fn openapi() -> Response {
+    let doc = super::openapi_document();
+    ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(Kind::NotFound, "no such endpoint: see GET /openapi.json")
+}
+
+async fn run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<RunRequest>,
+) -> Result<Response, ApiError> {
+    // A client that goes away drops this future (or the streamed body), and with it the
+    // guard: the run stops.
+    let stop = CancellationToken::new();
+    if !wants_ndjson(&headers) {
+        let _guard = stop.clone().drop_guard();
+        let outcome = run_request(&state, &caller, Via::Api, body, stop, |_, _| {}).await?;
+        return Ok(Json(outcome).into_response());
+    }
+    // Streamed: stdout and stderr as they come, then the outcome (or the refusal, as a
+    // final error event: a run's checks happen once the stream has begun).
+    let (stream, response) = ndjson(stop.clone());
+    let events = stream.clone();
+    let sink = move |s: Stream, bytes: &[u8]| events.push(output_event(s, bytes));
+    tokio::spawn(stream.conclude(async move {
+        match run_request(&state, &caller, Via::Api, body, stop, sink).await {
+            Ok(outcome) => StreamEvent::RunResult(Box::new(outcome)),
+            Err(e) => StreamEvent::error(e),
+        }
+    }));
+    Ok(response)
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn info(entry: &Entry) -> SessionInfo {
+    SessionInfo {
+        id: entry.id.clone(),
+        language: entry.lang,
+        profile: entry.profile.clone(),
+        created_at: rfc3339(entry.created),
+        expires_at: rfc3339(entry.expires()),
+        idle_timeout_s: entry.idle_timeout.as_secs(),
+        max_duration_s: entry.max_duration.as_secs(),
+        busy: entry.is_busy(),
+        executions: entry.executions.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+async fn create_session(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<SessionRequest>,
+) -> Result<(StatusCode, Json<SessionInfo>), ApiError> {
+    let entry = open_session(&state, &caller, Via::Api, body).await?;
+    Ok((StatusCode::CREATED, Json(info(&entry))))
+}
+
+async fn list_sessions(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+) -> Json<Vec<SessionInfo>> {
+    Json(
+        service::list_sessions(&state, &caller)
+            .iter()
+            .map(|e| info(e))
+            .collect(),
+    )
+}
+
+async fn get_session(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, ApiError> {
+    let entry = lookup(&state, &caller, &id)?;
+    Ok(Json(info(&entry)))
+}
+
+async fn delete_session(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    close_session(&state, &caller, Via::Api, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn execute(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<ExecuteRequest>,
+) -> Result<Response, ApiError> {
+    let entry = lookup(&state, &caller, &id)?;
+    let timeout = timeout_of(body.timeout.as_ref())?;
+    codecage::files::check_inputs(&body.files, entry.caps.input_files, entry.caps.input_total)
+        .map_err(|e| ApiError::invalid(format!("field `files`: {e}")))?;
+    let call = Call {
+        code: body.code,
+        stdin: body.stdin,
+        timeout,
+        files: body.files,
+    };
+    let names_only = body.file_data == Some(false);
+    let streaming = wants_ndjson(&headers);
+    // Every refusal (busy, policy, quota) is known here, before any answer begins.
+    let begun = service::begin_call(state.clone(), caller.clone(), Via::Api, entry, call).await?;
+    let stop = CancellationToken::new();
+    if !streaming {
+        // A client that goes away drops this future and the guard: the call is interrupted.
+        let _guard = stop.clone().drop_guard();
+        let mut outcome = begun.run(|_| {}, stop).await?;
+        if names_only {
+            outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
+        }
+        return Ok(Json(outcome).into_response());
+    }
+    let (stream, response) = ndjson(stop.clone());
+    let events = stream.clone();
+    let forward = move |event: Event| {
+        events.push(match event {
+            Event::Output(stream, bytes) => output_event(stream, bytes),
+            Event::Display(bundle) => StreamEvent::Display {
+                data: bundle.clone(),
+            },
+        })
+    };
+    tokio::spawn(stream.conclude(async move {
+        match begun.run(forward, stop).await {
+            Ok(mut outcome) => {
+                if names_only {
+                    outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
+                }
+                StreamEvent::Result(Box::new(outcome))
+            }
+            Err(e) => StreamEvent::error(e),
+        }
+    }));
+    Ok(response)
+}
+
+async fn reset(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    reset_session(&state, &caller, Via::Api, lookup(&state, &caller, &id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn interrupt(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    service::interrupt_session(&state, &caller, &id)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sessions/{id}/files?path=DIR`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    path: String,
+}
+/// One entry of `GET /v1/sessions/{id}/files`.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    /// When it last changed (RFC 3339).
+    pub mtime: String,
+}
+
+async fn list_files(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    axum::extract::Query(query): axum::extract::Query<ListQuery>,
+) -> Result<Json<Vec<FileEntry>>, ApiError> {
+    let path = relative(&query.path).to_string();
+    if !path.is_empty() {
+        codecage::files::check_input_path(&path)
+            .map_err(|e| ApiError::invalid(format!("path: {e}")))?;
+    }
+    let entries = with_session(&state, &caller, &id, move |s, _| s.list_files(&path)).await?;
+    let entries = entries
+        .into_iter()
+        .map(|e| FileEntry {
+            name: e.name,
+            kind: e.kind,
+            size: e.size,
+            mtime: rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(e.mtime.max(0) as u64)),
+        })
+        .collect();
+    Ok(Json(entries))
+}
+
+async fn download(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let path = relative(&path).to_string();
+    codecage::files::check_input_path(&path)
+        .map_err(|e| ApiError::invalid(format!("path: {e}")))?;
+    let media = codecage::files::media_type(&path);
+    let data = with_session(&state, &caller, &id, move |s, e| {
+        s.read_file(&path, e.caps.read_max)
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, media)], data).into_response())
+}
+
+async fn upload(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+    RawBody(body): RawBody,
+) -> Result<StatusCode, ApiError> {
+    let path = relative(&path).to_string();
+    let file = codecage::files::InputFile::new(path, body);
+    write_session_file(&state, &caller, &id, file).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

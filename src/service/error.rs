@@ -1,0 +1,131 @@
+//! The service's one error: a kind a program branches on, a message in words (never a
+//! front end's flags or status codes), and how long to wait before trying again. Front
+//! ends only translate it: HTTP maps the kind to a status code, MCP to `isError`, the CLI
+//! to an exit status.
+
+use codecage::profile::PolicyError;
+
+/// What went wrong, for a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The request is malformed; the message names the field.
+    InvalidRequest,
+    /// No caller could be established (no or a bad token).
+    Unauthorized,
+    /// The profile or the server's policy does not allow what was asked.
+    Policy,
+    /// The caller's role does not allow it (the audit API without the admin role).
+    Forbidden,
+    /// No such session (or not the caller's: its existence is not revealed), endpoint or
+    /// record.
+    NotFound,
+    /// The session ended (idle or maximum lifetime).
+    SessionExpired,
+    /// The session is running a call.
+    Busy,
+    /// The request body is over the server's limit.
+    PayloadTooLarge,
+    /// The caller is past one of its own quotas (sessions, concurrent runs).
+    Quota,
+    /// The server is at its own capacity.
+    Capacity,
+    /// The audit log cannot take the request's record (`on_full = "refuse"`).
+    AuditUnavailable,
+    /// The sandbox could not be built, or the server failed.
+    Setup,
+    /// The session's sandbox is gone.
+    SessionLost,
+    /// The audit database could not be read.
+    Audit,
+}
+
+impl Kind {
+    /// The wire name (`error` in HTTP bodies, MCP results, the audit log).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::InvalidRequest => "invalid_request",
+            Kind::Unauthorized => "unauthorized",
+            Kind::Policy => "policy",
+            Kind::Forbidden => "forbidden",
+            Kind::NotFound => "not_found",
+            Kind::SessionExpired => "session_expired",
+            Kind::Busy => "busy",
+            Kind::PayloadTooLarge => "payload_too_large",
+            Kind::Quota => "quota",
+            Kind::Capacity => "capacity",
+            Kind::AuditUnavailable => "audit_unavailable",
+            Kind::Setup => "setup",
+            Kind::SessionLost => "session_lost",
+            Kind::Audit => "audit",
+        }
+    }
+}
+
+/// A request the service refused or could not serve.
+#[derive(Debug, Clone)]
+pub struct Error {
+    pub kind: Kind,
+    pub message: String,
+    /// Seconds to wait before trying again (capacity, quota, the audit's refusal).
+    pub retry_after: Option<u64>,
+    /// Its refusal is in the audit log already (or cannot be: the audit's own refusal).
+    pub(crate) audited: bool,
+    /// Code refused for its size, as measured in the request (for the audit record).
+    pub(crate) code: Option<Box<super::code::Measured>>,
+}
+
+impl Error {
+    pub fn new(kind: Kind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+            retry_after: None,
+            audited: false,
+            code: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Error {
+        Error::new(Kind::InvalidRequest, message)
+    }
+
+    pub fn retry_after(mut self, seconds: u64) -> Error {
+        self.retry_after = Some(seconds.max(1));
+        self
+    }
+
+    pub(crate) fn audited(mut self) -> Error {
+        self.audited = true;
+        self
+    }
+
+    /// The kind's wire name (`invalid_request`, `policy`, `not_found`, ...).
+    pub fn kind(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn is_audited(&self) -> bool {
+        self.audited
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.name(), self.message)
+    }
+}
+
+impl From<PolicyError> for Error {
+    fn from(e: PolicyError) -> Error {
+        match e {
+            PolicyError::Invalid(m) => Error::invalid(m),
+            e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
+                Error::new(Kind::Policy, e.to_string())
+            }
+        }
+    }
+}

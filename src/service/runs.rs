@@ -1,0 +1,211 @@
+//! One-shot runs: a request resolved against its profile, within its caller's quotas,
+//! on a pooled or a new sandbox, recorded in the audit log.
+
+use codecage::knobs::Knob;
+use codecage::outcome::Outcome;
+use codecage::profile::{self, Request as PolicyRequest};
+use codecage::Canceller;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    audit_slot, code_within, knobs_of, load_profile, log_call, network_allowed, refused, room,
+    Caller, Error, Kind, RunRequest,
+};
+use crate::audit::{Kind as AuditKind, Start, Via};
+use crate::server::Shared;
+
+/// A run, resolved against its profile and run on a blocking thread until it ends, the
+/// server shuts down or `stop` fires (a client that went away, a cancelled MCP request);
+/// `sink` sees its output as it comes, on that thread (it must not wait) (`POST /v1/run`; MCP's tools without a session). Its audit record is
+/// written before it starts and completed on that thread, whatever becomes of the request.
+pub async fn run_request(
+    state: &Shared,
+    caller: &Caller,
+    via: Via,
+    body: RunRequest,
+    stop: CancellationToken,
+    mut sink: impl FnMut(codecage::Stream, &[u8]) + Send + 'static,
+) -> Result<Outcome, Error> {
+    let mut start = Start::new(AuditKind::Run, via, caller.to_string());
+    start.stdin_digest = body
+        .stdin
+        .as_ref()
+        .map(|s| (codecage::files::sha256(s.as_bytes()), s.len() as u64));
+    start.language = body.language.map(|l| l.name().to_string());
+    start.profile = run_profile(&body).ok();
+    let size = body.code.as_ref().map_or(0, String::len)
+        + body
+            .argv
+            .as_ref()
+            .map_or(0, |a| a.iter().map(|s| s.len() + 1).sum());
+    if let Err(e) = code_within(state, size) {
+        // Moved, not copied: the audit keeps its head, sha256 and size.
+        start.code = body.code;
+        start.argv = body.argv;
+        return Err(refused(state, start, e).await);
+    }
+    start.code = body.code.clone();
+    start.argv = body.argv.clone();
+    let names_only = body.file_data == Some(false);
+    let language = body.language;
+    let (spec, profile_name, opened) = match resolve_run(state, caller, body) {
+        Ok(resolved) => resolved,
+        Err(e) => return Err(refused(state, start, e).await),
+    };
+    start.profile = Some(profile_name);
+    let ticket = match state.runs.admit(caller, &state.config) {
+        Ok(ticket) => ticket,
+        Err(e) => return Err(refused(state, start, e).await),
+    };
+    let (pooled, _permit) = match state
+        .pool
+        .take_run(&start.profile.clone().unwrap_or_default(), &spec)
+    {
+        Some(pooled) => (Some(pooled.item), pooled.permit),
+        None => match room(&state.sandboxes, state, "sandboxes").await {
+            Ok(permit) => (None, permit),
+            Err(e) => return Err(refused(state, start, e).await),
+        },
+    };
+    let slot = audit_slot(state).await?;
+    let canceller = Canceller::new()
+        .map_err(|e| Error::new(Kind::Setup, format!("cannot start the run: {e}")))?;
+    let (shutdown, stopper) = (state.shutdown.clone(), canceller.clone());
+    let watcher = tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = shutdown.cancelled() => {}
+        }
+        stopper.cancel();
+    });
+    // The outcome comes back as soon as the run ends; its record is completed after, on
+    // the same thread (hashing a large output takes milliseconds).
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        let warm = pooled.is_some();
+        let pending = slot.map(|slot| {
+            let mut start = start
+                .input_files(&spec.exec.files)
+                .spec(&spec.sandbox, Some(&spec.exec));
+            start.details = serde_json::json!({ "warm": warm });
+            slot.begin(start)
+        });
+        let outcome = match pooled {
+            Some(prepared) => prepared.run(&spec, &mut sink, None, Some(&canceller)),
+            None => codecage::run_cancellable(&spec, &mut sink, &canceller),
+        };
+        drop(opened);
+        drop(ticket);
+        match pending {
+            Some(pending) => {
+                let end = pending.end_of(&outcome);
+                let (stdout, stderr) = (outcome.stdout.clone(), outcome.stderr.clone());
+                let _ = answer.send(outcome);
+                pending.finish_with_output(end, &stdout, &stderr);
+            }
+            None => {
+                let _ = answer.send(outcome);
+            }
+        }
+    });
+    let answered = answered.await;
+    watcher.abort();
+    let mut outcome = answered
+        .map_err(|_| Error::new(Kind::Setup, "the run's thread ended without an outcome"))?;
+    outcome.phases = None;
+    if names_only {
+        outcome.files.iter_mut().for_each(|f| f.data = None);
+    }
+    log_call(caller, "run", language, None, &outcome);
+    Ok(outcome)
+}
+
+/// The profile a run asks for: by name, else the language's (bash for a program).
+fn run_profile(body: &RunRequest) -> Result<String, Error> {
+    match (&body.profile, body.language) {
+        (Some(name), _) => Ok(name.clone()),
+        (None, Some(lang)) => Ok(lang.name().to_string()),
+        (None, None) if body.argv.is_some() => Ok("bash".to_string()),
+        (None, None) => Err(Error::invalid(
+            "field `language`: give python, node, typescript or bash (or a profile, or argv)",
+        )),
+    }
+}
+
+/// A run's request checked and resolved into its Spec (and the profile's name, and the
+/// volumes' directories, opened, which must stay open until the sandbox has started).
+fn resolve_run(
+    state: &Shared,
+    caller: &Caller,
+    body: RunRequest,
+) -> Result<(codecage::Spec, String, Vec<std::os::fd::OwnedFd>), Error> {
+    let mut knobs = knobs_of(&body.limits())?;
+    let profile_name = run_profile(&body)?;
+    caller.check_profile(&state.config, &profile_name)?;
+    let profile = load_profile(state, &profile_name)?;
+    caller.within_ceilings(&state.config, &profile, &mut knobs)?;
+    codecage::files::check_inputs(
+        &body.files,
+        profile.value(Knob::InputFiles),
+        profile.value(Knob::InputTotalSize),
+    )
+    .map_err(|e| Error::invalid(format!("field `files`: {e}")))?;
+    let request = PolicyRequest {
+        code: body.code,
+        lang: body.language,
+        argv: body.argv,
+        knobs,
+        files: body.files,
+        rootfs: None,
+        env: body.env.into_iter().collect(),
+        network: body.network,
+    };
+    let mut spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
+    network_allowed(state, spec.sandbox.network.mode)?;
+    spec.exec.stdin = body.stdin.map(String::into_bytes);
+    // Opened now (they stay open until the sandbox has started); a spec with volumes is
+    // never a pooled sandbox's, so such a run is cold.
+    let (volumes, opened) = open_volumes(state, &body.volumes)?;
+    spec.sandbox.volumes = volumes;
+    spec.validate()
+        .map_err(|e| Error::invalid(format!("field `volumes`: {e}")))?;
+    Ok((spec, profile_name, opened))
+}
+
+/// A run's volumes, each opened by the server (as root) and only if it lies under the
+/// config's `volume_roots`: 403 for one outside them (or for any, without roots), 400 for
+/// one that is malformed or cannot be opened. The fds must stay open until the sandbox
+/// has started.
+fn open_volumes(
+    state: &Shared,
+    items: &[String],
+) -> Result<(Vec<codecage::spec::Volume>, Vec<std::os::fd::OwnedFd>), Error> {
+    let roots = &state.config.volume_roots;
+    let policy = |m: String| Error::new(Kind::Policy, m);
+    if !items.is_empty() && roots.is_empty() {
+        return Err(policy(
+            "field `volumes`: this server allows no volumes (its config has no volume_roots)"
+                .into(),
+        ));
+    }
+    let (mut volumes, mut opened) = (Vec::new(), Vec::new());
+    for item in items {
+        let mut volume = codecage::spec::Volume::parse(item)
+            .map_err(|e| Error::invalid(format!("field `volumes`: {e}")))?;
+        if !item.starts_with('/') {
+            return Err(Error::invalid(format!(
+                "field `volumes`: {item}: the host directory must be an absolute path"
+            )));
+        }
+        let fd = volume.pin(None, Some(roots)).map_err(|e| {
+            let message = format!("field `volumes`: {e}");
+            match codecage::spec::Volume::is_outside(&e) {
+                true => policy(message),
+                false => Error::invalid(message),
+            }
+        })?;
+        opened.push(fd);
+        volumes.push(volume);
+    }
+    Ok((volumes, opened))
+}

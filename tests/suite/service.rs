@@ -1,0 +1,727 @@
+//! The server as its clients' attacker would try it (issue 21): sessions owned by their
+//! caller, quotas and profiles per token, listeners that half-open connections cannot
+//! exhaust, streams that end with their verdict, a client that goes stops its call. Each
+//! test prints the server's peak RSS and open fds for the record.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::common::*;
+use super::server::Server;
+
+const USER1: &str = "user1-token-0123456789abcdef";
+const USER2: &str = "user2-token-0123456789abcdef";
+const ADMIN: &str = "admin-token-0123456789abcdef";
+
+fn tokens(extra_user2: &str) -> String {
+    format!(
+        "[[tokens]]\nname = \"user1\"\ntoken = \"{USER1}\"\n\
+         [[tokens]]\nname = \"user2\"\ntoken = \"{USER2}\"\n{extra_user2}\n\
+         [[tokens]]\nname = \"ops\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n"
+    )
+}
+
+fn figures(server: &Server, test: &str) {
+    let (rss, fds) = server.footprint();
+    eprintln!("figures: {test}: server peak RSS {rss} KiB, {fds} fds open");
+}
+
+/// Finding 1: user2 neither sees nor touches user1's session (404 as for one that never
+/// was); the admin sees and uses it; the audit records who did what to whose session.
+#[test]
+fn another_tokens_session_is_invisible_and_untouchable() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let (status, created) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let execute = format!("/v1/sessions/{id}/execute");
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &execute,
+            Some(json!({"code": "secret = 'user1-secret-value'"})),
+        );
+        assert_eq!(status, 200, "{out}");
+
+        // user2: nothing listed; every route of the session is 404 not_found.
+        let (status, list) = server.tcp_request(USER2, "GET", "/v1/sessions", None);
+        assert_eq!((status, list.clone()), (200, json!([])), "{list}");
+        let session = format!("/v1/sessions/{id}");
+        let tries: Vec<(&str, String, Option<Value>)> = vec![
+            ("GET", session.clone(), None),
+            (
+                "POST",
+                execute.clone(),
+                Some(json!({"code": "print(secret)"})),
+            ),
+            ("POST", format!("{session}/reset"), None),
+            ("POST", format!("{session}/interrupt"), None),
+            ("GET", format!("{session}/files"), None),
+            ("GET", format!("{session}/files/main.py"), None),
+            ("DELETE", session.clone(), None),
+        ];
+        for (method, path, body) in tries {
+            let (status, out) = server.tcp_request(USER2, method, &path, body);
+            assert_eq!(status, 404, "{method} {path}: {out}");
+            assert_eq!(out["error"], "not_found", "{method} {path}: {out}");
+            assert!(!out.to_string().contains("user1-secret"), "{out}");
+        }
+        // An unknown id answers the same words: existence is not revealed.
+        let (_, unknown) = server.tcp_request(USER2, "GET", "/v1/sessions/0123abcd", None);
+        assert_eq!(
+            unknown["message"]
+                .as_str()
+                .unwrap()
+                .replace("0123abcd", &id),
+            server.tcp_request(USER2, "GET", &session, None).1["message"]
+        );
+
+        // The owner still has it, whole.
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &execute,
+            Some(json!({"code": "print(secret)"})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("user1-secret-value\n"))
+        );
+        // The admin sees and uses every session.
+        let (_, list) = server.tcp_request(ADMIN, "GET", "/v1/sessions", None);
+        assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+        let (status, out) =
+            server.tcp_request(ADMIN, "POST", &execute, Some(json!({"code": "1 + 1"})));
+        assert_eq!(status, 200, "{out}");
+
+        // The audit: user1's call, user2's refusals, the admin's call on user1's session.
+        let (status, records) = server.tcp_request(
+            ADMIN,
+            "GET",
+            &format!("/v1/audit?session={id}&limit=100"),
+            None,
+        );
+        assert_eq!(status, 200, "{records}");
+        let records = records["records"].as_array().unwrap().clone();
+        let callers: Vec<&str> = records
+            .iter()
+            .filter_map(|r| r["caller"].as_str())
+            .collect();
+        assert!(callers.contains(&"token:user1"), "{callers:?}");
+        assert!(
+            records.iter().any(
+                |r| r["caller"] == "token:ops(admin)" && r["details"]["owner"] == "token:user1"
+            ),
+            "{records:?}"
+        );
+        assert_eq!(server.tcp_request(USER1, "DELETE", &session, None).0, 204);
+        figures(&server, "two tokens");
+        server.stop();
+    });
+}
+
+/// Finding 7 (profiles) and the token's quotas: a token names only its profiles (by
+/// default the language ones, never `ci`), asks no more than its ceilings, and past its
+/// `max_sessions` gets 429 with Retry-After.
+#[test]
+fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
+    as_root(|| {
+        let server = Server::start(
+            &tokens(
+                "max_sessions = 1\nmax_concurrent_runs = 1\n[tokens.limits]\nmemory = \"128M\"\n",
+            ),
+            true,
+        );
+        // The built-in ci profile (8G, 4096 pids, 1 h) is not a default token's.
+        for token in [USER1, USER2] {
+            let (status, out) = server.tcp_request(
+                token,
+                "POST",
+                "/v1/run",
+                Some(json!({"profile": "ci", "argv": ["true"]})),
+            );
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (403, Some("policy")),
+                "{out}"
+            );
+            assert!(
+                out["message"].as_str().unwrap().contains("python, node"),
+                "{out}"
+            );
+            let (status, out) = server.tcp_request(
+                token,
+                "POST",
+                "/v1/sessions",
+                Some(json!({"language": "python", "profile": "ci"})),
+            );
+            assert_eq!(status, 403, "{out}");
+        }
+        // The admin may.
+        let (status, out) = server.tcp_request(
+            ADMIN,
+            "POST",
+            "/v1/run",
+            Some(json!({"profile": "ci", "argv": ["true"]})),
+        );
+        assert_eq!(status, 200, "{out}");
+        // Ceilings: above is 403; the profile's default is lowered to the ceiling.
+        let (status, out) = server.tcp_request(
+            USER2,
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "code": "true", "memory": "512M"})),
+        );
+        assert_eq!(status, 403, "{out}");
+        assert!(out["message"].as_str().unwrap().contains("memory"), "{out}");
+        let (status, out) = server.tcp_request(
+            USER2,
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "code": "grep MemTotal /proc/meminfo"})),
+        );
+        assert_eq!(status, 200, "{out}");
+        // MemTotal is the sandbox's memory limit.
+        assert!(
+            out["stdout"].as_str().unwrap().contains(" 131072 kB"),
+            "{out}"
+        );
+        // max_sessions = 1: the second is 429 with Retry-After; user1 is not held to it.
+        let (status, first) = server.tcp_request(
+            USER2,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash"})),
+        );
+        assert_eq!(status, 201, "{first}");
+        let url = format!("http://{}/v1/sessions", server.tcp_address());
+        let (status, head) = server.tcp_curl(
+            USER2,
+            &[
+                "-i",
+                "-X",
+                "POST",
+                &url,
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                r#"{"language":"bash"}"#,
+            ],
+        );
+        assert_eq!(status, 429, "{head}");
+        assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
+        assert!(head.contains("\"quota\""), "{head}");
+        let (status, other) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash"})),
+        );
+        assert_eq!(status, 201, "{other}");
+        // Closing one gives the room back.
+        let id = first["id"].as_str().unwrap();
+        assert_eq!(
+            server
+                .tcp_request(USER2, "DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        let (status, again) = server.tcp_request(
+            USER2,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash"})),
+        );
+        assert_eq!(status, 201, "{again}");
+        // max_concurrent_runs = 1: a second run while one runs is 429; user1 is not held.
+        let (tcp, slow) = (
+            server.tcp_address(),
+            json!({"argv": ["sleep", "3"]}).to_string(),
+        );
+        let first = std::thread::spawn(move || {
+            Command::new("curl")
+                .args(["-s", "-H", &format!("Authorization: Bearer {USER2}")])
+                .args(["-d", &slow, &format!("http://{tcp}/v1/run")])
+                .output()
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(1000));
+        let quick = json!({"argv": ["true"]});
+        let (status, out) = server.tcp_request(USER2, "POST", "/v1/run", Some(quick.clone()));
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (429, Some("quota")),
+            "{out}"
+        );
+        let (status, out) = server.tcp_request(USER1, "POST", "/v1/run", Some(quick.clone()));
+        assert_eq!(status, 200, "{out}");
+        let first = first.join().unwrap();
+        assert!(String::from_utf8_lossy(&first.stdout).contains("\"exit_code\":0"));
+        let (status, out) = server.tcp_request(USER2, "POST", "/v1/run", Some(quick));
+        assert_eq!(status, 200, "{out}");
+        figures(&server, "profiles and quotas");
+        server.stop();
+    });
+}
+
+/// Finding 3: 1 100 TCP connections that send half a request head and no token, against
+/// a server whose fd limit is 1 024. Each listener holds at most its cap of them (the
+/// rest wait in the kernel's backlog), each only until its header deadline; a client of
+/// the unix socket is served meanwhile, and a TCP client with a token once they are gone.
+#[test]
+fn half_open_connections_without_a_token_do_not_starve_anyone() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    use std::io::{Read, Write};
+    as_root(|| {
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        // The server starts under the common default soft limit of 1 024 fds.
+        setrlimit(Resource::RLIMIT_NOFILE, 1024.min(hard), hard).unwrap();
+        // The defaults: 512 connections per listener, a 10 s header deadline.
+        let server = Server::start("", true);
+        // This test holds the 1 100 connections: it needs more.
+        setrlimit(Resource::RLIMIT_NOFILE, soft.max(hard.min(4096)), hard).unwrap();
+        let tcp: std::net::SocketAddr = server.tcp_address().parse().unwrap();
+        let mut held = Vec::new();
+        for _ in 0..1100 {
+            if let Ok(mut s) = std::net::TcpStream::connect_timeout(&tcp, Duration::from_secs(1)) {
+                let _ = s.write_all(b"POST /v1/run HTTP/1.1\r\nHost: codecage\r\nContent-Le");
+                held.push(s);
+            }
+        }
+        assert!(held.len() >= 1000, "only {} connected", held.len());
+        std::thread::sleep(Duration::from_millis(500));
+        let (rss, fds) = server.footprint();
+        // At most `max_connections` (512) per listener, whatever the flood.
+        assert!(
+            fds < 600,
+            "the server holds {fds} fds for half-open connections"
+        );
+        // The unix socket's client is served while they are held.
+        let started = Instant::now();
+        let (status, out) = server.curl(&[
+            "--max-time",
+            "20",
+            "-X",
+            "POST",
+            "http://codecage/v1/run",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"language": "bash", "code": "echo still-served"}"#,
+        ]);
+        assert_eq!(status, 200, "{out}");
+        assert!(out.contains(r#""stdout":"still-served\n""#), "{out}");
+        assert!(started.elapsed() < Duration::from_secs(10 * slowdown()));
+        // The first ones accepted are closed at their header deadline.
+        held[0]
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let closed = match held[0].read(&mut buf) {
+            Ok(n) => n == 0 || String::from_utf8_lossy(&buf[..n]).contains(" 408 "),
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(
+            closed,
+            "a half-open connection outlived its header deadline"
+        );
+        // A TCP client with a token is served once the deadlines have freed room.
+        let (status, out) = server.tcp_request(
+            super::server::TOKEN,
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "code": "echo tcp-served"})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("tcp-served\n")),
+            "{out}"
+        );
+        drop(held);
+        eprintln!(
+            "figures: 1100 half-open connections: server peak RSS {rss} KiB, {fds} fds open while they were held"
+        );
+        figures(&server, "half-open connections, after");
+        server.stop();
+    });
+}
+
+/// Whether a process whose command line contains `mark` is alive on the host.
+fn alive(mark: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).contains(mark))
+            .unwrap_or(false)
+    })
+}
+
+/// A request over the unix socket whose answer is never read: the stalled reader.
+fn stalled(server: &Server, path: &str, body: &Value) -> std::os::unix::net::UnixStream {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: codecage\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+fn busy(server: &Server, id: &str) -> bool {
+    server.request("GET", &format!("/v1/sessions/{id}"), None).1["busy"] == Value::Bool(true)
+}
+
+/// Finding 7: a streamed call's refusal is its status and its error, never an empty 200;
+/// one refused after the stream began would end it with an `error` event.
+#[test]
+fn a_streamed_refusal_is_an_error_not_an_empty_200() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let execute = format!("http://codecage/v1/sessions/{id}/execute");
+        let stream = |body: Value| {
+            server.curl(&[
+                "-X",
+                "POST",
+                &execute,
+                "-H",
+                "Accept: application/x-ndjson",
+                "-d",
+                &body.to_string(),
+            ])
+        };
+        // A timeout over the profile's maximum.
+        let (status, out) = stream(json!({"code": "1", "timeout": "10h"}));
+        assert_eq!(status, 403, "{out}");
+        assert!(out.contains("\"policy\""), "{out}");
+        // Busy: another call runs.
+        let socket = server.socket_path();
+        let long = std::thread::spawn(move || {
+            Command::new("curl")
+                .args(["-s", "--unix-socket"])
+                .arg(socket)
+                .args([
+                    "-X",
+                    "POST",
+                    &format!("http://codecage/v1/sessions/{id}/execute"),
+                ])
+                .args(["-d", r#"{"code": "import time; time.sleep(3)"}"#])
+                .output()
+                .unwrap()
+        });
+        assert!(wait_for(Duration::from_secs(5), || {
+            let (_, list) = server.request("GET", "/v1/sessions", None);
+            list[0]["busy"] == Value::Bool(true)
+        }));
+        let (status, out) = stream(json!({"code": "1"}));
+        assert_eq!(status, 409, "{out}");
+        assert!(out.contains("\"busy\""), "{out}");
+        long.join().unwrap();
+        // A call that runs streams and ends with its result.
+        let (status, out) = stream(json!({"code": "print('hi')"}));
+        assert_eq!(status, 200, "{out}");
+        let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(last["type"], "result", "{out}");
+        // POST /v1/run streams too: its output, then its outcome; a refusal found once
+        // the stream began is its final error event; a quiet run has heartbeats.
+        let run = |body: Value| {
+            server.curl(&[
+                "-X",
+                "POST",
+                "http://codecage/v1/run",
+                "-H",
+                "Accept: application/x-ndjson",
+                "-d",
+                &body.to_string(),
+            ])
+        };
+        let events = |out: &str| -> Vec<Value> {
+            out.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        };
+        let (status, out) =
+            run(json!({"language": "bash", "code": "echo one; sleep 11; echo two"}));
+        assert_eq!(status, 200, "{out}");
+        let got = events(&out);
+        let types: Vec<&str> = got.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(types.first(), Some(&"stdout"), "{out}");
+        assert!(types.contains(&"heartbeat"), "{out}");
+        assert_eq!(types.last(), Some(&"result"), "{out}");
+        assert_eq!(got.last().unwrap()["exit_code"], 0, "{out}");
+        let (status, out) = run(json!({"language": "bash", "code": "true", "profile": "no/such"}));
+        assert_eq!(status, 200, "{out}");
+        let last = events(&out).pop().unwrap();
+        assert_eq!(
+            (last["type"].as_str(), last["error"].as_str()),
+            (Some("error"), Some("invalid_request")),
+            "{out}"
+        );
+        figures(&server, "streamed refusals");
+        server.stop();
+    });
+}
+
+/// Finding 7: a client that goes away stops its run, and its session call, within a
+/// second.
+#[test]
+fn a_client_that_disconnects_stops_its_run_and_its_call() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let mark = format!("{}.{}", 40 + std::process::id() % 50, std::process::id());
+        let (status, _) = server.curl(&[
+            "--max-time",
+            "1",
+            "-X",
+            "POST",
+            "http://codecage/v1/run",
+            "-d",
+            &json!({"argv": ["sleep", mark]}).to_string(),
+        ]);
+        assert_eq!(status, 0, "curl gave up after 1 s");
+        let gone = Instant::now();
+        assert!(
+            wait_for(Duration::from_secs(10), || !alive(&mark)),
+            "the run outlived its client"
+        );
+        let run_ended = gone.elapsed();
+        // A session call, non-streamed and streamed.
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let mut call_ended = Vec::new();
+        for accept in ["Accept: application/json", "Accept: application/x-ndjson"] {
+            let (status, _) = server.curl(&[
+                "--max-time",
+                "1",
+                "-X",
+                "POST",
+                &format!("http://codecage/v1/sessions/{id}/execute"),
+                "-H",
+                accept,
+                "-d",
+                r#"{"code": "import time; time.sleep(60)"}"#,
+            ]);
+            // Cut off at 1 s: no answer yet, or (streamed) the head and no result.
+            assert!(status == 0 || accept.contains("ndjson"), "{status}");
+            let gone = Instant::now();
+            assert!(
+                wait_for(Duration::from_secs(10), || !busy(&server, &id)),
+                "the call outlived its client ({accept})"
+            );
+            call_ended.push(gone.elapsed());
+        }
+        eprintln!("figures: disconnect: the run ended {run_ended:?} after its client left, the calls {call_ended:?}");
+        assert!(
+            run_ended < Duration::from_millis(1000 * slowdown()),
+            "{run_ended:?}"
+        );
+        for ended in call_ended {
+            assert!(
+                ended < Duration::from_millis(1500 * slowdown()),
+                "{ended:?}"
+            );
+        }
+        let (_, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "2 + 2"})),
+        );
+        assert_eq!(out["result"]["text/plain"], "4", "{out}");
+        figures(&server, "disconnects");
+        server.stop();
+    });
+}
+
+/// Finding 5: a streaming client that never reads does not suspend the call's limits:
+/// its timeout ends it on time, an interrupt stops it, and DELETE answers at once.
+#[test]
+fn a_stalled_streaming_reader_does_not_suspend_the_calls_limits() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let path = format!("/v1/sessions/{id}/execute");
+        // Many small events (more than any buffer between the call and a reader that
+        // never reads), then a sleep that only the timeout ends.
+        let flood = "import time\nfor i in range(20000): print(i, flush=True)\ntime.sleep(60)";
+        let reader = stalled(&server, &path, &json!({"code": flood, "timeout": "5s"}));
+        let started = Instant::now();
+        assert!(wait_for(Duration::from_secs(3), || busy(&server, &id)));
+        assert!(
+            wait_for(Duration::from_secs(20), || !busy(&server, &id)),
+            "the 5 s call still runs after 20 s with its reader stalled"
+        );
+        let timed_out = started.elapsed();
+        assert!(
+            timed_out < Duration::from_secs(5 + 3 * slowdown()),
+            "{timed_out:?}"
+        );
+        // The interrupt acts.
+        let second = stalled(&server, &path, &json!({"code": flood, "timeout": "60s"}));
+        assert!(wait_for(Duration::from_secs(3), || busy(&server, &id)));
+        std::thread::sleep(Duration::from_millis(500));
+        let (status, _) = server.request("POST", &format!("/v1/sessions/{id}/interrupt"), None);
+        assert_eq!(status, 204);
+        let interrupted = Instant::now();
+        assert!(
+            wait_for(Duration::from_secs(10), || !busy(&server, &id)),
+            "the interrupt did nothing"
+        );
+        let interrupted = interrupted.elapsed();
+        // DELETE answers at once, with a third stalled call running.
+        let third = stalled(&server, &path, &json!({"code": flood, "timeout": "60s"}));
+        assert!(wait_for(Duration::from_secs(3), || busy(&server, &id)));
+        std::thread::sleep(Duration::from_millis(500));
+        let deleting = Instant::now();
+        let (status, _) = server.curl(&[
+            "--max-time",
+            "10",
+            "-X",
+            "DELETE",
+            &format!("http://codecage/v1/sessions/{id}"),
+        ]);
+        let deleted = deleting.elapsed();
+        assert_eq!(status, 204);
+        assert!(deleted < Duration::from_secs(3 * slowdown()), "{deleted:?}");
+        eprintln!(
+            "figures: stalled reader: the 5 s call ended at {timed_out:?}, the interrupted one {interrupted:?} after the interrupt, DELETE took {deleted:?}"
+        );
+        figures(&server, "stalled reader");
+        drop((reader, second, third));
+        server.stop();
+    });
+}
+
+/// Findings 4 and 6: 31 MiB bodies of code (four at once) are refused past `max_code`
+/// at the cost of one body in memory; the refusals' records keep 64 KiB of the code with
+/// its whole size and sha256, the database stays small, and the export streams.
+#[test]
+fn big_refused_bodies_are_cheap_and_leave_the_audit_small() {
+    use sha2::Digest;
+    as_root(|| {
+        let server = Server::start("", false);
+        let dir = TempDir::new("bigbody");
+        // Newlines: escapes in JSON, the parser's costly case; 31.6 MiB of body.
+        let code = "print('x')\n".repeat((29 << 20) / 11);
+        let body = dir.path().join("body.json");
+        std::fs::write(
+            &body,
+            json!({"language": "python", "code": code}).to_string(),
+        )
+        .unwrap();
+        let before = server.footprint().0;
+        let socket = server.socket_path();
+        let posts: Vec<_> = (0..4)
+            .map(|_| {
+                let (socket, body) = (socket.clone(), body.clone());
+                std::thread::spawn(move || {
+                    let out = Command::new("curl")
+                        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--unix-socket"])
+                        .arg(socket)
+                        .args(["-X", "POST", "http://codecage/v1/run"])
+                        .args(["-H", "Content-Type: application/json"])
+                        .arg("--data-binary")
+                        .arg(format!("@{}", body.display()))
+                        .output()
+                        .unwrap();
+                    super::server::split_status(&out.stdout)
+                })
+            })
+            .collect();
+        let mut refused = 0;
+        for post in posts {
+            let (status, out) = post.join().unwrap();
+            assert!(status == 413 || status == 503, "{status} {out}");
+            if status == 413 {
+                assert!(out.contains("max_code"), "{out}");
+                refused += 1;
+            }
+        }
+        assert!(refused >= 1);
+        let (rss, fds) = server.footprint();
+        eprintln!(
+            "figures: four 31 MiB bodies: server peak RSS {rss} KiB (before: {before} KiB), {fds} fds"
+        );
+        assert!(rss < 100 << 10, "peak RSS {rss} KiB");
+        // The records: the code's head, its whole size and sha256.
+        let (_, list) = server.request("GET", "/v1/audit?kind=refused", None);
+        let id = list["records"][0]["id"].as_str().unwrap().to_string();
+        let (_, record) = server.request("GET", &format!("/v1/audit/{id}"), None);
+        assert_eq!(record["code_size"], json!(code.len()), "{record:.300}");
+        let sha = format!("{:x}", sha2::Sha256::digest(code.as_bytes()));
+        assert_eq!(record["code_sha256"], json!(sha));
+        assert_eq!(record["code"].as_str().map(str::len), Some(64 << 10));
+        let db = server.audit_db();
+        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let wal = db.with_file_name("audit.db-wal");
+        let total = size(&db) + size(&wal);
+        assert!(total < 8 << 20, "the audit database is {total} bytes");
+        // The export streams (chunked, no length) and each line is a record.
+        let (status, out) = server.curl(&["-i", "http://codecage/v1/audit/export"]);
+        assert_eq!(status, 200);
+        let (head, lines) = out.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.to_lowercase().contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        let records: Vec<Value> = lines
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(records.len() >= refused, "{}", records.len());
+        eprintln!("figures: the audit database and WAL: {total} bytes after the refusals");
+        figures(&server, "big bodies");
+        server.stop();
+    });
+}
+
+/// Bodies in memory at once are bounded by `max_body` together, MCP's too: a client that
+/// sends half of a body the size of the budget (to /mcp) makes another body wait, then get
+/// 503 with Retry-After, instead of the server holding both.
+#[test]
+fn request_bodies_share_one_budget_mcp_included() {
+    use std::io::Write;
+    as_root(|| {
+        let server = Server::start(
+            "[limits]\nmax_body = \"64K\"\nqueue_timeout = \"1s\"\n",
+            false,
+        );
+        let mut held = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
+        write!(
+            held,
+            "POST /mcp HTTP/1.1\r\nHost: codecage\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 60000\r\n\r\n{{\"jsonrpc\":"
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let code = format!("# {}\nprint('ok')", "x".repeat(20_000));
+        let body = json!({"language": "python", "code": code}).to_string();
+        let url = "http://codecage/v1/run";
+        let args = ["-i", "-X", "POST", url, "-d", body.as_str()];
+        let (status, out) = server.curl(&args);
+        assert_eq!(status, 503, "{out}");
+        assert!(out.to_lowercase().contains("retry-after: 1"), "{out}");
+        assert!(out.contains("request bodies"), "{out}");
+        // With the held body gone, the budget is back.
+        drop(held);
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, out) = server.curl(&["-X", "POST", url, "-d", body.as_str()]);
+        assert_eq!(status, 200, "{out}");
+        figures(&server, "body budget");
+        server.stop();
+    });
+}
