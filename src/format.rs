@@ -1480,3 +1480,85 @@ pub(crate) mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::tests::check;
+    use super::*;
+
+    /// Output as hostile as output gets for a chat: markup of every channel, fences,
+    /// entities, zero-width spaces, escapes, emoji (two UTF-16 units), long lines, none.
+    fn output() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(Vec::new()),
+            ".{0,200}".prop_map(String::into_bytes),
+            "[`<>&;a-z \\n\u{200b}é😀\t\r\u{1b}\\[m*_~|#]{0,3000}".prop_map(String::into_bytes),
+            ("[a-z<&`😀]{1,4}", 100usize..3000).prop_map(|(s, n)| s.repeat(n).into_bytes()),
+            proptest::collection::vec(
+                prop_oneof![
+                    "```[a-z]{0,6}\n",
+                    "</code></pre>",
+                    "&amp;",
+                    "<b>",
+                    "\n",
+                    "[a-z ]{0,80}\n"
+                ],
+                0..200
+            )
+            .prop_map(|parts| parts.concat().into_bytes()),
+            proptest::collection::vec(any::<u8>(), 0..600),
+        ]
+    }
+
+    fn options() -> impl Strategy<Value = Options> {
+        (
+            0..Channel::ALL.len(),
+            1usize..5,
+            proptest::option::of("[a-z+#]{1,8}"),
+            proptest::option::of(MIN_CHARS..5000),
+        )
+            .prop_map(|(c, max_messages, language, max_chars)| Options {
+                channel: Channel::ALL[c],
+                max_messages,
+                language,
+                max_chars,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn every_message_fits_its_channel_and_messages_with_attachments_hold_the_whole_output(
+            stdout in output(),
+            stderr in output(),
+            options in options(),
+        ) {
+            let outcome = Outcome { stdout, stderr, exit_code: Some(1), ..Outcome::default() };
+            check(&(&outcome).into(), &options);
+        }
+
+        #[test]
+        fn a_call_with_a_result_and_an_exception_holds_them_too(
+            stdout in output(),
+            result in ".{0,2000}",
+            value in ".{0,600}",
+            traceback in proptest::collection::vec(".{0,300}\n", 0..30),
+            options in options(),
+        ) {
+            let call = CallOutcome {
+                outcome: Outcome { stdout, error: Some(ErrorKind::Exception), ..Outcome::default() },
+                execution_count: Some(1),
+                result: Some([("text/plain".to_string(), result)].into()),
+                displays: Vec::new(),
+                exception: Some(Exception { name: "ValueError".into(), value, traceback }),
+                state: Default::default(),
+                cwd: None,
+                killed: Vec::new(),
+            };
+            check(&(&call).into(), &options);
+        }
+    }
+}
