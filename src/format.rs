@@ -955,6 +955,7 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
             .saturating_mul(options.max_messages);
         let mut room = total.saturating_sub(fixed);
         let mut fitted = false;
+        let mut too_much = room;
         for _ in 0..80 {
             let keep = share(&full, room);
             result = attempt(&keep);
@@ -962,9 +963,21 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
                 fitted = true;
                 break;
             }
+            too_much = room;
             room = room * 7 / 8;
             if room < 8 {
                 break;
+            }
+        }
+        // Then as much as fits between what fitted and what did not.
+        while fitted && too_much - room > 16 {
+            let mid = room + (too_much - room) / 2;
+            let candidate = attempt(&share(&full, mid));
+            if candidate.0.len() <= options.max_messages {
+                room = mid;
+                result = candidate;
+            } else {
+                too_much = mid;
             }
         }
         if !fitted {
@@ -1056,7 +1069,8 @@ fn pack(channel: Channel, blocks: &[Block], limit: Option<usize>) -> Vec<Vec<Seg
                 text,
             } => {
                 let (open, close) = channel.fences(lang.as_deref(), *fence);
-                let overhead = utf16_len(&open) + utf16_len(&close);
+                // The text's end: U+2060 where it does not end a line.
+                let overhead = utf16_len(&open) + utf16_len(&close) + 1;
                 let mut rest = text.as_str();
                 while !rest.is_empty() {
                     let room = limit.saturating_sub(used + sep(used) + overhead);
@@ -1120,6 +1134,28 @@ fn fit(channel: Channel, text: &str, room: usize) -> Option<(usize, bool)> {
     }
 }
 
+/// U+2060 WORD JOINER: invisible; ends a block whose text does not end a line.
+const JOINER: char = '\u{2060}';
+
+/// A block's text before its closing fence, which starts a line: the text's final newline
+/// is the fence's, and a text that does not end a line (a line cut, output without a
+/// final newline) ends with U+2060 instead, which [`unend_line`] reverses.
+fn end_line(text: &str) -> String {
+    match text.strip_suffix('\n') {
+        Some(body) if !body.ends_with(JOINER) => body.to_string(),
+        _ => format!("{text}{JOINER}"),
+    }
+}
+
+/// The reverse of [`end_line`].
+#[cfg(test)]
+pub(crate) fn unend_line(body: &str) -> String {
+    match body.strip_suffix(JOINER) {
+        Some(text) => text.to_string(),
+        None => format!("{body}\n"),
+    }
+}
+
 fn render_segments(channel: Channel, segments: &[Segment]) -> String {
     let mut out = String::new();
     for (i, seg) in segments.iter().enumerate() {
@@ -1133,7 +1169,11 @@ fn render_segments(channel: Channel, segments: &[Segment]) -> String {
             } => {
                 let (open, close) = channel.fences(lang.as_deref(), *fence);
                 out.push_str(&open);
-                out.push_str(&channel.escape_code(text));
+                if channel == Channel::Telegram {
+                    out.push_str(&channel.escape_code(text));
+                } else {
+                    out.push_str(&channel.escape_code(&end_line(text)));
+                }
                 out.push_str(&close);
             }
         }
@@ -1182,7 +1222,7 @@ pub(crate) mod tests {
                         } else {
                             body.to_string()
                         };
-                        unbreak_backticks(&body)
+                        unend_line(&unbreak_backticks(&body))
                     })
                     .collect()
             }
@@ -1263,7 +1303,7 @@ pub(crate) mod tests {
                 }
                 Some((fence, lines)) => {
                     if line == fence.as_str() {
-                        bodies.push(lines.join("\n"));
+                        bodies.push(unend_line(&lines.join("\n")));
                         open = None;
                     } else {
                         assert!(
@@ -1375,7 +1415,7 @@ pub(crate) mod tests {
         let f = render(&outcome("hi\n", "warn\n"), &o).unwrap();
         assert_eq!(
             f.messages,
-            ["```python\nhi\n\n```\n**stderr:**\n```\nwarn\n\n```"]
+            ["```python\nhi\n```\n**stderr:**\n```\nwarn\n```"]
         );
         assert!(f.attachments.is_empty() && !f.truncated);
     }
@@ -1560,5 +1600,140 @@ mod properties {
             };
             check(&(&call).into(), &options);
         }
+    }
+}
+
+/// The expected renderings, in tests/golden/format/SCENARIO.CHANNEL.txt (`UPDATE_GOLDEN=1`
+/// writes them; read the diff before committing it).
+#[cfg(test)]
+mod golden {
+    use super::tests::check;
+    use super::*;
+
+    /// A 2x2 PNG, as matplotlib's driver sends a figure (base64 in a display's bundle).
+    pub(crate) const PNG: &str =
+        "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAADklEQVR4nGP4zwAEcAIAGvQC/v0BV80AAAAASUVORK5CYII=";
+
+    /// `print(df)` of a 60-row frame: longer than Discord's and Slack's limits.
+    fn pandas_table() -> Outcome {
+        let mut out = String::from("    city        country  population  area_km2  density\n");
+        let cities = [
+            ("Tokyo", "Japan", 37_400_068, 2_191),
+            ("Delhi", "India", 28_514_000, 1_484),
+            ("Shanghai", "China", 25_582_000, 6_341),
+            ("São Paulo", "Brazil", 21_650_000, 1_521),
+            ("México", "Mexico", 21_581_000, 1_485),
+        ];
+        for i in 0..60 {
+            let (city, country, pop, area) = cities[i % cities.len()];
+            let pop = pop - i * 1_000;
+            out.push_str(&format!(
+                "{i:<3} {city:<11} {country:<7} {pop:>11} {area:>9} {:>8.1}\n",
+                pop as f64 / area as f64
+            ));
+        }
+        out.push_str("\n[60 rows x 5 columns]\n");
+        Outcome {
+            stdout: out.into_bytes(),
+            exit_code: Some(0),
+            ..Outcome::default()
+        }
+    }
+
+    /// `python main.py` that fails: a traceback on stderr (with `<module>`), exit 1.
+    fn traceback() -> Outcome {
+        let stderr = "Traceback (most recent call last):\n  File \"/work/main.py\", line 4, in <module>\n    print(ratio(3, 0))\n          ^^^^^^^^^^^\n  File \"/work/main.py\", line 2, in ratio\n    return a / b\n           ~~^~~\nZeroDivisionError: division by zero\n";
+        Outcome {
+            stdout: b"computing ratios & totals...\n".to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+            exit_code: Some(1),
+            ..Outcome::default()
+        }
+    }
+
+    /// A session call that plotted: `plt.plot(...); plt.show()` in a cell.
+    fn figure() -> CallOutcome {
+        let bundle: MimeBundle = [
+            ("image/png".to_string(), PNG.to_string()),
+            (
+                "text/plain".to_string(),
+                "<Figure size 640x480 with 1 Axes>".to_string(),
+            ),
+        ]
+        .into();
+        CallOutcome {
+            outcome: Outcome {
+                stdout: b"mean=2.5 *peak* at x_max\n".to_vec(),
+                ..Outcome::default()
+            },
+            execution_count: Some(3),
+            result: None,
+            displays: vec![bundle],
+            exception: None,
+            state: Default::default(),
+            cwd: None,
+            killed: Vec::new(),
+        }
+    }
+
+    /// A rendering as a file: each message between markers, then each attachment.
+    fn show(f: &Formatted) -> String {
+        let mut out = String::new();
+        let n = f.messages.len();
+        for (i, m) in f.messages.iter().enumerate() {
+            out.push_str(&format!(
+                "===== message {} of {n} ({} UTF-16 units) =====\n{m}\n",
+                i + 1,
+                utf16_len(m)
+            ));
+        }
+        for a in &f.attachments {
+            out.push_str(&format!(
+                "===== attachment {} ({}, {} bytes, sha256 {})\n",
+                a.name, a.media_type, a.size, a.sha256
+            ));
+        }
+        out.push_str(&format!("===== truncated: {}\n", f.truncated));
+        out
+    }
+
+    fn compare(scenario: &str, input: &Input, language: Option<&str>) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/format");
+        let mut failures = Vec::new();
+        for channel in Channel::ALL {
+            let mut options = Options::new(channel);
+            options.language = language.map(str::to_string);
+            let got = show(&check(input, &options).formatted);
+            let path = dir.join(format!("{scenario}.{channel}.txt"));
+            if std::env::var_os("UPDATE_GOLDEN").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &got).unwrap();
+                continue;
+            }
+            let want = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+            if got != want {
+                failures.push(format!(
+                    "{}:\n--- want\n{want}\n--- got\n{got}",
+                    path.display()
+                ));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn golden_pandas_table() {
+        compare("pandas_table", &(&pandas_table()).into(), None);
+    }
+
+    #[test]
+    fn golden_traceback() {
+        compare("traceback", &(&traceback()).into(), Some("python"));
+    }
+
+    #[test]
+    fn golden_figure() {
+        compare("figure", &(&figure()).into(), Some("python"));
     }
 }
