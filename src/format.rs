@@ -73,6 +73,7 @@ use crate::session::{CallOutcome, Exception, MimeBundle};
 
 /// Where the messages are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Channel {
     Discord,
@@ -218,8 +219,51 @@ impl Options {
     }
 }
 
+/// What a request asks for, as a front end reads it from JSON: `"format": "telegram"`, or
+/// `"format": {"channel": "telegram", "max_messages": 3, "language": "python",
+/// "max_chars": 4000}` (unknown keys refused).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum FormatRequest {
+    Channel(Channel),
+    Options(FormatRequestOptions),
+}
+
+/// The object form of [`FormatRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FormatRequestOptions {
+    pub channel: Channel,
+    #[serde(default)]
+    pub max_messages: Option<usize>,
+    #[serde(default)]
+    pub language: Option<String>,
+    #[serde(default)]
+    pub max_chars: Option<usize>,
+}
+
+impl FormatRequest {
+    /// The options, checked; the error names the field and what it may be.
+    pub fn options(&self) -> Result<Options, FormatError> {
+        let options = match self {
+            FormatRequest::Channel(channel) => Options::new(*channel),
+            FormatRequest::Options(o) => Options {
+                channel: o.channel,
+                max_messages: o.max_messages.unwrap_or(1),
+                language: o.language.clone(),
+                max_chars: o.max_chars,
+            },
+        };
+        options.validate()?;
+        Ok(options)
+    }
+}
+
 /// The messages to send, in order, and the files to send with them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Formatted {
     pub channel: Channel,
     pub messages: Vec<String>,
@@ -230,6 +274,7 @@ pub struct Formatted {
 
 /// A file to send with the messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Attachment {
     pub name: String,
     pub media_type: String,
@@ -237,6 +282,7 @@ pub struct Attachment {
     pub sha256: String,
     /// The bytes, base64 in JSON.
     #[serde(serialize_with = "base64_data")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = Byte))]
     pub data: Vec<u8>,
 }
 
@@ -1406,6 +1452,33 @@ pub(crate) mod tests {
         o.language = None;
         o.max_chars = Some(10);
         assert!(o.validate().unwrap_err().0.contains("at least 1000"));
+    }
+
+    #[test]
+    fn a_request_names_a_channel_or_gives_options_and_bad_ones_are_refused_by_name() {
+        let read = |json: &str| serde_json::from_str::<FormatRequest>(json);
+        assert_eq!(
+            read(r#""slack""#).unwrap().options().unwrap(),
+            Options::new(Channel::Slack)
+        );
+        let o = read(r#"{"channel": "discord", "max_messages": 3, "language": "python"}"#)
+            .unwrap()
+            .options()
+            .unwrap();
+        assert_eq!(
+            (o.channel, o.max_messages, o.language.as_deref()),
+            (Channel::Discord, 3, Some("python"))
+        );
+        assert!(read(r#""teams""#).is_err());
+        assert!(read(r#"{"channel": "discord", "colour": true}"#).is_err());
+        let e = read(r#"{"channel": "discord", "max_messages": 500}"#)
+            .unwrap()
+            .options()
+            .unwrap_err();
+        assert!(
+            e.0.contains("max_messages 500: give a number from 1 to 100"),
+            "{e}"
+        );
     }
 
     #[test]
