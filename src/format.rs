@@ -827,7 +827,7 @@ fn figures(input: &Input) -> (Vec<Attachment>, Vec<String>) {
                         let name = unique_name(&format!("figure-{n}.{ext}"), &files);
                         out.push(Attachment::new(name, media, bytes))
                     }
-                    Err(_) => notes.push(format!("a figure ({media}) was not valid base64")),
+                    Err(_) => notes.push(format!("A figure ({media}) was not valid base64.")),
                 }
                 break;
             }
@@ -853,13 +853,13 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
             Some(data) => {
                 attachments.push(Attachment::new(&file.path, &file.media_type, data.clone()))
             }
-            None => unsent.push(file),
+            None => unsent.push(format!("{} ({} bytes)", file.path, file.size)),
         }
     }
-    for file in unsent {
+    if !unsent.is_empty() {
         notes.push(format!(
-            "output file {} ({} bytes) is not attached: its bytes were not kept",
-            file.path, file.size
+            "Output files not attached (their bytes were not kept): {}.",
+            unsent.join(", ")
         ));
     }
 
@@ -888,7 +888,7 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
         };
         tail_prose.push(format!(
             "{} {}",
-            channel.bold("Error"),
+            channel.bold("Error:"),
             capped_prose(channel, &words, (room / 5).min(400))
         ));
     } else if let Some(m) = input.message.filter(|m| !m.is_empty()) {
@@ -906,8 +906,8 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
         }
         _ => {}
     }
-    for note in &notes {
-        tail_prose.push(capped_prose(channel, note, (room / 10).min(200)));
+    if !notes.is_empty() {
+        tail_prose.push(capped_prose(channel, &notes.join(" "), (room / 8).min(250)));
     }
 
     let fence = |s: &Stream| {
@@ -1749,6 +1749,51 @@ mod golden {
         }
     }
 
+    /// A session call whose cell raised, with a trailing value before it and a file out.
+    fn call_exception() -> CallOutcome {
+        CallOutcome {
+            outcome: Outcome {
+                stdout: b"loading rows_2024.csv\n".to_vec(),
+                error: Some(ErrorKind::Exception),
+                files: vec![OutputFile {
+                    path: "partial.csv".into(),
+                    size: 9,
+                    media_type: "text/csv".into(),
+                    sha256: String::new(),
+                    data: Some(b"a,b\n1,2\n".to_vec()),
+                }],
+                ..Outcome::default()
+            },
+            execution_count: Some(4),
+            result: None,
+            displays: Vec::new(),
+            exception: Some(Exception {
+                name: "KeyError".into(),
+                value: "'price_<usd>'".into(),
+                traceback: vec![
+                    "Traceback (most recent call last):\n".into(),
+                    "  File \"<cell 4>\", line 2, in <module>\n".into(),
+                    "    total = df['price_<usd>'].sum()\n".into(),
+                    "KeyError: 'price_<usd>'\n".into(),
+                ],
+            }),
+            state: Default::default(),
+            cwd: None,
+            killed: Vec::new(),
+        }
+    }
+
+    /// A run that timed out after some output.
+    fn timeout() -> Outcome {
+        Outcome {
+            stdout: b"epoch 1 loss=0.93\nepoch 2 loss=0.71\n".to_vec(),
+            signal: Some(9),
+            error: Some(ErrorKind::Timeout),
+            message: Some("the run passed its 30 s limit and was killed; ask for a longer --timeout (up to the profile's 120 s) or do less".into()),
+            ..Outcome::default()
+        }
+    }
+
     /// A rendering as a file: each message between markers, then each attachment.
     fn show(f: &Formatted) -> String {
         let mut out = String::new();
@@ -1803,6 +1848,20 @@ mod golden {
     #[test]
     fn golden_traceback() {
         compare("traceback", &(&traceback()).into(), Some("python"));
+    }
+
+    #[test]
+    fn golden_call_exception() {
+        compare(
+            "call_exception",
+            &(&call_exception()).into(),
+            Some("python"),
+        );
+    }
+
+    #[test]
+    fn golden_timeout() {
+        compare("timeout", &(&timeout()).into(), None);
     }
 
     #[test]
