@@ -15,27 +15,37 @@
 //! | `markdown` | a backtick fence longer than any backtick run in the text | none (or `max_chars`) | prose: `\` before ASCII punctuation |
 //! | `plain` | the text as is | none (or `max_chars`) | none |
 //!
-//! Sources (checked 2026-11):
-//! - Discord: a message's `content` is at most 2 000 characters (Discord API, Create
-//!   Message; client libraries state "2000 UTF-16 characters", e.g. twilight-http's
-//!   `CreateMessage::content`). A code block ends at the next ```` ``` ```` whatever its
-//!   line, and has no escape inside it: a run of backticks in the output is broken with
-//!   a zero-width space. Send with `allowed_mentions: {"parse": []}` so that an
+//! Sources (checked 2026-11 through the project's documentation search; the platforms' own
+//! pages are named, with the secondary pages that quote them):
+//! - Discord: a message's `content` is at most 2 000 characters (Discord API, "Create
+//!   Message", <https://discord.com/developers/docs/resources/message#create-message>;
+//!   twilight-http's `CreateMessage::content` states "2000 UTF-16 characters",
+//!   <https://docs.rs/twilight-http/0.7.0/twilight_http/request/channel/message/create_message/struct.CreateMessage.html>;
+//!   @sapphire/discord-utilities' `MessageLimits.MaximumLength` is 2000). A code block ends
+//!   at the next ```` ``` ```` whatever its line, and has no escape inside it: a run of
+//!   backticks in the output is broken with a zero-width space. Outside code a backslash
+//!   escapes Markdown punctuation. Send with `allowed_mentions: {"parse": []}` so that an
 //!   `@everyone` in the output pings nobody.
 //! - Telegram: `sendMessage`'s `text` is "1-4096 characters after entities parsing"; in
 //!   HTML style "all `<`, `>` and `&` symbols that are not a part of a tag or an HTML
 //!   entity must be replaced with the corresponding HTML entities" (`&lt;`, `&gt;`,
 //!   `&amp;`); `<pre><code class="language-python">` gives a block with a language
-//!   (Bot API, "Formatting options", <https://core.telegram.org/bots/api#formatting-options>).
-//!   Entity offsets and lengths count UTF-16 code units.
+//!   (Bot API, <https://core.telegram.org/bots/api#sendmessage> and
+//!   <https://core.telegram.org/bots/api#formatting-options>, as quoted by teloxide-core's
+//!   `SendMessage` and grammY's `ParseMode`). Entity offsets and lengths count UTF-16 code
+//!   units.
 //! - Slack: a section block's `text` is at most 3 000 characters (Block Kit reference,
-//!   <https://api.slack.com/reference/block-kit/blocks#section>); `&`, `<` and `>` are
-//!   control characters that must be replaced with `&amp;`, `&lt;`, `&gt;`; code blocks are
-//!   ```` ``` ```` and take no language tag (<https://api.slack.com/reference/surfaces/formatting>).
-//!   Each message here is one section block's text.
-//! - WhatsApp: a text message's `body` is at most 4 096 characters (Cloud API, text
-//!   messages); monospace is ```` ```text``` ````, with no language tag (WhatsApp Help
-//!   Center, "How to format your messages").
+//!   <https://api.slack.com/reference/block-kit/blocks#section>); "Slack uses `&`, `<`, and
+//!   `>` as control characters for special parsing in text objects, so they must be
+//!   converted to HTML entities" (<https://api.slack.com/reference/surfaces/formatting>);
+//!   code blocks are ```` ``` ```` with no language tag and, as in Discord, no escape
+//!   inside. Each message here is one section block's text (a message's blocks together
+//!   are capped lower than 50 x 3 000: post one message per section).
+//! - WhatsApp: a text message's `body` is at most 4 096 characters (Cloud API, "Text
+//!   messages", <https://developers.facebook.com/docs/whatsapp/cloud-api/messages/text-messages>;
+//!   360dialog's messaging docs, whatsapp-api-js's `Text`); monospace is
+//!   ```` ```text``` ```` with no language tag, and no escape (WhatsApp Help Center, "How
+//!   to format your messages").
 //!
 //! Every limit is counted here in UTF-16 code units of the text as sent (markup and
 //! entities included). That count is never below the number of Unicode characters, nor
@@ -1421,6 +1431,20 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(f.truncated, any_cut);
+        // A cut says so, naming the file that holds the rest.
+        for (s, r) in layout.streams.iter().zip(&layout.kept) {
+            if r.len() < s.display.len() {
+                let a = f.attachments.iter().find(|a| a.data == s.raw).unwrap();
+                assert!(
+                    f.messages
+                        .iter()
+                        .any(|m| m.contains(&format!("attached as {}", a.name))),
+                    "{} was cut without a word: {:?}",
+                    s.name,
+                    f.messages
+                );
+            }
+        }
         layout
     }
 
@@ -1549,6 +1573,19 @@ pub(crate) mod tests {
                 "{}",
                 f.messages[0]
             );
+        }
+    }
+
+    #[test]
+    fn a_mebibyte_of_output_renders_into_as_many_messages_as_asked() {
+        let stdout: String = (0..80_000).map(|i| format!("{i:>12}\n")).collect();
+        let out = outcome(&stdout, &"warning: <x> & y\n".repeat(2000));
+        for (channel, max_messages) in [(Channel::Telegram, 1), (Channel::Discord, 20)] {
+            let mut o = Options::new(channel);
+            o.max_messages = max_messages;
+            let f = check(&(&out).into(), &o).formatted;
+            assert!(f.truncated);
+            assert_eq!(f.messages.len(), max_messages, "{channel}");
         }
     }
 
