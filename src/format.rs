@@ -786,6 +786,13 @@ pub(crate) struct Layout {
 /// At most `max` UTF-16 units of `text` escaped for `channel`, cut at a character
 /// boundary before escaping (never inside an entity or an escape), with "…" if cut.
 fn capped_prose(channel: Channel, text: &str, max: usize) -> String {
+    // One line: a newline in an exception's value must not start a heading, a list or a
+    // quote.
+    let text: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let text = text.as_str();
     let escaped = channel.escape_prose(text);
     if utf16_len(&escaped) <= max {
         return escaped;
