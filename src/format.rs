@@ -232,12 +232,42 @@ impl Options {
 /// What a request asks for, as a front end reads it from JSON: `"format": "telegram"`, or
 /// `"format": {"channel": "telegram", "max_messages": 3, "language": "python",
 /// "max_chars": 4000}` (unknown keys refused).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(untagged)]
+/// (Its OpenAPI schema is `oneOf` [`Channel`] and [`FormatRequestOptions`], both of which
+/// derive one.)
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FormatRequest {
     Channel(Channel),
     Options(FormatRequestOptions),
+}
+
+impl<'de> Deserialize<'de> for FormatRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FormatRequest, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FormatRequest;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(
+                    f,
+                    "a channel ({}) or {{\"channel\", \"max_messages\", \"language\", \"max_chars\"}}",
+                    Channel::allowed()
+                )
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<FormatRequest, E> {
+                text.parse().map(FormatRequest::Channel).map_err(E::custom)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<FormatRequest, A::Error> {
+                FormatRequestOptions::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(FormatRequest::Options)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// The object form of [`FormatRequest`].
@@ -1500,7 +1530,15 @@ pub(crate) mod tests {
             (o.channel, o.max_messages, o.language.as_deref()),
             (Channel::Discord, 3, Some("python"))
         );
-        assert!(read(r#""teams""#).is_err());
+        let e = read(r#""teams""#).unwrap_err().to_string();
+        assert!(
+            e.contains("give one of discord, telegram, slack, whatsapp, markdown, plain"),
+            "{e}"
+        );
+        let e = read(r#"{"channel": "teams"}"#).unwrap_err().to_string();
+        assert!(e.contains("discord"), "{e}");
+        let e = read("3").unwrap_err().to_string();
+        assert!(e.contains("a channel (discord,"), "{e}");
         assert!(read(r#"{"channel": "discord", "colour": true}"#).is_err());
         let e = read(r#"{"channel": "discord", "max_messages": 500}"#)
             .unwrap()
