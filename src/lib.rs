@@ -20,6 +20,7 @@ mod cgroup;
 pub mod doctor;
 mod drivers;
 pub mod files;
+pub mod format;
 mod ids;
 pub mod knobs;
 pub mod launcher;

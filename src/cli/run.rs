@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use codecage::caller::Caller;
+use codecage::format::{self, Channel, Formatted, Options as FormatOptions};
 use codecage::knobs::{Knob, Unit, Values};
 use codecage::outcome::{ErrorKind, Outcome};
 use codecage::profile::{self, DataDir, PolicyError, Profile, Request};
@@ -76,6 +77,23 @@ pub struct RunArgs {
     /// Print one JSON object with the outcome instead of passing output through.
     #[arg(long)]
     json: bool,
+    /// Render the result for a chat channel: discord, telegram, slack, whatsapp, markdown or
+    /// plain (messages within the channel's limit; what they cannot hold, figures and output
+    /// files as attachments). With --json the object carries it as `formatted`; without,
+    /// the messages are printed instead of the output, and the attachments are written
+    /// under --out-dir.
+    #[arg(long, value_name = "CHANNEL")]
+    format: Option<Channel>,
+    /// With --format: at most N messages (1 to 100; default 1).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "format")]
+    format_messages: usize,
+    /// With --format: the code blocks' language tag (python, js, ...; default none).
+    #[arg(long, value_name = "LANG", requires = "format")]
+    format_lang: Option<String>,
+    /// With --format: a message's limit in characters instead of the channel's (at least
+    /// 1000; markdown and plain have none of their own).
+    #[arg(long, value_name = "N", requires = "format")]
+    format_max_chars: Option<usize>,
     /// Also report where the wall time went, phase by phase (`phases` in the JSON; a line on
     /// stderr otherwise).
     #[arg(long)]
@@ -85,6 +103,10 @@ pub struct RunArgs {
 pub fn main(args: RunArgs) -> i32 {
     let (json, timings) = (args.json, args.timings);
     let out_dir = args.out_dir.clone();
+    let format = match format_options(&args) {
+        Ok(format) => format,
+        Err(e) => return report(&Outcome::failed(ErrorKind::InvalidRequest, e), json),
+    };
     let caller = Caller::from_sudo();
     let host = match crate::gateway::HostConfig::load() {
         Ok(config) => config,
@@ -178,7 +200,9 @@ pub fn main(args: RunArgs) -> i32 {
     // SIGINT, SIGTERM and SIGHUP are forwarded to the payload rather than killing the
     // launcher (which would take the sandbox down with it, unannounced).
     let forwarded = forward_signals();
-    let mut outcome = if json {
+    // With --format, the messages are printed after the run instead of the output as it
+    // comes.
+    let mut outcome = if json || format.is_some() {
         launch(&spec, &mut |_, _| {}, forwarded.as_ref())
     } else {
         // Output passes through from a thread of its own: a reader of our stdout that does
@@ -215,6 +239,14 @@ pub fn main(args: RunArgs) -> i32 {
             eprintln!("codecage: phases (ms) {phases}");
         }
     }
+    // Rendered before the output files' bytes are dropped (--out-dir keeps names only).
+    let formatted = format
+        .as_ref()
+        .map(|options| format::render(&outcome, options).expect("options checked before the run"));
+    if let (Some(formatted), false) = (&formatted, json) {
+        print_messages(formatted);
+        save_attachments(formatted, &outcome, out_dir.as_deref(), caller.as_ref());
+    }
     if let Some(dir) = &out_dir {
         save_outputs(
             &mut outcome,
@@ -231,7 +263,108 @@ pub fn main(args: RunArgs) -> i32 {
             );
         }
     }
-    report(&outcome, json)
+    match formatted {
+        Some(formatted) if json => {
+            let mut value = serde_json::to_value(&outcome).unwrap_or_default();
+            value["formatted"] = serde_json::to_value(&formatted).unwrap_or_default();
+            super::print_json_value(&value);
+            outcome.exit_status()
+        }
+        _ => report(&outcome, json),
+    }
+}
+
+/// `--format` and its options, checked before anything runs.
+fn format_options(args: &RunArgs) -> Result<Option<FormatOptions>, String> {
+    let Some(channel) = args.format else {
+        return Ok(None);
+    };
+    let options = FormatOptions {
+        channel,
+        max_messages: args.format_messages,
+        language: args.format_lang.clone(),
+        max_chars: args.format_max_chars,
+    };
+    options.validate().map_err(|e| {
+        let flag = if e.0.starts_with("max_messages") {
+            "--format-messages"
+        } else if e.0.starts_with("language") {
+            "--format-lang"
+        } else {
+            "--format-max-chars"
+        };
+        format!("{flag}: {e}")
+    })?;
+    Ok(Some(options))
+}
+
+/// The messages on stdout, each under a line that numbers it.
+fn print_messages(formatted: &Formatted) {
+    let n = formatted.messages.len();
+    let mut out = String::new();
+    for (i, message) in formatted.messages.iter().enumerate() {
+        let units: usize = message.chars().map(char::len_utf16).sum();
+        out.push_str(&format!(
+            "----- message {} of {n} ({}, {units} characters) -----\n{message}\n",
+            i + 1,
+            formatted.channel
+        ));
+    }
+    let _ = std::io::stdout().write_all(out.as_bytes());
+    let _ = std::io::stdout().flush();
+}
+
+/// The attachments codecage made (output.txt, figures) under --out-dir, as the caller;
+/// the output files among them are written there by save_outputs. Listed on stderr.
+fn save_attachments(
+    formatted: &Formatted,
+    outcome: &Outcome,
+    dir: Option<&std::path::Path>,
+    caller: Option<&Caller>,
+) {
+    let ours: Vec<codecage::files::OutputFile> = formatted
+        .attachments
+        .iter()
+        .filter(|a| !outcome.files.iter().any(|f| f.path == a.name))
+        .map(|a| codecage::files::OutputFile {
+            path: a.name.clone(),
+            size: a.size,
+            media_type: a.media_type.clone(),
+            sha256: a.sha256.clone(),
+            data: Some(a.data.clone()),
+        })
+        .collect();
+    if ours.is_empty() {
+        return;
+    }
+    let Some(dir) = dir else {
+        for a in &ours {
+            eprintln!(
+                "codecage: attachment {} ({} bytes, {}) was not saved: give --out-dir DIR",
+                a.path, a.size, a.media_type
+            );
+        }
+        return;
+    };
+    let target = dir.to_path_buf();
+    let files = ours.clone();
+    let saved = match caller {
+        Some(c) => c.as_user(move || codecage::files::save_under(&target, &files)),
+        None => codecage::files::save_under(&target, &files),
+    };
+    match saved {
+        Ok(paths) => {
+            for (a, path) in ours.iter().zip(&paths) {
+                eprintln!(
+                    "codecage: wrote attachment {} ({} bytes, {})",
+                    path.display(),
+                    a.size,
+                    a.media_type
+                );
+            }
+        }
+        Err(e) => eprintln!("codecage: the attachments could not be saved: {e}"),
+    }
 }
 
 /// Writes the output files under `dir` (as the caller, through sudo), lists them on stderr

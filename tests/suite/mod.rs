@@ -9,6 +9,7 @@ mod cleanup;
 mod compat;
 mod escape;
 mod files;
+mod format;
 mod fs;
 mod hardening;
 mod image;
