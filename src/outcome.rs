@@ -96,6 +96,10 @@ pub struct Outcome {
     /// Served by a sandbox built before the request (a server's warm pool); false: the
     /// sandbox was started for it.
     pub warm: bool,
+    /// The result rendered for a chat channel, when the request asked for one (`format`:
+    /// see [`crate::format`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub formatted: Option<crate::format::Formatted>,
     /// The init died without a word (killed from outside the sandbox's code): the launcher
     /// decides with the cgroup's counters whether the OOM killer did it.
     #[serde(skip)]

@@ -60,8 +60,8 @@ pub struct McpConfig {
     /// Host names (with or without a port) the `/mcp` endpoint answers besides loopback
     /// and `codecage` (the unix socket's): a check against DNS rebinding.
     pub allowed_hosts: Vec<String>,
-    /// The largest request `codecage mcp` reads from stdio (bytes); a larger one is
-    /// answered with a JSON-RPC error that names this limit.
+    /// The largest MCP request (bytes), over stdio and at `/mcp`; a larger one is answered
+    /// with a JSON-RPC error that names this limit.
     #[serde(deserialize_with = "size")]
     pub max_request: u64,
 }

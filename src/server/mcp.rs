@@ -106,6 +106,10 @@ pub struct ExecuteArgs {
     pub timeout: Option<f64>,
     /// A session from `create_session`. Over stdio, optional: the connection has its own.
     pub session_id: Option<String>,
+    /// Render the result for a chat channel instead (discord, telegram, slack, whatsapp,
+    /// markdown, plain): its messages as text blocks, ready to post, and the full output,
+    /// figures and files as attachments.
+    pub format: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -116,6 +120,10 @@ pub struct ShellArgs {
     pub timeout: Option<f64>,
     /// A session from `create_session`. Over stdio, optional: the connection has its own.
     pub session_id: Option<String>,
+    /// Render the result for a chat channel instead (discord, telegram, slack, whatsapp,
+    /// markdown, plain): its messages as text blocks, ready to post, and the full output,
+    /// figures and files as attachments.
+    pub format: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -186,6 +194,40 @@ pub struct CodecageMcp {
 }
 
 /// A tool's failure, for the client to show the model: `isError` with the message.
+/// A call's result rendered for a chat channel (the `format` argument): each message a text
+/// block, ready to post; images as image blocks and the other attachments (the full
+/// output, files) as embedded resources. A failed call is still `isError`.
+fn formatted(call: &CallOutcome, options: &codecage::format::Options) -> CallToolResult {
+    let rendered = match codecage::format::render(call, options) {
+        Ok(rendered) => rendered,
+        Err(e) => return tool_error(format!("format: {e}")),
+    };
+    let mut blocks: Vec<ContentBlock> = rendered
+        .messages
+        .iter()
+        .map(|m| ContentBlock::text(m.clone()))
+        .collect();
+    for attachment in &rendered.attachments {
+        blocks.push(if attachment.media_type.starts_with("image/") {
+            ContentBlock::image(b64(&attachment.data), attachment.media_type.clone())
+        } else {
+            ContentBlock::resource(
+                ResourceContents::blob(
+                    b64(&attachment.data),
+                    format!("codecage://attachments/{}", attachment.name),
+                )
+                .with_mime_type(attachment.media_type.clone()),
+            )
+        });
+    }
+    let failed = call.outcome.error.is_some();
+    if failed {
+        CallToolResult::error(blocks)
+    } else {
+        CallToolResult::success(blocks)
+    }
+}
+
 fn tool_error(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message.into())])
 }
@@ -244,6 +286,7 @@ impl CodecageMcp {
                 args.code,
                 args.timeout,
                 args.session_id,
+                args.format,
                 ctx,
             )
             .await)
@@ -264,6 +307,7 @@ impl CodecageMcp {
                 args.code,
                 args.timeout,
                 args.session_id,
+                args.format,
                 ctx,
             )
             .await)
@@ -284,6 +328,7 @@ impl CodecageMcp {
                 args.command,
                 args.timeout,
                 args.session_id,
+                args.format,
                 ctx,
             )
             .await)
@@ -745,9 +790,28 @@ impl CodecageMcp {
         code: String,
         timeout: Option<f64>,
         session_id: Option<String>,
+        format: Option<String>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let caller = self.caller_of(&ctx);
+        let format = match format
+            .as_deref()
+            .map(str::parse::<codecage::format::Channel>)
+        {
+            None => None,
+            Some(Ok(channel)) => Some(codecage::format::Options {
+                language: Some(
+                    match language {
+                        Language::Python => "python",
+                        Language::Node => "typescript",
+                        Language::Shell => "bash",
+                    }
+                    .to_string(),
+                ),
+                ..codecage::format::Options::new(channel)
+            }),
+            Some(Err(e)) => return tool_error(format!("format: {e}")),
+        };
         let timeout = match timeout {
             None => None,
             Some(t) if t.is_finite() && t > 0.0 && t < 1e7 => Some(Duration::from_secs_f64(t)),
@@ -767,7 +831,11 @@ impl CodecageMcp {
             .await
         {
             Ok(Some(entry)) => entry,
-            Ok(None) => return self.one_shot(language, code, timeout, &caller, ctx).await,
+            Ok(None) => {
+                return self
+                    .one_shot(language, code, timeout, format, &caller, ctx)
+                    .await
+            }
             Err(e) => return e,
         };
         let note = had.filter(|id| *id != entry.id).map(|_| {
@@ -842,9 +910,10 @@ impl CodecageMcp {
         if let Some(reporter) = reporter {
             let _ = reporter.await;
         }
-        match result {
-            Ok(outcome) => self.render(language, Some(&entry), &outcome, note),
-            Err(e) => api_error(e),
+        match (result, format) {
+            (Ok(outcome), Some(options)) => formatted(&outcome, &options),
+            (Ok(outcome), None) => self.render(language, Some(&entry), &outcome, note),
+            (Err(e), _) => api_error(e),
         }
     }
 
@@ -854,6 +923,7 @@ impl CodecageMcp {
         language: Language,
         code: String,
         timeout: Option<Duration>,
+        format: Option<codecage::format::Options>,
         caller: &Caller,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
@@ -893,7 +963,10 @@ impl CodecageMcp {
                     cwd: None,
                     killed: Vec::new(),
                 };
-                self.render(language, None, &call, None)
+                match format {
+                    Some(options) => formatted(&call, &options),
+                    None => self.render(language, None, &call, None),
+                }
             }
             Err(e) => api_error(e),
         }
@@ -1277,7 +1350,7 @@ pub async fn serve_stdio(config: super::ServerConfig, caller: Caller) -> Result<
     let reaper = tokio::spawn(super::registry::reap_forever(state.clone()));
     let max_request = usize::try_from(state.config.mcp.max_request).unwrap_or(usize::MAX);
     let server = CodecageMcp::stdio(state.clone(), caller);
-    let transport = super::mcp_stdio::stdio(max_request);
+    let transport = super::mcp_size::stdio(max_request);
     let result = match server.clone().serve(transport).await {
         Ok(running) => {
             tokio::select! {

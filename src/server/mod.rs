@@ -12,7 +12,7 @@ pub mod api;
 pub mod config;
 mod listen;
 pub mod mcp;
-mod mcp_stdio;
+mod mcp_size;
 mod openapi;
 pub mod pool;
 pub(crate) mod registry;
@@ -194,8 +194,13 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
 
 /// The API and, at /mcp, the MCP server (behind the same caller check).
 fn routes(state: &Shared) -> axum::Router {
+    // Layers run outside in: the body budget first, then the size limit that reads it.
     let mcp = axum::Router::new()
         .fallback_service(mcp::http_service(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            mcp_size::http_limit,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             api::body_budget,

@@ -562,7 +562,21 @@ const CALL_FIELDS: &[(&str, Type, bool, &str)] = &[
         true,
         "bash: the working directory after the call",
     ),
+    (
+        "killed",
+        Type::Array,
+        true,
+        "processes a stopped call started that outlived its interrupt and were killed: {pid, command} (absent when none)",
+    ),
 ];
+
+/// Fields a result has only when the request asked for them.
+const ASKED_FIELDS: &[(&str, Type, bool, &str)] = &[(
+    "formatted",
+    Type::Object,
+    true,
+    "with `format` in the request: {channel, messages, attachments: [{name, media_type, size, sha256, data}], truncated}, the result rendered for that chat channel",
+)];
 
 fn object(fields: &[(&str, Type, bool, &str)], description: &str) -> ObjectBuilder {
     let mut object = ObjectBuilder::new().description(Some(description));
@@ -586,11 +600,14 @@ fn object(fields: &[(&str, Type, bool, &str)], description: &str) -> ObjectBuild
 }
 
 fn outcome_schema() -> Schema {
-    object(OUTCOME_FIELDS, "what a run did").build().into()
+    let mut all: Vec<(&str, Type, bool, &str)> = OUTCOME_FIELDS.to_vec();
+    all.extend_from_slice(ASKED_FIELDS);
+    object(&all, "what a run did").build().into()
 }
 
 fn call_outcome_schema() -> Schema {
     let mut all: Vec<(&str, Type, bool, &str)> = OUTCOME_FIELDS.to_vec();
+    all.extend_from_slice(ASKED_FIELDS);
     all.extend_from_slice(CALL_FIELDS);
     object(
         &all,

@@ -36,6 +36,11 @@ pub struct RunRequest {
     pub files: Vec<codecage::files::InputFile>,
     /// Whether the output files come back with their bytes (default) or by name only.
     pub file_data: Option<bool>,
+    /// The result rendered for a chat channel as well (`formatted` in the answer): a
+    /// channel's name (discord, telegram, slack, whatsapp, markdown, plain) or `{channel,
+    /// max_messages, language, max_chars}`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub format: Option<codecage::format::FormatRequest>,
     /// Host directories under /work, as `codecage run -v` takes them:
     /// `HOST_DIR:/work/DIR[:ro|:copy]` (read-only by default, or copied into /work within
     /// `work_size`); only under the server's `volume_roots`.
@@ -119,6 +124,9 @@ pub struct ExecuteRequest {
     pub timeout: Option<Raw>,
     /// Text the cell reads on stdin.
     pub stdin: Option<String>,
+    /// The result rendered for a chat channel as well, as in `POST /v1/run`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub format: Option<codecage::format::FormatRequest>,
 }
 
 impl SessionRequest {

@@ -46,6 +46,17 @@ pub async fn run_request(
     }
     start.code = body.code.clone();
     start.argv = body.argv.clone();
+    let mut format = match format_options(body.format.as_ref()) {
+        Ok(format) => format,
+        Err(e) => return Err(refused(state, start, e).await),
+    };
+    if let Some(options) = format.as_mut() {
+        // The code blocks' tag: the request's language unless it named one.
+        options.language = options
+            .language
+            .take()
+            .or_else(|| body.language.map(|l| l.name().to_string()));
+    }
     let names_only = body.file_data == Some(false);
     let language = body.language;
     let (spec, profile_name, opened) = match resolve_run(state, caller, body) {
@@ -113,11 +124,25 @@ pub async fn run_request(
     let mut outcome = answered
         .map_err(|_| Error::new(Kind::Setup, "the run's thread ended without an outcome"))?;
     outcome.phases = None;
+    // Rendered before the files lose their bytes: they are its attachments.
+    if let Some(options) = &format {
+        outcome.formatted = codecage::format::render(&outcome, options).ok();
+    }
     if names_only {
         outcome.files.iter_mut().for_each(|f| f.data = None);
     }
     log_call(caller, "run", language, None, &outcome);
     Ok(outcome)
+}
+
+/// A request's `format`, checked: the error names the field and what it may be.
+pub fn format_options(
+    format: Option<&codecage::format::FormatRequest>,
+) -> Result<Option<codecage::format::Options>, Error> {
+    format
+        .map(|f| f.options())
+        .transpose()
+        .map_err(|e| Error::new(Kind::InvalidRequest, format!("field `format`: {e}")))
 }
 
 /// The profile a run asks for: by name, else the language's (bash for a program).

@@ -673,3 +673,40 @@ len(png)"#;
         server.stop();
     });
 }
+
+/// The same limit at `/mcp` on `codecage serve`: a body over `mcp.max_request` is a 413
+/// whose body is the JSON-RPC error for that request's id (read from its start).
+#[test]
+fn over_http_a_request_over_the_size_limit_is_answered_with_a_json_rpc_error() {
+    as_root(|| {
+        let server = Server::start("[mcp]\nmax_request = \"1M\"\n", false);
+        let dir = TempDir::new("mcp-big");
+        let body = dir.path().join("body.json");
+        let request = json!({
+            "jsonrpc": "2.0", "id": 77, "method": "tools/call",
+            "params": {"name": "write_file", "arguments": {"path": "big.txt", "content": "x".repeat(2 << 20)}}
+        });
+        std::fs::write(&body, request.to_string()).unwrap();
+        let (status, answer) = server.curl(&[
+            "-X",
+            "POST",
+            "http://codecage/mcp",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "Accept: application/json, text/event-stream",
+            "--data-binary",
+            &format!("@{}", body.display()),
+        ]);
+        assert_eq!(status, 413, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["id"], 77, "{answer}");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("over the limit of 1M") && message.contains("mcp.max_request"),
+            "{message}"
+        );
+        server.stop();
+    });
+}

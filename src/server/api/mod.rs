@@ -283,6 +283,14 @@ async fn execute(
         files: body.files,
     };
     let names_only = body.file_data == Some(false);
+    let mut format = service::format_options(body.format.as_ref())?;
+    if let Some(options) = format.as_mut() {
+        // The code blocks' tag: the session's language unless the request named one.
+        options.language = options
+            .language
+            .take()
+            .or_else(|| Some(entry.lang.name().to_string()));
+    }
     let streaming = wants_ndjson(&headers);
     // Every refusal (busy, policy, quota) is known here, before any answer begins.
     let begun = service::begin_call(state.clone(), caller.clone(), Via::Api, entry, call).await?;
@@ -291,9 +299,7 @@ async fn execute(
         // A client that goes away drops this future and the guard: the call is interrupted.
         let _guard = stop.clone().drop_guard();
         let mut outcome = begun.run(|_| {}, stop).await?;
-        if names_only {
-            outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
-        }
+        shape(&mut outcome, format.as_ref(), names_only);
         return Ok(Json(outcome).into_response());
     }
     let (stream, response) = ndjson(stop.clone());
@@ -309,15 +315,28 @@ async fn execute(
     tokio::spawn(stream.conclude(async move {
         match begun.run(forward, stop).await {
             Ok(mut outcome) => {
-                if names_only {
-                    outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
-                }
+                shape(&mut outcome, format.as_ref(), names_only);
                 StreamEvent::Result(Box::new(outcome))
             }
             Err(e) => StreamEvent::error(e),
         }
     }));
     Ok(response)
+}
+
+/// A call's answer as asked: rendered for a chat channel (before the files lose their
+/// bytes: they are its attachments), and the files by name only.
+fn shape(
+    outcome: &mut codecage::session::CallOutcome,
+    format: Option<&codecage::format::Options>,
+    names_only: bool,
+) {
+    if let Some(options) = format {
+        outcome.outcome.formatted = codecage::format::render(&*outcome, options).ok();
+    }
+    if names_only {
+        outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
+    }
 }
 
 async fn reset(

@@ -1,4 +1,4 @@
-//! The stdio transport of `codecage mcp`, with a size limit that answers.
+//! MCP requests over `mcp.max_request`, answered rather than dropped, on both transports.
 //!
 //! rmcp's own stdio transport drops a line over its limit and only logs it, so a client
 //! that sent a large `write_file` waits forever for the answer to that id. Here the lines
@@ -6,7 +6,8 @@
 //! with a JSON-RPC error that names the limit (with the request's id when the start of
 //! the line shows it), and only lines within the limit reach rmcp, through an in-memory
 //! pipe. rmcp's answers and these errors reach stdout through one writer, a whole line at
-//! a time.
+//! a time. Over HTTP (`/mcp`), [`http_limit`] reads a body up to the limit first and answers
+//! one over it with the same error (HTTP 413).
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -131,6 +132,51 @@ async fn write_answers(
             },
         }
     }
+}
+
+/// `/mcp`'s body, read up to `mcp.max_request` before rmcp sees it: over it, 413 with the
+/// JSON-RPC error that names the limit, and the id when the start of the body shows it.
+pub async fn http_limit(
+    axum::extract::State(state): axum::extract::State<super::Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let max = usize::try_from(state.config.mcp.max_request).unwrap_or(usize::MAX);
+    let (parts, body) = request.into_parts();
+    let mut body = body;
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut size = 0usize;
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let Ok(frame) = frame else {
+            return (
+                axum::http::StatusCode::BAD_REQUEST,
+                "cannot read the request body",
+            )
+                .into_response();
+        };
+        if let Ok(data) = frame.into_data() {
+            size += data.len();
+            if size <= max {
+                bytes.extend_from_slice(&data);
+            } else if bytes.len() < ID_WINDOW {
+                let room = ID_WINDOW - bytes.len();
+                bytes.extend_from_slice(&data[..data.len().min(room)]);
+            }
+        }
+    }
+    if size > max {
+        let mut answer = too_large(&bytes, size, max);
+        answer.pop();
+        return (
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            answer,
+        )
+            .into_response();
+    }
+    let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+    next.run(request).await
 }
 
 /// The JSON-RPC error for a request of `size` bytes over `max`, with the id found in
