@@ -157,15 +157,13 @@ pub fn dist(args: &Args) -> Result<i32> {
         .unwrap_or_else(|_| "unknown".into());
     let date = output(Command::new("date").arg("-R"))?;
     write(
-        &format!("{doc}/changelog.Debian"),
+        &format!("{doc}/changelog"),
         &changelog(&version, &commit, &date),
         0o644,
     )?;
-    run(Command::new("gzip").args(["-9", "-n"]).arg(
-        stage
-            .join(doc.trim_start_matches('/'))
-            .join("changelog.Debian"),
-    ))?;
+    run(Command::new("gzip")
+        .args(["-9", "-n"])
+        .arg(stage.join(doc.trim_start_matches('/')).join("changelog")))?;
 
     // The control files.
     let glibc = glibc_needed(&output(
@@ -338,7 +336,7 @@ Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: codecage
 
 Files: *
-Copyright: codecage authors
+Copyright: 2026 The codecage authors
 License: Apache-2.0
  On Debian systems, the full text of the Apache License 2.0 is in
  /usr/share/common-licenses/Apache-2.0.
@@ -382,11 +380,11 @@ set -e
 if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
     systemctl --system daemon-reload >/dev/null || true
 fi
-if [ "$1" = remove ] && [ -x /usr/bin/deb-systemd-helper ]; then
+if [ "$1" = remove ] && command -v deb-systemd-helper >/dev/null; then
     deb-systemd-helper mask codecage.service >/dev/null || true
 fi
 if [ "$1" = purge ]; then
-    if [ -x /usr/bin/deb-systemd-helper ]; then
+    if command -v deb-systemd-helper >/dev/null; then
         deb-systemd-helper purge codecage.service >/dev/null || true
         deb-systemd-helper unmask codecage.service >/dev/null || true
     fi
