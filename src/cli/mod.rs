@@ -13,7 +13,7 @@ use codecage::outcome::{ErrorKind, Outcome};
 /// Run untrusted code in a Linux sandbox built from namespaces.
 #[derive(Parser)]
 #[command(name = "codecage", version, propagate_version = true)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }

@@ -115,3 +115,59 @@ pub fn init_logging() {
         .with_target(false)
         .try_init();
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::gateway::HostConfig;
+    use crate::server::ServerConfig;
+
+    /// The file with its examples (`# key = value`, `# [section]`) made live.
+    fn uncommented(text: &str) -> String {
+        text.lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest)
+                    if rest.starts_with('[')
+                        || rest
+                            .split_once(" = ")
+                            .is_some_and(|(key, _)| !key.is_empty() && !key.contains(' ')) =>
+                {
+                    rest
+                }
+                _ => line,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The package's /etc/codecage/server.toml (packaging/debian/) is a valid server
+    /// config as shipped and with every example it shows switched on.
+    #[test]
+    fn the_packaged_server_config_parses_with_and_without_its_examples() {
+        let text = include_str!("../../packaging/debian/server.toml");
+        for (what, text) in [
+            ("as shipped", text.to_string()),
+            ("uncommented", uncommented(text)),
+        ] {
+            let config: ServerConfig =
+                toml::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}"));
+            config.validate().unwrap_or_else(|e| panic!("{what}: {e}"));
+            if what == "uncommented" {
+                assert_eq!(config.tokens.len(), 1);
+                assert_eq!(config.limits.max_sessions, 256);
+                assert_eq!(config.pool.runs.get("python"), Some(&2));
+            }
+        }
+    }
+
+    /// The package's /etc/codecage/config.toml: the CLI's host config, the same way.
+    #[test]
+    fn the_packaged_host_config_parses_with_and_without_its_examples() {
+        let text = include_str!("../../packaging/debian/config.toml");
+        let shipped: HostConfig = toml::from_str(text).unwrap();
+        assert!(shipped.audit.is_none() && !shipped.network.full);
+        let live: HostConfig = toml::from_str(&uncommented(text)).unwrap();
+        let audit = live.audit.expect("the [audit] example");
+        assert_eq!(audit.path, std::path::Path::new(crate::audit::DEFAULT_PATH));
+        assert_eq!(live.network.python_index(), "https://pypi.org/simple/");
+    }
+}

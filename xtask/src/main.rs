@@ -4,6 +4,7 @@
 //! * `bench`: codecage against bare execution, bubblewrap and crun (`bench.rs`).
 //! * `compat`: CPython's regression tests and a Node suite bare and in the sandbox, side
 //!   by side; writes COMPATIBILITY.md (`compat.rs`).
+//! * `dist`: the Debian package (`dist.rs`, `packaging/debian/`).
 //! * `rootfs`: the sandbox's root filesystem image (`rootfs/`, and `rootfs/README.md` at
 //!   the workspace root).
 //! * `vm-build`, `vm-run`, `vm-test`, `vm-check`, `vm-matrix`: the VM test lanes (kernels
@@ -16,6 +17,7 @@ mod bench;
 mod bench_pool;
 mod bench_sessions;
 mod compat;
+mod dist;
 mod host;
 mod rootfs;
 mod test;
@@ -46,6 +48,7 @@ enum Task {
     Test(test::Args),
     Bench(bench::Args),
     Compat(compat::Args),
+    Dist(dist::Args),
     Rootfs(rootfs::Args),
     VmBuild(vm::lane::BuildArgs),
     VmRun(vm::run::RunOptions),
@@ -77,6 +80,7 @@ impl Task {
             Task::Test(args) => test::test(&args),
             Task::Bench(args) => bench::bench(&args),
             Task::Compat(args) => compat::compat(&args),
+            Task::Dist(args) => dist::dist(&args),
             Task::Rootfs(args) => rootfs::rootfs(&args),
             Task::VmBuild(args) => vm::lane::vm_build(&args),
             Task::VmRun(opts) => vm::run::vm_run(&opts),
@@ -154,6 +158,7 @@ mod tests {
                 "test",
                 "bench",
                 "compat",
+                "dist",
                 "rootfs",
                 "vm-build",
                 "vm-run",

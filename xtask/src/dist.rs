@@ -1,0 +1,524 @@
+//! `cargo xtask dist`: the Debian package, `target/dist/codecage_VERSION_ARCH.deb`.
+//!
+//! Built with `dpkg-deb` from a tree this task lays out itself, not with cargo-deb: every
+//! file, the conffiles and the maintainer scripts are spelled out here and in
+//! `packaging/debian/`, nothing has to be compiled or installed first (dpkg-deb is on
+//! every Debian host), and the result is checked by the same task (`dpkg-deb -c` must list
+//! what [`expected_paths`] says).
+//!
+//! What it holds:
+//! - `/usr/bin/codecage`: the release binary, stripped;
+//! - `/usr/share/codecage/profiles/` and `/usr/share/codecage/seccomp/`: the built-in
+//!   profiles and seccomp policy, for reference (the binary has them built in; a file in
+//!   /etc/codecage/profiles replaces a profile);
+//! - `/etc/codecage/config.toml` (the CLI's host config) and `/etc/codecage/server.toml`
+//!   (the service's server config), both conffiles;
+//! - `/lib/systemd/system/codecage.service` (packaging/debian/codecage.service), enabled
+//!   and started on install as debhelper's scripts do, stopped on removal;
+//! - man pages generated from the CLI's clap definitions (examples/mangen.rs,
+//!   clap_mangen);
+//! - purge removes /var/lib/codecage (images, audit log), /var/cache/codecage and
+//!   /run/codecage.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::host::{self, workspace_root};
+
+#[derive(clap::Args, Debug)]
+#[command(
+    about = "Build the Debian package (target/dist/codecage_VERSION_ARCH.deb)",
+    long_about = "Builds the release binary, the man pages (clap_mangen) and a Debian \
+                  package with dpkg-deb: the stripped binary, the built-in profiles and \
+                  seccomp policy, /etc/codecage/config.toml and server.toml (conffiles), \
+                  the systemd unit. Checks the package's file list and prints its path and \
+                  size."
+)]
+pub struct Args {
+    /// Package target/release/codecage as it is, without `cargo build --release`.
+    #[arg(long)]
+    no_build: bool,
+    /// The directory the .deb is written to (default target/dist).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+/// The package's name, its unit and its conffiles.
+const PACKAGE: &str = "codecage";
+const CONFFILES: &[&str] = &["/etc/codecage/config.toml", "/etc/codecage/server.toml"];
+const UNIT: &str = "/lib/systemd/system/codecage.service";
+const MAINTAINER: &str = "codecage maintainers <maintainers@codecage.invalid>";
+
+pub fn dist(args: &Args) -> Result<i32> {
+    let root = workspace_root();
+    let version = package_version(&std::fs::read_to_string(root.join("Cargo.toml"))?)?;
+    let arch = output(Command::new("dpkg").arg("--print-architecture"))?;
+    let dist = root.join("target/dist");
+    let out = args.out.clone().unwrap_or_else(|| dist.clone());
+    let stage = dist.join(format!("{PACKAGE}_{version}_{arch}"));
+
+    if !args.no_build {
+        host::status("building", "the release binary (cargo build --release)");
+        run(Command::new("cargo").current_dir(&root).args([
+            "build",
+            "--release",
+            "--locked",
+            "--bin",
+            PACKAGE,
+        ]))?;
+    }
+    let binary = root.join("target/release/codecage");
+    ensure!(
+        binary.is_file(),
+        "{} does not exist: run without --no-build",
+        binary.display()
+    );
+
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage)
+            .with_context(|| format!("removing the old {}", stage.display()))?;
+    }
+    let put = |rel: &str, from: &Path, mode: u32| -> Result<()> {
+        let to = stage.join(rel.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().expect("a file under the stage"))?;
+        std::fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        set_mode(&to, mode)
+    };
+    let write = |rel: &str, text: &str, mode: u32| -> Result<()> {
+        let to = stage.join(rel.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().expect("a file under the stage"))?;
+        std::fs::write(&to, text).with_context(|| format!("writing {}", to.display()))?;
+        set_mode(&to, mode)
+    };
+
+    // The binary, stripped (the release profile keeps line tables for backtraces).
+    put("/usr/bin/codecage", &binary, 0o755)?;
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg(stage.join("usr/bin/codecage")))?;
+
+    // The built-in profiles and the seccomp policy, as shipped in the binary.
+    for (dir, ext, to) in [
+        ("profiles", "toml", "/usr/share/codecage/profiles"),
+        ("profiles/seccomp", "json", "/usr/share/codecage/seccomp"),
+    ] {
+        for file in files_with_extension(&root.join(dir), ext)? {
+            let name = file.file_name().expect("a file name").to_string_lossy();
+            put(&format!("{to}/{name}"), &file, 0o644)?;
+        }
+    }
+    put(
+        "/usr/share/codecage/profiles/README.md",
+        &root.join("profiles/README.md"),
+        0o644,
+    )?;
+    std::fs::create_dir_all(stage.join("etc/codecage/profiles"))?;
+
+    let packaging = root.join("packaging/debian");
+    for conffile in CONFFILES {
+        let name = Path::new(conffile).file_name().expect("a file name");
+        put(conffile, &packaging.join(name), 0o644)?;
+    }
+    put(UNIT, &packaging.join("codecage.service"), 0o644)?;
+
+    // The man pages, from the CLI's own definitions.
+    host::status("generating", "the man pages (examples/mangen.rs)");
+    let man = stage.join("usr/share/man/man1");
+    run(Command::new("cargo")
+        .current_dir(&root)
+        .args([
+            "run",
+            "--quiet",
+            "--locked",
+            "--features",
+            "mangen",
+            "--example",
+            "mangen",
+            "--",
+        ])
+        .arg(&man))?;
+    run(Command::new("gzip")
+        .args(["-9", "-n"])
+        .args(files_with_extension(&man, "1")?))?;
+
+    // Debian's documentation files.
+    let doc = "/usr/share/doc/codecage";
+    write(&format!("{doc}/copyright"), COPYRIGHT, 0o644)?;
+    let commit =
+        output(
+            Command::new("git")
+                .current_dir(&root)
+                .args(["rev-parse", "--short=12", "HEAD"]),
+        )
+        .unwrap_or_else(|_| "unknown".into());
+    let date = output(Command::new("date").arg("-R"))?;
+    write(
+        &format!("{doc}/changelog"),
+        &changelog(&version, &commit, &date),
+        0o644,
+    )?;
+    run(Command::new("gzip")
+        .args(["-9", "-n"])
+        .arg(stage.join(doc.trim_start_matches('/')).join("changelog")))?;
+
+    // The control files.
+    let glibc = glibc_needed(&output(
+        Command::new("objdump")
+            .arg("-T")
+            .arg(stage.join("usr/bin/codecage")),
+    )?)
+    .context("the binary names no GLIBC_ symbol version (objdump -T)")?;
+    let installed_kib = output(
+        Command::new("du")
+            .args(["-sk", "--apparent-size"])
+            .arg(&stage),
+    )?
+    .split_whitespace()
+    .next()
+    .and_then(|n| n.parse::<u64>().ok())
+    .context("du -sk of the stage")?;
+    write(
+        "/DEBIAN/control",
+        &control(&version, &arch, &glibc, installed_kib),
+        0o644,
+    )?;
+    write("/DEBIAN/conffiles", &(CONFFILES.join("\n") + "\n"), 0o644)?;
+    write("/DEBIAN/postinst", POSTINST, 0o755)?;
+    write("/DEBIAN/prerm", PRERM, 0o755)?;
+    write("/DEBIAN/postrm", POSTRM, 0o755)?;
+    let md5sums = output(
+        Command::new("sh")
+            .current_dir(&stage)
+            .args(["-c", "find usr lib -type f | LC_ALL=C sort | xargs md5sum"]),
+    )?;
+    write("/DEBIAN/md5sums", &(md5sums + "\n"), 0o644)?;
+
+    // The package, owned by root whoever builds it.
+    std::fs::create_dir_all(&out)?;
+    let deb = out.join(format!("{PACKAGE}_{version}_{arch}.deb"));
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "-Zxz", "--build"])
+        .arg(&stage)
+        .arg(&deb))?;
+
+    // What dpkg will install is what this task meant to ship.
+    let listing = output(Command::new("dpkg-deb").arg("-c").arg(&deb))?;
+    let listed = listed_paths(&listing);
+    let pages = files_with_extension(&man, "gz")?;
+    ensure!(
+        pages.len() > 5,
+        "only {} man pages were generated",
+        pages.len()
+    );
+    for path in expected_paths() {
+        ensure!(
+            listed.iter().any(|p| p == path),
+            "{} is not in {} (dpkg-deb -c)",
+            path,
+            deb.display()
+        );
+    }
+    let conffiles = output(
+        Command::new("dpkg-deb")
+            .arg("--info")
+            .arg(&deb)
+            .arg("conffiles"),
+    )?;
+    ensure!(
+        conffiles.lines().eq(CONFFILES.iter().copied()),
+        "the package's conffiles are {conffiles:?}"
+    );
+    let size = std::fs::metadata(&deb)?.len();
+    println!(
+        "{} ({:.1} MiB; {} files, {} man pages, installed {:.1} MiB, Depends libc6 (>= {glibc}))",
+        deb.display(),
+        size as f64 / (1 << 20) as f64,
+        listed.iter().filter(|p| !p.ends_with('/')).count(),
+        pages.len(),
+        installed_kib as f64 / 1024.0
+    );
+    Ok(0)
+}
+
+/// The paths (absolute, directories with a trailing slash) in `dpkg-deb -c` output.
+fn listed_paths(listing: &str) -> Vec<String> {
+    listing
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .map(|p| p.trim_start_matches('.').to_string())
+        .collect()
+}
+
+/// Files the package must hold whatever else it has.
+fn expected_paths() -> Vec<&'static str> {
+    let mut paths = vec![
+        "/usr/bin/codecage",
+        "/usr/share/codecage/profiles/python.toml",
+        "/usr/share/codecage/profiles/ci.toml",
+        "/usr/share/codecage/seccomp/x86_64.json",
+        "/usr/share/codecage/seccomp/aarch64.json",
+        "/usr/share/man/man1/codecage.1.gz",
+        "/usr/share/man/man1/codecage-serve.1.gz",
+        "/usr/share/man/man1/codecage-session-create.1.gz",
+        "/usr/share/doc/codecage/copyright",
+        "/etc/codecage/profiles/",
+        UNIT,
+    ];
+    paths.extend(CONFFILES);
+    paths
+}
+
+/// `version` of the `[package]` table in Cargo.toml.
+fn package_version(manifest: &str) -> Result<String> {
+    let mut in_package = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        } else if let Some(value) = line.strip_prefix("version").map(str::trim_start) {
+            if let (true, Some(value)) = (in_package, value.strip_prefix('=')) {
+                return Ok(value.trim().trim_matches('"').to_string());
+            }
+        }
+    }
+    bail!("Cargo.toml has no version in [package]")
+}
+
+/// The newest GLIBC_x.y symbol version in `objdump -T` output: the libc6 the binary needs.
+fn glibc_needed(objdump: &str) -> Option<String> {
+    objdump
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let parts: Option<Vec<u32>> = v.split('.').map(|n| n.parse().ok()).collect();
+            parts.map(|p| (p, v))
+        })
+        .max_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, v)| v.to_string())
+}
+
+fn control(version: &str, arch: &str, glibc: &str, installed_kib: u64) -> String {
+    let mut c = String::new();
+    let _ = writeln!(c, "Package: {PACKAGE}");
+    let _ = writeln!(c, "Version: {version}");
+    let _ = writeln!(c, "Architecture: {arch}");
+    let _ = writeln!(c, "Maintainer: {MAINTAINER}");
+    let _ = writeln!(c, "Installed-Size: {installed_kib}");
+    let _ = writeln!(
+        c,
+        "Depends: libc6 (>= {glibc}), init-system-helpers (>= 1.54~)"
+    );
+    let _ = writeln!(c, "Section: admin");
+    let _ = writeln!(c, "Priority: optional");
+    c.push_str(
+        "Description: Linux-native sandbox for untrusted Python, JavaScript and bash\n \
+         codecage runs untrusted code in sandboxes it builds itself from Linux\n \
+         namespaces, cgroups, Landlock and seccomp: one-shot runs (codecage run),\n \
+         sessions with a persistent interpreter, and an HTTP and MCP server\n \
+         (codecage serve, the codecage service).\n",
+    );
+    c
+}
+
+fn changelog(version: &str, commit: &str, date: &str) -> String {
+    format!(
+        "{PACKAGE} ({version}) unstable; urgency=medium\n\n  \
+         * Built by cargo xtask dist from commit {commit}.\n\n \
+         -- {MAINTAINER}  {date}\n"
+    )
+}
+
+const COPYRIGHT: &str = "\
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: codecage
+
+Files: *
+Copyright: 2026 The codecage authors
+License: Apache-2.0
+ On Debian systems, the full text of the Apache License 2.0 is in
+ /usr/share/common-licenses/Apache-2.0.
+";
+
+/// As debhelper's dh_installsystemd writes it: enable on first install (keeping an
+/// administrator's disable across upgrades), then start, or restart on upgrade.
+const POSTINST: &str = r#"#!/bin/sh
+set -e
+case "$1" in
+configure|abort-upgrade|abort-deconfigure|abort-remove)
+    # Remove only a mask that a removal of this package made.
+    deb-systemd-helper unmask codecage.service >/dev/null || true
+    if deb-systemd-helper --quiet was-enabled codecage.service; then
+        deb-systemd-helper enable codecage.service >/dev/null || true
+    else
+        deb-systemd-helper update-state codecage.service >/dev/null || true
+    fi
+    if [ -d /run/systemd/system ]; then
+        systemctl --system daemon-reload >/dev/null || true
+        if [ -n "$2" ]; then action=restart; else action=start; fi
+        deb-systemd-invoke "$action" codecage.service >/dev/null || true
+    fi
+    ;;
+esac
+exit 0
+"#;
+
+const PRERM: &str = r#"#!/bin/sh
+set -e
+if [ -d /run/systemd/system ] && [ "$1" = remove ]; then
+    deb-systemd-invoke stop codecage.service >/dev/null || true
+fi
+exit 0
+"#;
+
+/// Purge leaves no file of codecage's: its data (images, the audit log), cache and run
+/// directories, and the empty `codecage` parent cgroups it made.
+const POSTRM: &str = r#"#!/bin/sh
+set -e
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
+    systemctl --system daemon-reload >/dev/null || true
+fi
+if [ "$1" = remove ] && command -v deb-systemd-helper >/dev/null; then
+    deb-systemd-helper mask codecage.service >/dev/null || true
+fi
+if [ "$1" = purge ]; then
+    if command -v deb-systemd-helper >/dev/null; then
+        deb-systemd-helper purge codecage.service >/dev/null || true
+        deb-systemd-helper unmask codecage.service >/dev/null || true
+    fi
+    rm -rf --one-file-system /var/lib/codecage /var/cache/codecage /run/codecage
+    for dir in /sys/fs/cgroup/codecage /sys/fs/cgroup/*/codecage; do
+        [ -d "$dir" ] && rmdir "$dir" 2>/dev/null || true
+    done
+fi
+exit 0
+"#;
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {mode:o} {}", path.display()))
+}
+
+/// The files `dir/*.ext`, sorted.
+fn files_with_extension(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == ext))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", host::display_command(cmd)))?;
+    ensure!(
+        status.success(),
+        "{} failed ({status})",
+        host::display_command(cmd)
+    );
+    Ok(())
+}
+
+/// A command's stdout, trimmed; its stderr is shown with the error when it fails.
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", host::display_command(cmd)))?;
+    ensure!(
+        out.status.success(),
+        "{} failed ({}): {}",
+        host::display_command(cmd),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_is_the_package_tables() {
+        let manifest = "[package]\nname = \"codecage\"\nversion = \"0.1.0\"\n\n[dependencies]\nversion = \"9\"\n";
+        assert_eq!(package_version(manifest).unwrap(), "0.1.0");
+        assert!(package_version("[dependencies]\nversion = \"1\"\n").is_err());
+        let real = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+        assert!(package_version(&real)
+            .unwrap()
+            .starts_with(|c: char| c.is_ascii_digit()));
+    }
+
+    #[test]
+    fn libc6_is_the_newest_glibc_symbol_version() {
+        let objdump = "0000 DF *UND* 0000 (GLIBC_2.2.5) memcpy\n\
+                       0000 DF *UND* 0000 (GLIBC_2.34) pthread_create\n\
+                       0000 DF *UND* 0000 (GLIBC_2.9) pipe2\n\
+                       0000 DF *UND* 0000  GLIBC_PRIVATE  x\n";
+        assert_eq!(glibc_needed(objdump).as_deref(), Some("2.34"));
+        assert_eq!(glibc_needed("no versions"), None);
+    }
+
+    #[test]
+    fn the_control_file_has_every_required_field_and_a_folded_description() {
+        let text = control("0.1.0", "amd64", "2.34", 12345);
+        for field in [
+            "Package: codecage\n",
+            "Version: 0.1.0\n",
+            "Architecture: amd64\n",
+            "Maintainer: ",
+            "Installed-Size: 12345\n",
+            "Depends: libc6 (>= 2.34)",
+        ] {
+            assert!(text.contains(field), "{field:?} in {text}");
+        }
+        let description: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Description:"))
+            .collect();
+        assert!(description.len() > 2);
+        assert!(
+            description[1..]
+                .iter()
+                .all(|l| l.starts_with(' ') && l.len() < 80),
+            "{description:?}"
+        );
+    }
+
+    #[test]
+    fn dpkg_deb_listings_give_absolute_paths() {
+        let listing = "drwxr-xr-x root/root         0 2026-11-26 14:00 ./etc/codecage/profiles/\n\
+                       -rwxr-xr-x root/root   9000000 2026-11-26 14:00 ./usr/bin/codecage\n";
+        assert_eq!(
+            listed_paths(listing),
+            ["/etc/codecage/profiles/", "/usr/bin/codecage"]
+        );
+    }
+
+    /// Every file the package takes from packaging/debian exists, and the maintainer
+    /// scripts are valid sh.
+    #[test]
+    fn the_packaging_files_exist_and_the_scripts_parse() {
+        let packaging = workspace_root().join("packaging/debian");
+        for name in ["config.toml", "server.toml", "codecage.service"] {
+            assert!(packaging.join(name).is_file(), "{name}");
+        }
+        for (name, script) in [("postinst", POSTINST), ("prerm", PRERM), ("postrm", POSTRM)] {
+            let out = Command::new("sh")
+                .args(["-n", "-c", script])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
