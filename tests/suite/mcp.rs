@@ -710,3 +710,66 @@ fn over_http_a_request_over_the_size_limit_is_answered_with_a_json_rpc_error() {
         server.stop();
     });
 }
+
+/// The same through the HTTP API (`"format"` on `POST /v1/run` and on a session's execute)
+/// and MCP (the execute tools' `format` argument), with the image; a bad channel is a 400
+/// that names the allowed ones.
+#[test]
+fn a_result_formatted_for_a_chat_channel_through_the_http_api_and_mcp() {
+    super::image::image_test(|_| {
+        let server = Server::start("", false);
+        let (status, run) = server.request(
+            "POST",
+            "/v1/run",
+            Some(serde_json::json!({"language": "python", "code": "print('<b>hi</b>')", "format": "telegram"})),
+        );
+        assert_eq!(status, 200, "{run}");
+        assert_eq!(
+            run["formatted"]["messages"][0],
+            "<pre><code class=\"language-python\">&lt;b&gt;hi&lt;/b&gt;\n</code></pre>",
+            "{run}"
+        );
+        let (status, refused) = server.request(
+            "POST",
+            "/v1/run",
+            Some(serde_json::json!({"language": "python", "code": "1", "format": "teams"})),
+        );
+        assert_eq!(status, 400, "{refused}");
+        assert!(
+            refused.to_string().contains("discord, telegram, slack"),
+            "{refused}"
+        );
+        let (_, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(serde_json::json!({"language": "python"})),
+        );
+        let id = created["id"].as_str().unwrap();
+        let (status, call) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(serde_json::json!({"code": "1/0", "format": {"channel": "discord"}})),
+        );
+        assert_eq!(status, 200, "{call}");
+        let message = call["formatted"]["messages"][0].as_str().unwrap();
+        assert!(message.contains("ZeroDivisionError"), "{message}");
+        assert!(message.matches("```").count() % 2 == 0, "{message}");
+        server.stop();
+        let python = match mcp_python() {
+            Ok(python) => python,
+            Err(why) => return unavailable(&why),
+        };
+        let results = drive(
+            &python,
+            mcp_stdio(&[]),
+            serde_json::json!([
+                {"tool": "execute_python", "args": {"code": "print('a_b *c*')", "format": "slack"}},
+                {"tool": "execute_python", "args": {"code": "1", "format": "teams"}},
+            ]),
+        );
+        let blocks = results[0]["content"].as_array().unwrap();
+        assert_eq!(blocks[0]["type"], "text", "{}", results[0]);
+        assert_eq!(blocks[0]["text"], "```\na_b *c*\n```", "{}", results[0]);
+        assert_eq!(results[1]["isError"], true, "{}", results[1]);
+    });
+}
