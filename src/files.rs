@@ -18,9 +18,13 @@ pub const MAX_COMPONENT: usize = 255;
 
 /// A file to place in /work: its path relative to /work, and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InputFile {
+    /// Relative to /work (no `..`).
     pub path: String,
+    /// The bytes, base64.
     #[serde(with = "base64_bytes")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = Byte))]
     pub data: Vec<u8>,
 }
 

@@ -232,12 +232,43 @@ impl Options {
 /// What a request asks for, as a front end reads it from JSON: `"format": "telegram"`, or
 /// `"format": {"channel": "telegram", "max_messages": 3, "language": "python",
 /// "max_chars": 4000}` (unknown keys refused).
-/// (Its OpenAPI schema is `oneOf` [`Channel`] and [`FormatRequestOptions`], both of which
-/// derive one.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FormatRequest {
     Channel(Channel),
     Options(FormatRequestOptions),
+}
+
+/// Its OpenAPI schema: `oneOf` [`Channel`] and [`FormatRequestOptions`] (read by the
+/// visitor below, as serde's untagged enums would be, without buffering).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for FormatRequest {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{OneOfBuilder, Ref};
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("Channel"))
+            .item(Ref::from_schema_name("FormatRequestOptions"))
+            .description(Some(
+                "a channel's name, or {channel, max_messages, language, max_chars}",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for FormatRequest {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema as _;
+        schemas.push(("Channel".into(), Channel::schema()));
+        schemas.push((
+            "FormatRequestOptions".into(),
+            FormatRequestOptions::schema(),
+        ));
+    }
 }
 
 impl<'de> Deserialize<'de> for FormatRequest {

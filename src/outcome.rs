@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 /// Why a run did not simply finish. Agents branch on this; `message` says what to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The wall-clock limit passed; the whole sandbox was killed.
@@ -50,12 +51,15 @@ impl ErrorKind {
 /// (`"base64"`): output is never altered, and the JSON stays within twice the output limit
 /// plus a constant.
 #[derive(Debug, Clone, Default, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Outcome {
     /// What the payload wrote to stdout, up to the output limit.
     #[serde(flatten, serialize_with = "stdout_fields")]
+    #[cfg_attr(feature = "openapi", schema(value_type = StdoutFields, inline))]
     pub stdout: Vec<u8>,
     /// What the payload wrote to stderr, up to the output limit.
     #[serde(flatten, serialize_with = "stderr_fields")]
+    #[cfg_attr(feature = "openapi", schema(value_type = StderrFields, inline))]
     pub stderr: Vec<u8>,
     /// The payload's exit status, when it exited by itself.
     pub exit_code: Option<i32>,
@@ -69,9 +73,11 @@ pub struct Outcome {
     pub truncated: bool,
     /// Wall time from launch to the end of the last sandbox process.
     #[serde(rename = "duration_ms", serialize_with = "millis")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub duration: Duration,
     /// CPU time (user + system) of every process of the sandbox.
     #[serde(rename = "cpu_ms", serialize_with = "millis")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub cpu: Duration,
     /// Peak memory of the whole sandbox, in bytes (processes and the tmpfs pages they wrote).
     pub peak_memory_bytes: Option<u64>,
@@ -106,11 +112,35 @@ pub struct Outcome {
     pub(crate) init_lost: bool,
     /// Where the wall time went (`codecage run --timings`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub phases: Option<Phases>,
+}
+
+/// How `Outcome.stdout` is carried in JSON (its OpenAPI schema).
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct StdoutFields {
+    /// What the payload wrote to stdout, up to the output limit: text, or base64 of the
+    /// bytes (`stdout_encoding`).
+    stdout: String,
+    stdout_encoding: Encoding,
+}
+
+/// How `Outcome.stderr` is carried in JSON (its OpenAPI schema).
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct StderrFields {
+    /// What the payload wrote to stderr, up to the output limit: text, or base64 of the
+    /// bytes (`stderr_encoding`).
+    stderr: String,
+    stderr_encoding: Encoding,
 }
 
 /// A piece of hardening that was not applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Skipped {
     /// `landlock`, `seccomp` or `cgroup`.
     pub layer: String,
@@ -196,6 +226,7 @@ impl Outcome {
 
 /// How a stream's bytes are carried in JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Encoding {
     #[serde(rename = "utf-8")]
     Utf8,

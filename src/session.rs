@@ -94,8 +94,17 @@ pub struct Call {
 /// A MIME bundle: type -> content (text, or base64 for binary types).
 pub type MimeBundle = BTreeMap<String, String>;
 
+/// A MIME bundle: type -> content (text, or base64 for binary types). (The OpenAPI
+/// schema of [`MimeBundle`], by that name.)
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[schema(as = MimeBundle)]
+#[allow(dead_code)]
+pub struct MimeBundleSchema(BTreeMap<String, String>);
+
 /// An exception a cell raised.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Exception {
     pub name: String,
     pub value: String,
@@ -104,6 +113,7 @@ pub struct Exception {
 
 /// Whether a call kept the session's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct State {
     /// Variables, imports and the working directory are as the call left them.
     pub preserved: bool,
@@ -113,6 +123,7 @@ pub struct State {
 
 /// A process a stopped call had started, killed because it outlived the interrupt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct KilledProcess {
     pub pid: i32,
     pub command: String,
@@ -120,12 +131,18 @@ pub struct KilledProcess {
 
 /// The result of one call: what a run gives, plus the REPL's own.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CallOutcome {
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(inline))]
     pub outcome: Outcome,
     pub execution_count: Option<u64>,
-    /// The trailing expression's value, as the REPL would show it.
+    /// The trailing expression's value, as the REPL would show it: a MIME bundle (type
+    /// -> text, or base64 for binary types).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<MimeBundleSchema>))]
     pub result: Option<MimeBundle>,
+    /// MIME bundles shown during the call (figures, `display()`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<MimeBundleSchema>))]
     pub displays: Vec<MimeBundle>,
     pub exception: Option<Exception>,
     pub state: State,

@@ -13,7 +13,7 @@ pub mod config;
 mod listen;
 pub mod mcp;
 mod mcp_size;
-mod openapi;
+pub(crate) mod openapi;
 pub mod pool;
 pub(crate) mod registry;
 
@@ -311,11 +311,27 @@ async fn bearer_caller(State(state): State<Shared>, mut request: Request, next: 
             response
         }
         None if request.uri().path() == "/healthz" => next.run(request).await,
-        None => crate::service::Error::new(
-            crate::service::Kind::Unauthorized,
-            "this listener needs `Authorization: Bearer TOKEN` with a token from the server's configuration",
-        )
-        .into_response(),
+        None => {
+            let given = request
+                .headers()
+                .contains_key(axum::http::header::AUTHORIZATION);
+            let mut response = crate::service::Error::new(
+                crate::service::Kind::Unauthorized,
+                "this listener needs `Authorization: Bearer TOKEN` with a token from the server's configuration",
+            )
+            .into_response();
+            // RFC 6750: the scheme a client must use, and whether the token it gave was bad.
+            let challenge = if given {
+                "Bearer realm=\"codecage\", error=\"invalid_token\""
+            } else {
+                "Bearer realm=\"codecage\""
+            };
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static(challenge),
+            );
+            response
+        }
     }
 }
 

@@ -27,19 +27,16 @@ pub struct RunRequest {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// The network mode: none, restricted or full, no looser than the profile's.
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub network: Option<codecage::network::Mode>,
     /// Files placed in /work before the code runs: `{"path": "data/in.csv", "data":
     /// BASE64}` (within the profile's inputs caps).
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub files: Vec<codecage::files::InputFile>,
     /// Whether the output files come back with their bytes (default) or by name only.
     pub file_data: Option<bool>,
     /// The result rendered for a chat channel as well (`formatted` in the answer): a
     /// channel's name (discord, telegram, slack, whatsapp, markdown, plain) or `{channel,
     /// max_messages, language, max_chars}`.
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub format: Option<codecage::format::FormatRequest>,
     /// Host directories under /work, as `codecage run -v` takes them:
     /// `HOST_DIR:/work/DIR[:ro|:copy]` (read-only by default, or copied into /work within
@@ -82,7 +79,6 @@ pub struct SessionRequest {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// The network mode, as in `POST /v1/run`.
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub network: Option<codecage::network::Mode>,
     // The limits, as in `POST /v1/run`; `timeout` and `output_limit` are each call's.
     #[cfg_attr(feature = "openapi", schema(ignore))]
@@ -115,17 +111,15 @@ pub struct ExecuteRequest {
     pub code: String,
     /// Files placed in /work before the call, as in `POST /v1/run`.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub files: Vec<codecage::files::InputFile>,
     /// Whether the call's output files come back with their bytes (default) or by name.
     pub file_data: Option<bool>,
-    /// This call's time limit (default: the session's), e.g. "10s".
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    // This call's time limit (default: the session's): its schema is the knob table's.
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub timeout: Option<Raw>,
     /// Text the cell reads on stdin.
     pub stdin: Option<String>,
     /// The result rendered for a chat channel as well, as in `POST /v1/run`.
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub format: Option<codecage::format::FormatRequest>,
 }
 

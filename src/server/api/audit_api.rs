@@ -11,7 +11,9 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ErrorInfo, Kind};
+use crate::audit::Record as AuditRecord;
 use crate::audit::{self, End, Kind as AuditKind, Start, Via};
+use crate::server::openapi::{AuditRefusals, Unauthenticated};
 use crate::server::{Caller, Shared};
 use crate::service;
 
@@ -108,17 +110,28 @@ fn admin_only(state: &Shared, caller: &Caller) -> Result<std::path::PathBuf, Api
 }
 
 /// `GET /v1/audit` and `/v1/audit/export`: the filters.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
+    /// Records that started at or after this: RFC 3339 (2026-11-26T05:00:00Z), a date (2026-11-26), or a duration back from now (24h, 7d, 30m).
     since: Option<String>,
+    /// Records that started before this: RFC 3339 (2026-11-26T05:00:00Z), a date (2026-11-26), or a duration back from now (24h, 7d, 30m).
     until: Option<String>,
+    /// Under this profile.
     profile: Option<String>,
+    /// With this error kind (timeout, oom, policy, invalid_request, unauthorized, ...), or
+    /// `none`.
     error: Option<String>,
+    /// Of this session (its life, calls and resets).
     session: Option<String>,
+    /// run, call, session, reset or refused.
     kind: Option<String>,
+    /// token:NAME, uid:N or unauthenticated.
     caller: Option<String>,
+    /// running, complete or incomplete.
     status: Option<String>,
+    /// `GET /v1/audit`: at most this many (1 to 10000, default 100); the export takes all.
     limit: Option<u64>,
 }
 
@@ -156,8 +169,7 @@ impl AuditQuery {
 }
 
 /// `{"records": [...]}` of `GET /v1/audit`.
-#[derive(Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct AuditList {
     /// Newest first; code and output are left out (see `GET /v1/audit/{id}`).
     pub records: Vec<audit::Record>,
@@ -176,7 +188,14 @@ async fn read_audit<T: Send + 'static>(
     .map_err(|e| ApiError::new(Kind::Audit, e))
 }
 
-pub(super) async fn audit_list(
+#[utoipa::path(get, path = "/v1/audit", operation_id = "list_audit", tag = "audit",
+    summary = "The audit log's newest records (administrators)",
+    description = "Every run, session call, session, reset and refused request, newest first, \
+        without code and output (see `GET /v1/audit/{id}`).",
+    params(AuditQuery),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the records", body = AuditList), AuditRefusals, Unauthenticated))]
+pub(crate) async fn audit_list(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     axum::extract::Query(query): axum::extract::Query<AuditQuery>,
@@ -187,7 +206,16 @@ pub(super) async fn audit_list(
     Ok(Json(AuditList { records }))
 }
 
-pub(super) async fn audit_export(
+#[utoipa::path(get, path = "/v1/audit/export", operation_id = "export_audit", tag = "audit",
+    summary = "Every record the filters select, whole, oldest first (administrators)",
+    params(AuditQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "JSON Lines: one record a line, streamed",
+            body = AuditRecord, content_type = "application/x-ndjson"),
+        AuditRefusals, Unauthenticated,
+    ))]
+pub(crate) async fn audit_export(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     axum::extract::Query(query): axum::extract::Query<AuditQuery>,
@@ -221,7 +249,12 @@ pub(super) async fn audit_export(
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
 }
 
-pub(super) async fn audit_show(
+#[utoipa::path(get, path = "/v1/audit/{id}", operation_id = "get_audit_record", tag = "audit",
+    summary = "One audit record, with its code and output (administrators)",
+    params(("id" = String, Path, description = "the record's id")),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the record", body = AuditRecord), AuditRefusals, Unauthenticated))]
+pub(crate) async fn audit_show(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,

@@ -19,11 +19,12 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use codecage::outcome::Outcome;
 use codecage::runner::Lang;
-use codecage::session::{Call, Event};
+use codecage::session::{Call, CallOutcome, Event};
 use codecage::Stream;
 
-mod audit_api;
+pub(crate) mod audit_api;
 mod body;
 mod stream;
 
@@ -35,10 +36,13 @@ use crate::service::{
     with_session, write_session_file, Kind,
 };
 pub use crate::service::{ExecuteRequest, RunRequest, SessionRequest};
-pub use audit_api::{audit_errors, AuditList};
+pub use audit_api::audit_errors;
 use audit_api::{audit_export, audit_list, audit_show};
 pub use body::{body_budget, JsonBody, RawBody};
-use stream::{ndjson, output_event, wants_ndjson, StreamEvent};
+pub use stream::StreamEvent;
+use stream::{ndjson, output_event, wants_ndjson};
+
+use super::openapi::{CallRefusals, Missing, MissingOrBusy, Refusals, Unauthenticated};
 
 /// The routes, on whatever listener.
 pub fn router(state: Shared) -> Router {
@@ -91,8 +95,8 @@ struct ErrorInfo {
     pub(super) code: Option<Box<service::code::Measured>>,
 }
 
-#[derive(Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// An error answer's body: `{"error": kind, "message": ..., "retry_after": seconds}`.
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// What went wrong, for a program: `invalid_request`, `unauthorized`, `policy`,
     /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `quota` (the caller
@@ -102,6 +106,9 @@ pub struct ErrorBody {
     pub error: String,
     /// What went wrong and what to do, for a person or an agent.
     pub message: String,
+    /// Seconds to wait before trying again (429, 503; also the Retry-After header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
 }
 
 impl IntoResponse for ApiError {
@@ -115,6 +122,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             error: self.kind().to_string(),
             message: self.message,
+            retry_after: self.retry_after,
         };
         let mut response = (status_of(self.kind), Json(body)).into_response();
         response.extensions_mut().insert(info);
@@ -128,8 +136,7 @@ impl IntoResponse for ApiError {
 }
 
 /// A session, as the API shows it.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SessionInfo {
     pub id: String,
     pub language: Lang,
@@ -146,7 +153,14 @@ pub struct SessionInfo {
 
 /// `GET /healthz`: 200 `ok` while the server and its gateway can serve; 503 and why not
 /// when the gateway cannot relay (its runtime stalled, its reaper far behind).
-async fn healthz() -> (StatusCode, String) {
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "server",
+    summary = "Liveness (answered without a token on TCP too)",
+    responses(
+        (status = 200, description = "ok", body = String, content_type = "text/plain"),
+        (status = 503, description = "the network gateway cannot relay (the body says why)",
+            body = String, content_type = "text/plain"),
+    ))]
+pub(crate) async fn healthz() -> (StatusCode, String) {
     match crate::gateway::Gateway::health().await {
         Ok(_) => (StatusCode::OK, "ok\n".into()),
         Err(why) => (
@@ -157,8 +171,7 @@ async fn healthz() -> (StatusCode, String) {
 }
 
 /// `GET /v1/pool`: how many pooled sandboxes and sessions are ready, by profile.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct PoolStatus {
     /// Sandboxes ready for `POST /v1/run`, by profile.
     pub runs: BTreeMap<String, usize>,
@@ -166,12 +179,20 @@ pub struct PoolStatus {
     pub sessions: BTreeMap<String, usize>,
 }
 
-async fn pool_status(State(state): State<Shared>) -> Json<PoolStatus> {
+#[utoipa::path(get, path = "/v1/pool", operation_id = "pool_status", tag = "server",
+    summary = "The warm pool: sandboxes and sessions ready, by profile",
+    security(("bearer" = [])),
+    responses((status = 200, description = "ready counts", body = PoolStatus), Unauthenticated))]
+pub(crate) async fn pool_status(State(state): State<Shared>) -> Json<PoolStatus> {
     let (runs, sessions) = state.pool.ready();
     Json(PoolStatus { runs, sessions })
 }
 
-async fn openapi() -> Response {
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "server",
+    summary = "This document",
+    security(("bearer" = [])),
+    responses((status = 200, description = "the OpenAPI document", body = Object), Unauthenticated))]
+pub(crate) async fn openapi() -> Response {
     let doc = super::openapi_document();
     ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
 }
@@ -180,7 +201,21 @@ async fn not_found() -> ApiError {
     ApiError::new(Kind::NotFound, "no such endpoint: see GET /openapi.json")
 }
 
-async fn run(
+#[utoipa::path(post, path = "/v1/run", operation_id = "run", tag = "runs",
+    summary = "Run code or a program in a new sandbox",
+    description = "With `Accept: application/x-ndjson` the run streams, one event a line: stdout and \
+        stderr as they happen, a heartbeat every 10 s, then the result; a refusal found after the \
+        stream began is a final `error` event. A client that disconnects stops the run.",
+    request_body = RunRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the run's outcome, whatever its verdict", content(
+            (Outcome = "application/json"),
+            (StreamEvent<Outcome> = "application/x-ndjson"),
+        )),
+        Refusals, Unauthenticated,
+    ))]
+pub(crate) async fn run(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
@@ -201,7 +236,7 @@ async fn run(
     let sink = move |s: Stream, bytes: &[u8]| events.push(output_event(s, bytes));
     tokio::spawn(stream.conclude(async move {
         match run_request(&state, &caller, Via::Api, body, stop, sink).await {
-            Ok(outcome) => StreamEvent::RunResult(Box::new(outcome)),
+            Ok(outcome) => StreamEvent::Result(Box::new(outcome)),
             Err(e) => StreamEvent::error(e),
         }
     }));
@@ -226,7 +261,15 @@ fn info(entry: &Entry) -> SessionInfo {
     }
 }
 
-async fn create_session(
+#[utoipa::path(post, path = "/v1/sessions", operation_id = "create_session", tag = "sessions",
+    summary = "Create a session: a sandbox with a persistent interpreter",
+    request_body = SessionRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "the new session", body = SessionInfo),
+        Refusals, Unauthenticated,
+    ))]
+pub(crate) async fn create_session(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<SessionRequest>,
@@ -235,7 +278,11 @@ async fn create_session(
     Ok((StatusCode::CREATED, Json(info(&entry))))
 }
 
-async fn list_sessions(
+#[utoipa::path(get, path = "/v1/sessions", operation_id = "list_sessions", tag = "sessions",
+    summary = "List the caller's live sessions (an admin's: every one)",
+    security(("bearer" = [])),
+    responses((status = 200, description = "the sessions", body = Vec<SessionInfo>), Unauthenticated))]
+pub(crate) async fn list_sessions(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Json<Vec<SessionInfo>> {
@@ -247,7 +294,12 @@ async fn list_sessions(
     )
 }
 
-async fn get_session(
+#[utoipa::path(get, path = "/v1/sessions/{id}", operation_id = "get_session", tag = "sessions",
+    summary = "A session",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`")),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the session", body = SessionInfo), Missing, Unauthenticated))]
+pub(crate) async fn get_session(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -256,7 +308,12 @@ async fn get_session(
     Ok(Json(info(&entry)))
 }
 
-async fn delete_session(
+#[utoipa::path(delete, path = "/v1/sessions/{id}", operation_id = "delete_session", tag = "sessions",
+    summary = "Close a session",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`")),
+    security(("bearer" = [])),
+    responses((status = 204, description = "closed: every process killed, nothing left"), Missing, Unauthenticated))]
+pub(crate) async fn delete_session(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -265,7 +322,25 @@ async fn delete_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn execute(
+#[utoipa::path(post, path = "/v1/sessions/{id}/execute", operation_id = "execute", tag = "sessions",
+    summary = "Run a call in a session",
+    description = "With `Accept: application/x-ndjson` the events stream as they happen, one a line: \
+        stdout, stderr, displays, a heartbeat every 10 s, then the result. A reader more than 1 MiB of \
+        events behind loses events, counted in a `dropped` event before the result (which has all the \
+        output); the call keeps its own clock. Refusals are known before the stream starts (their status \
+        codes); a failure after it ends the stream with an `error` event. A client that disconnects \
+        interrupts the call.",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`")),
+    request_body = ExecuteRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the call's outcome, whatever its verdict", content(
+            (CallOutcome = "application/json"),
+            (StreamEvent<CallOutcome> = "application/x-ndjson"),
+        )),
+        CallRefusals, Unauthenticated,
+    ))]
+pub(crate) async fn execute(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -339,7 +414,12 @@ fn shape(
     }
 }
 
-async fn reset(
+#[utoipa::path(post, path = "/v1/sessions/{id}/reset", operation_id = "reset_session", tag = "sessions",
+    summary = "A fresh interpreter in the same sandbox (/work is kept)",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`")),
+    security(("bearer" = [])),
+    responses((status = 204, description = "reset"), MissingOrBusy, Unauthenticated))]
+pub(crate) async fn reset(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -348,7 +428,12 @@ async fn reset(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn interrupt(
+#[utoipa::path(post, path = "/v1/sessions/{id}/interrupt", operation_id = "interrupt_session", tag = "sessions",
+    summary = "Interrupt the running call (as its timeout would)",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`")),
+    security(("bearer" = [])),
+    responses((status = 204, description = "interrupt sent"), Missing, Unauthenticated))]
+pub(crate) async fn interrupt(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -358,14 +443,16 @@ async fn interrupt(
 }
 
 /// `GET /v1/sessions/{id}/files?path=DIR`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// The directory, relative to /work (default: /work).
     #[serde(default)]
+    #[param(required = false)]
     path: String,
 }
 /// One entry of `GET /v1/sessions/{id}/files`.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct FileEntry {
     pub name: String,
     /// `file`, `dir`, `symlink` or `other`.
@@ -376,7 +463,16 @@ pub struct FileEntry {
     pub mtime: String,
 }
 
-async fn list_files(
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", operation_id = "list_files", tag = "files",
+    summary = "List a directory of the session's /work",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`"), ListQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the entries, sorted by name", body = Vec<FileEntry>),
+        (status = 400, description = "a bad path", body = ErrorBody),
+        MissingOrBusy, Unauthenticated,
+    ))]
+pub(crate) async fn list_files(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -400,7 +496,17 @@ async fn list_files(
     Ok(Json(entries))
 }
 
-async fn download(
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", operation_id = "download_file", tag = "files",
+    summary = "Download a file of the session's /work",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`"), ("path" = String, Path, description = "the file, relative to /work (no `..`)")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the file's bytes, with its media type", body = Vec<u8>,
+            content_type = "application/octet-stream"),
+        (status = 400, description = "a bad path, or over the profile's read cap", body = ErrorBody),
+        MissingOrBusy, Unauthenticated,
+    ))]
+pub(crate) async fn download(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
@@ -416,7 +522,18 @@ async fn download(
     Ok(([(header::CONTENT_TYPE, media)], data).into_response())
 }
 
-async fn upload(
+#[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", operation_id = "upload_file", tag = "files",
+    summary = "Upload a file into the session's /work (the body is its bytes)",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`"), ("path" = String, Path, description = "the file, relative to /work (no `..`)")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    security(("bearer" = [])),
+    responses(
+        (status = 204, description = "written"),
+        (status = 400, description = "a bad path, or over the profile's inputs caps", body = ErrorBody),
+        (status = 413, description = "the body is over the server's limit (`payload_too_large`)", body = ErrorBody),
+        MissingOrBusy, Unauthenticated,
+    ))]
+pub(crate) async fn upload(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,

@@ -13,7 +13,6 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use codecage::outcome::encode_stream;
-use codecage::session::CallOutcome;
 use codecage::Stream;
 
 use super::ApiError;
@@ -26,42 +25,44 @@ pub(super) fn wants_ndjson(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.contains("application/x-ndjson"))
 }
 
-/// One streamed event of `execute` with `Accept: application/x-ndjson`.
-#[derive(Serialize)]
+/// One line of a streamed answer (`Accept: application/x-ndjson`): the output as it
+/// comes, then the result (`R`: a run's `Outcome`, a call's `CallOutcome`) or an error.
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "lowercase")]
-pub(super) enum StreamEvent {
+pub enum StreamEvent<R> {
+    /// What the code wrote to stdout since the last event.
     Stdout {
         data: String,
         encoding: codecage::outcome::Encoding,
     },
+    /// What the code wrote to stderr since the last event.
     Stderr {
         data: String,
         encoding: codecage::outcome::Encoding,
     },
+    /// A MIME bundle a session's call showed (a figure, `display()`).
     Display {
+        #[schema(value_type = codecage::session::MimeBundleSchema)]
         data: codecage::session::MimeBundle,
     },
     /// Output the stream did not carry because its reader fell behind (the result
     /// carries all of it, up to the output limit).
-    Dropped {
-        bytes: u64,
-        events: u64,
-    },
-    /// The call could not give its result (it ended the stream without one).
+    Dropped { bytes: u64, events: u64 },
+    /// The work could not give its result (a refusal found after the stream began, or a
+    /// failure): the stream's last event.
     Error {
+        /// The error's kind, as in an error answer's body.
         error: String,
         message: String,
     },
     /// The stream is alive (every 10 s while the work runs).
     Heartbeat,
-    Result(Box<CallOutcome>),
-    /// A run's outcome (`POST /v1/run` streamed).
-    #[serde(rename = "result")]
-    RunResult(Box<codecage::outcome::Outcome>),
+    /// The result, whatever its verdict: the stream's last event.
+    Result(Box<R>),
 }
 
-impl StreamEvent {
-    pub(super) fn error(e: ApiError) -> StreamEvent {
+impl<R> StreamEvent<R> {
+    pub(super) fn error(e: ApiError) -> StreamEvent<R> {
         StreamEvent::Error {
             error: e.kind().to_string(),
             message: e.message,
@@ -81,7 +82,7 @@ struct Backlog {
     dropped_events: AtomicU64,
 }
 
-pub(super) fn output_event(stream: Stream, bytes: &[u8]) -> StreamEvent {
+pub(super) fn output_event<R>(stream: Stream, bytes: &[u8]) -> StreamEvent<R> {
     let (encoding, data) = encode_stream(bytes);
     match stream {
         Stream::Stdout => StreamEvent::Stdout { data, encoding },
@@ -94,9 +95,8 @@ const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// The sending side of a streamed answer (NDJSON): events from the work's thread, which
 /// never waits for the reader, then the final event.
-#[derive(Clone)]
-pub(super) struct Events {
-    queue: tokio::sync::mpsc::Sender<(StreamEvent, usize)>,
+pub(super) struct Events<R> {
+    queue: tokio::sync::mpsc::Sender<(StreamEvent<R>, usize)>,
     backlog: Arc<Backlog>,
     /// Fired when the reader is gone: the work stops.
     stop: CancellationToken,
@@ -104,8 +104,10 @@ pub(super) struct Events {
 
 /// A streamed answer: the sender for the work, and the response whose body holds `stop`'s
 /// drop guard (a client that goes drops the body, and the work is stopped).
-pub(super) fn ndjson(stop: CancellationToken) -> (Events, Response) {
-    let (queue, receiver) = tokio::sync::mpsc::channel::<(StreamEvent, usize)>(1024);
+pub(super) fn ndjson<R: Serialize + Send + 'static>(
+    stop: CancellationToken,
+) -> (Events<R>, Response) {
+    let (queue, receiver) = tokio::sync::mpsc::channel::<(StreamEvent<R>, usize)>(1024);
     let backlog = Arc::new(Backlog::default());
     let events = Events {
         queue,
@@ -125,10 +127,20 @@ pub(super) fn ndjson(stop: CancellationToken) -> (Events, Response) {
     (events, response)
 }
 
-impl Events {
+impl<R> Clone for Events<R> {
+    fn clone(&self) -> Self {
+        Events {
+            queue: self.queue.clone(),
+            backlog: self.backlog.clone(),
+            stop: self.stop.clone(),
+        }
+    }
+}
+
+impl<R: Serialize> Events<R> {
     /// On the work's thread: queued if the buffer has room, else dropped and counted; with
     /// the reader gone, the work is stopped.
-    pub(super) fn push(&self, event: StreamEvent) {
+    pub(super) fn push(&self, event: StreamEvent<R>) {
         let size = match &event {
             StreamEvent::Stdout { data, .. } | StreamEvent::Stderr { data, .. } => data.len(),
             _ => serde_json::to_vec(&event).map_or(0, |v| v.len()),
@@ -151,7 +163,7 @@ impl Events {
 
     /// Waits for the work's last event (with a heartbeat while it runs), then sends what
     /// was dropped, if anything, and that event.
-    pub(super) async fn conclude(self, work: impl std::future::Future<Output = StreamEvent>) {
+    pub(super) async fn conclude(self, work: impl std::future::Future<Output = StreamEvent<R>>) {
         tokio::pin!(work);
         let mut beat = tokio::time::interval(HEARTBEAT);
         beat.tick().await;
