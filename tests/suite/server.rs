@@ -402,6 +402,29 @@ fn tcp_needs_the_token() {
         let (status, body) = curl(&["-H", &format!("Authorization: Bearer {TOKEN}")]);
         assert_eq!(status, 200, "{body}");
         assert!(body.contains("\"stdout\":\"tcp\\n\""), "{body}");
+        // A 401 names the scheme to use (RFC 6750), and says when the token given was bad.
+        let head = |extra: &[&str]| {
+            let out = Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-D", "-"])
+                .arg(format!("http://{tcp}/v1/sessions"))
+                .args(extra)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).to_lowercase()
+        };
+        let none = head(&[]);
+        assert!(none.starts_with("http/1.1 401"), "{none}");
+        assert!(
+            none.contains("\r\nwww-authenticate: bearer realm=\"codecage\"\r\n"),
+            "{none}"
+        );
+        let wrong = head(&["-H", "Authorization: Bearer wrong-token-0123456789"]);
+        assert!(
+            wrong.contains(
+                "\r\nwww-authenticate: bearer realm=\"codecage\", error=\"invalid_token\"\r\n"
+            ),
+            "{wrong}"
+        );
         server.stop();
     });
 }
@@ -713,6 +736,130 @@ fn the_openapi_document_describes_every_endpoint() {
         }
         // An endpoint the document does not list does not exist.
         assert_eq!(server.request("GET", "/v1/nothing", None).0, 404);
+        server.stop();
+    });
+}
+
+/// The venv's python with openapi-python-client, or why there is none.
+fn openapi_python() -> Result<PathBuf, String> {
+    let path = std::env::var_os("CODECAGE_OPENAPI_PYTHON").map_or_else(
+        || PathBuf::from("/var/cache/codecage/openapi-client/bin/python"),
+        PathBuf::from,
+    );
+    let ok = Command::new(&path)
+        .args(["-c", "import openapi_python_client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Ok(path)
+    } else {
+        Err(format!(
+            "openapi-python-client ({} with the package; `cargo xtask test` installs it)",
+            path.display()
+        ))
+    }
+}
+
+/// A client generated from the served document (openapi-python-client, without a
+/// warning) runs code, opens a session, keeps its state across two calls and closes it,
+/// over TCP with the bearer token; its models parse every answer, errors included.
+#[test]
+fn a_client_generated_from_the_openapi_document_works() {
+    as_root(|| {
+        let python = match openapi_python() {
+            Ok(python) => python,
+            Err(why) => return unavailable(&why),
+        };
+        let server = Server::start("", true);
+        let (status, doc) = server.request("GET", "/openapi.json", None);
+        assert_eq!(status, 200, "{doc}");
+        let dir = TempDir::new("openapi-client");
+        let spec = dir.path().join("openapi.json");
+        std::fs::write(&spec, doc.to_string()).unwrap();
+        // The generator reads no NDJSON: the streamed answers are bytes to this client.
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            "content_type_overrides:\n  application/x-ndjson: application/octet-stream\n",
+        )
+        .unwrap();
+        let bin = python.parent().unwrap();
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let generated = Command::new(&python)
+            .args(["-m", "openapi_python_client", "generate", "--meta", "none"])
+            .arg("--path")
+            .arg(&spec)
+            .arg("--config")
+            .arg(&config)
+            .arg("--output-path")
+            .arg(dir.path().join("codecage_client"))
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&generated.stdout),
+            String::from_utf8_lossy(&generated.stderr)
+        );
+        assert!(generated.status.success(), "{said}");
+        assert!(
+            !said.to_lowercase().contains("warning") && !said.contains("Unable to"),
+            "the generator warned: {said}"
+        );
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/suite/scripts/openapi_client.py"
+        );
+        let out = Command::new(&python)
+            .arg(script)
+            .arg(format!("http://{}", server.tcp_address()))
+            .arg(TOKEN)
+            .env("PYTHONPATH", dir.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the generated client failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(
+            seen["run"],
+            json!({"stdout": "42\n", "exit_code": 0, "encoding": "utf-8", "files": []}),
+            "{seen}"
+        );
+        assert_eq!(
+            seen["created"],
+            json!({"status": 201, "language": "python"}),
+            "{seen}"
+        );
+        assert_eq!(seen["listed"], true, "{seen}");
+        let calls = seen["calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2, "{seen}");
+        assert_eq!(calls[0]["stdout"], "set\n", "{seen}");
+        assert_eq!(calls[1]["stdout"], "42\n", "{seen}");
+        for call in calls {
+            assert_eq!(call["error"], Value::Null, "{seen}");
+            assert_eq!(call["preserved"], true, "{seen}");
+        }
+        assert_eq!(seen["executions"], 2, "{seen}");
+        assert_eq!(seen["closed"], 204, "{seen}");
+        assert_eq!(
+            seen["gone"],
+            json!({"status": 404, "error": "not_found"}),
+            "{seen}"
+        );
+        assert_eq!(
+            seen["unauthorized"],
+            json!({"status": 401, "error": "unauthorized",
+                   "challenge": "Bearer realm=\"codecage\", error=\"invalid_token\""}),
+            "{seen}"
+        );
         server.stop();
     });
 }

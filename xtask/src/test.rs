@@ -148,6 +148,7 @@ fn test_once(args: &Args) -> Result<i32> {
         bail!("the default image could not be built (cargo xtask rootfs exited {built})");
     }
     let mcp_python = mcp_client()?;
+    let openapi_python = openapi_client()?;
     let nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .output()
@@ -161,6 +162,7 @@ fn test_once(args: &Args) -> Result<i32> {
     }
     cmd.args(&args.nextest_args);
     cmd.env("CODECAGE_MCP_PYTHON", &mcp_python);
+    cmd.env("CODECAGE_OPENAPI_PYTHON", &openapi_python);
     eprintln!("xtask: {cmd:?}");
     let native_start = std::time::Instant::now();
     let mut native = cmd.status().context("running cargo")?.code().unwrap_or(1);
@@ -210,23 +212,38 @@ fn test_once(args: &Args) -> Result<i32> {
     Ok(if native != 0 { native } else { vm })
 }
 
-/// The MCP tests' client: the official MCP Python SDK, pinned, in a venv of Debian's
-/// python3 under /var/cache/codecage (made once; python3-venv installed when missing).
-/// Returns its python.
+/// The MCP tests' client: the official MCP Python SDK, pinned (see [`python_client`]).
 fn mcp_client() -> Result<std::path::PathBuf> {
-    const PACKAGE: &str = "mcp==2.3.0";
-    let venv = std::path::Path::new("/var/cache/codecage/mcp-client");
+    python_client("mcp-client", &["mcp==2.3.0"], "the MCP tests")
+}
+
+/// The OpenAPI test's client generator: openapi-python-client, pinned (it brings httpx
+/// and attrs, which the client it generates imports, and ruff, which formats it).
+fn openapi_client() -> Result<std::path::PathBuf> {
+    python_client(
+        "openapi-client",
+        &["openapi-python-client==0.29.1"],
+        "the OpenAPI client test",
+    )
+}
+
+/// A test's Python client: `packages`, pinned, in a venv of Debian's python3 at
+/// /var/cache/codecage/NAME (made once, stamped with the packages; python3-venv
+/// installed when missing). Returns its python.
+fn python_client(name: &str, packages: &[&str], needed_by: &str) -> Result<std::path::PathBuf> {
+    let venv = std::path::Path::new("/var/cache/codecage").join(name);
     let python = venv.join("bin/python");
     let stamp = venv.join("codecage-installed");
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == PACKAGE) {
+    let wanted = packages.join(" ");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok(python);
     }
-    eprintln!("xtask: the MCP client ({PACKAGE}) in {}", venv.display());
+    eprintln!("xtask: {wanted} in {} for {needed_by}", venv.display());
     let make = || {
-        let _ = std::fs::remove_dir_all(venv);
+        let _ = std::fs::remove_dir_all(&venv);
         Command::new("/usr/bin/python3")
             .args(["-m", "venv"])
-            .arg(venv)
+            .arg(&venv)
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -241,13 +258,14 @@ fn mcp_client() -> Result<std::path::PathBuf> {
         }
     }
     let pip = Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", "--disable-pip-version-check", PACKAGE])
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .args(packages)
         .status()
         .context("running pip")?;
     if !pip.success() {
-        bail!("pip install {PACKAGE} failed: the MCP tests need it (PyPI must be reachable)");
+        bail!("pip install {wanted} failed: it is for {needed_by} (PyPI must be reachable)");
     }
-    std::fs::write(&stamp, PACKAGE)?;
+    std::fs::write(&stamp, wanted)?;
     Ok(python)
 }
 
