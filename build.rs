@@ -10,6 +10,11 @@
 //! walks; the search is about 110 instructions (x86_64) and about 8 comparisons per syscall. The syscall numbers still
 //! come from seccompiler's tables, by compiling each name alone and reading its number off
 //! the program, so the policy file stays the one source of names.
+//!
+//! It also fingerprints the sources (`CODECAGE_BUILD_ID`): the launcher starts a sandbox's
+//! init with it in the init's argv, and an init of another build (a `codecage-init` left
+//! from an older install beside a newer `codecage`) refuses to start instead of
+//! misreading the protocol.
 
 use std::path::PathBuf;
 
@@ -27,6 +32,7 @@ const SECCOMP_DATA_NR: u32 = 0;
 const SECCOMP_DATA_ARCH: u32 = 4;
 
 fn main() {
+    build_id();
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").expect("target arch");
     let (file, target, audit_arch) = match arch.as_str() {
         "x86_64" => ("x86_64", TargetArch::x86_64, 0xc000_003e_u32),
@@ -207,4 +213,37 @@ fn emit(ranges: &[(u32, u32)], code: &mut Vec<(u16, Target, Target, u32)>) {
             emit(&ranges[mid..], code);
         }
     }
+}
+
+/// `CODECAGE_BUILD_ID`: FNV-1a over the path and content of every file under src/ and
+/// drivers/, in path order. Both binaries link the same library, so they agree exactly
+/// when they come from one build.
+fn build_id() {
+    fn walk(dir: &std::path::Path, files: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir)
+            .expect("read a source directory")
+            .flatten()
+        {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in ["src", "drivers"] {
+        println!("cargo:rerun-if-changed={dir}");
+        walk(std::path::Path::new(dir), &mut files);
+    }
+    files.sort();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for file in &files {
+        let bytes = std::fs::read(file).expect("read a source file");
+        for byte in file.to_string_lossy().bytes().chain(bytes) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    println!("cargo:rustc-env=CODECAGE_BUILD_ID={hash:016x}");
 }

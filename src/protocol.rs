@@ -30,10 +30,18 @@ use serde::{Deserialize, Serialize};
 
 /// The fd number of the channel in the init.
 pub const CHANNEL_FD: RawFd = 3;
-/// The hidden subcommand that turns the codecage binary into a sandbox init.
-pub const INIT_ARG: &str = "__sandbox-init";
+/// What every init's argv[1] starts with.
+pub const INIT_ARG_PREFIX: &str = "__sandbox-init:";
+/// The hidden subcommand that turns the codecage binary (or `codecage-init`) into a sandbox
+/// init, with this build's fingerprint (build.rs): an init of another build refuses it.
+pub const INIT_ARG: &str = concat!("__sandbox-init:", env!("CODECAGE_BUILD_ID"));
 /// [`INIT_ARG`] for the raw child's execveat, which cannot allocate.
-pub const INIT_ARG_C: &CStr = c"__sandbox-init";
+pub const INIT_ARG_C: &CStr = match CStr::from_bytes_with_nul(
+    concat!("__sandbox-init:", env!("CODECAGE_BUILD_ID"), "\0").as_bytes(),
+) {
+    Ok(arg) => arg,
+    Err(_) => panic!("the init argument has no interior NUL"),
+};
 
 /// The "go" byte: maps are written; become root in the sandbox and exec the init.
 pub const GO: u8 = b'G';
@@ -206,7 +214,7 @@ steps! {
     SetParentDeathSignal = "set_parent_death_signal": "setting PR_SET_PDEATHSIG",
     AttachStdio = "attach_stdio": "attaching stdin, stdout, stderr and the channel",
     CloseInheritedFds = "close_inherited_fds": "marking inherited fds close-on-exec",
-    ExecInit = "exec_init": "executing the sandbox init (the codecage binary)",
+    ExecInit = "exec_init": "executing the sandbox init (codecage-init, or the codecage binary itself)",
     // The init, pid 1 of the sandbox.
     ResetSignalDispositions = "reset_signal_dispositions": "setting every signal back to its default action",
     LeaveSession = "leave_session": "leaving the launcher's session (setsid)",

@@ -368,9 +368,28 @@ pub struct SandboxSpec {
     /// gateway (see [`crate::network`]).
     pub network: NetworkSpec,
     /// The binary to run as the sandbox's pid 1: a program whose `main` calls
-    /// [`crate::dispatch_init`] first. `/proc/self/exe`, the default, is the running
-    /// program itself, which is right for the `codecage` binary.
+    /// [`crate::dispatch_init`] first, from the same build as the launcher. The default is
+    /// the running program itself (`/proc/self/exe`), or what the front end named with
+    /// [`set_default_init_exe`] (`codecage` names `codecage-init`).
     pub init_exe: PathBuf,
+}
+
+/// The init binary of the Specs made from now on (see [`set_default_init_exe`]).
+static DEFAULT_INIT_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Names the binary that every [`Spec`] made from now on runs as the sandbox's pid 1,
+/// instead of `/proc/self/exe`: for a front end that ships a small init of its own (the
+/// `codecage` command uses `codecage-init` beside it: the second exec of every run then
+/// loads a small program instead of the whole front end). Only the first call counts.
+pub fn set_default_init_exe(path: PathBuf) {
+    let _ = DEFAULT_INIT_EXE.set(path);
+}
+
+fn default_init_exe() -> PathBuf {
+    DEFAULT_INIT_EXE
+        .get()
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"))
 }
 
 /// Where the REPL drivers are, inside a sandbox that has them: on a small read-only tmpfs
@@ -428,7 +447,7 @@ impl Default for SandboxSpec {
                 allowed_ports: crate::network::DEFAULT_PORTS.to_vec(),
                 ..NetworkSpec::default()
             },
-            init_exe: PathBuf::from("/proc/self/exe"),
+            init_exe: default_init_exe(),
         };
         for knob in Knob::all() {
             spec.set(knob, knob.def().default);

@@ -21,7 +21,9 @@ use std::os::unix::net::UnixStream;
 
 use nix::sched::{unshare, CloneFlags};
 
-use crate::protocol::{self, FromSandbox, Phase, SetupError, Step, CHANNEL_FD, INIT_ARG};
+use crate::protocol::{
+    self, FromSandbox, Phase, SetupError, Step, CHANNEL_FD, INIT_ARG, INIT_ARG_PREFIX,
+};
 use crate::spec::SandboxSpec;
 
 pub use files::Entry as DirEntry;
@@ -38,15 +40,24 @@ const INIT_COMM: &std::ffi::CStr = c"codecage";
 /// sandbox and never returns. Anything that runs before it (a tokio runtime, threads)
 /// would be inherited by every sandbox.
 pub fn dispatch_init() {
-    if std::env::args_os()
-        .nth(1)
-        .is_some_and(|arg| arg == INIT_ARG)
-    {
-        init_main()
+    let Some(arg) = std::env::args_os().nth(1) else {
+        return;
+    };
+    if arg == INIT_ARG {
+        init_main(None)
+    }
+    if let Some(theirs) = arg.to_str().and_then(|a| a.strip_prefix(INIT_ARG_PREFIX)) {
+        // A launcher of another build: its spec may not mean what this init would read.
+        let ours = &INIT_ARG[INIT_ARG_PREFIX.len()..];
+        init_main(Some(format!(
+            "the sandbox init {} is from another build of codecage (build {ours}) than the \
+             launcher (build {theirs}): install codecage and codecage-init from one build",
+            std::env::current_exe().unwrap_or_default().display()
+        )))
     }
 }
 
-fn init_main() -> ! {
+fn init_main(mismatch: Option<String>) -> ! {
     // Named the same on every kernel: older ones (5.10 in the VM lanes) name a program
     // started with execveat(fd, "", AT_EMPTY_PATH) after the fd's number (`ps` showed pid 1
     // as `7`), newer ones after the file. Nothing depends on the name, so a failure (there
@@ -62,6 +73,17 @@ fn init_main() -> ! {
             std::process::exit(125)
         }
     };
+    if let Some(context) = mismatch {
+        let error = SetupError {
+            step: Step::ExecInit,
+            errno: None,
+            context,
+            cause: None,
+        };
+        let failed = FromSandbox::SetupFailed { id: None, error };
+        let _ = protocol::write_message(&mut &channel, &failed, protocol::MAX_FRAME);
+        std::process::exit(125)
+    }
     match build(&channel) {
         Ok(spec) => init::serve(&spec, &channel),
         Err(error) => {

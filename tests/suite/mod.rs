@@ -4,6 +4,7 @@ mod host;
 mod audit;
 mod basic;
 mod bombs;
+mod budget;
 mod cells;
 mod cleanup;
 mod compat;

@@ -7,7 +7,9 @@
 //! what [`expected_paths`] says).
 //!
 //! What it holds:
-//! - `/usr/bin/codecage`: the release binary, stripped;
+//! - `/usr/bin/codecage`: the release binary, stripped, and beside it
+//!   `/usr/libexec/codecage/codecage-init`, the sandboxes' pid 1 (the launcher executes
+//!   it instead of itself);
 //! - `/usr/share/codecage/profiles/` and `/usr/share/codecage/seccomp/`: the built-in
 //!   profiles and seccomp policy, for reference (the binary has them built in; a file in
 //!   /etc/codecage/profiles replaces a profile);
@@ -48,6 +50,10 @@ pub struct Args {
 
 /// The package's name, its unit and its conffiles.
 const PACKAGE: &str = "codecage";
+/// The sandboxes' init binary, and where the package puts it (where `codecage` looks for
+/// it when it is not beside it: src/main.rs).
+const INIT: &str = "codecage-init";
+const INIT_PATH: &str = "/usr/libexec/codecage/codecage-init";
 const CONFFILES: &[&str] = &["/etc/codecage/config.toml", "/etc/codecage/server.toml"];
 const UNIT: &str = "/lib/systemd/system/codecage.service";
 const MAINTAINER: &str = "codecage maintainers <maintainers@codecage.invalid>";
@@ -68,14 +74,19 @@ pub fn dist(args: &Args) -> Result<i32> {
             "--locked",
             "--bin",
             PACKAGE,
+            "--bin",
+            INIT,
         ]))?;
     }
     let binary = root.join("target/release/codecage");
-    ensure!(
-        binary.is_file(),
-        "{} does not exist: run without --no-build",
-        binary.display()
-    );
+    let init = root.join("target/release").join(INIT);
+    for file in [&binary, &init] {
+        ensure!(
+            file.is_file(),
+            "{} does not exist: run without --no-build",
+            file.display()
+        );
+    }
 
     if stage.exists() {
         std::fs::remove_dir_all(&stage)
@@ -95,11 +106,14 @@ pub fn dist(args: &Args) -> Result<i32> {
         set_mode(&to, mode)
     };
 
-    // The binary, stripped (the release profile keeps line tables for backtraces).
+    // The binaries, stripped (the release profile keeps line tables for backtraces).
     put("/usr/bin/codecage", &binary, 0o755)?;
-    run(Command::new("strip")
-        .arg("--strip-all")
-        .arg(stage.join("usr/bin/codecage")))?;
+    put(INIT_PATH, &init, 0o755)?;
+    for file in ["/usr/bin/codecage", INIT_PATH] {
+        run(Command::new("strip")
+            .arg("--strip-all")
+            .arg(stage.join(file.trim_start_matches('/'))))?;
+    }
 
     // The built-in profiles and the seccomp policy, as shipped in the binary.
     for (dir, ext, to) in [
@@ -257,6 +271,7 @@ fn listed_paths(listing: &str) -> Vec<String> {
 fn expected_paths() -> Vec<&'static str> {
     let mut paths = vec![
         "/usr/bin/codecage",
+        INIT_PATH,
         "/usr/share/codecage/profiles/python.toml",
         "/usr/share/codecage/profiles/ci.toml",
         "/usr/share/codecage/seccomp/x86_64.json",

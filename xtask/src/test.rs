@@ -98,6 +98,8 @@ const NEEDED: &[(&str, &str)] = &[
     ("/usr/bin/python3", "python3"),
     ("/usr/bin/node", "nodejs"),
     ("/usr/bin/ldd", "libc-bin"),
+    // The start-up budget test (tests/suite/budget.rs) counts system calls with it.
+    ("/usr/bin/strace", "strace"),
 ];
 
 /// The suites of `codecage run` that run a second time with `CODECAGE_PREPARED=1`.

@@ -99,6 +99,7 @@ const SKIP_EVERYWHERE: &[&str] = &[
     "audit::",
     "pool::",
     "transcripts::",
+    "budget::",
     "files::a_plot_and_a_csv_come_back_with_their_sha256_and_media_type",
     "files::bad_input_names_are_refused_and_nothing_runs",
     "files::a_file_that_keeps_growing_is_read_up_to_the_cap_and_the_call_returns",
@@ -351,7 +352,7 @@ mod tests {
         assert_eq!(DEFAULT_LANE.test_phases(), (skips, None));
         assert_eq!(
             DEFAULT_LANE.selection(),
-            "every suite (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
+            "every suite (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -378,7 +379,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
-             (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, 4 files:: tests)"
+             (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
         );
     }
 
