@@ -32,12 +32,78 @@ mod proptests;
 mod protocol;
 pub mod runner;
 mod sandbox;
-pub mod session;
 pub mod spec;
 mod sys;
 pub mod units;
 
-pub use launcher::{run, run_cancellable, run_with, Canceller, Sandbox, Stream};
+pub use launcher::{run, run_cancellable, run_with, session, Canceller, Sandbox, Stream};
 pub use outcome::{ErrorKind, Outcome};
 pub use sandbox::dispatch_init;
 pub use spec::{Exec, Rootfs, SandboxSpec, Spec};
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Only the launcher and the sandbox speak the wire protocol; the session, though under
+    /// the launcher, talks to its sandbox through `Sandbox`'s typed methods. The compiler
+    /// cannot hold this (the protocol must be visible to both, so to the whole crate), so
+    /// this reads every library source for an import of it.
+    #[test]
+    fn only_the_launcher_and_the_sandbox_import_the_protocol() {
+        fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        // The paths looked for, built here so that this file does not match itself.
+        let module = "protocol";
+        let (by_crate, by_super, in_path) = (
+            format!("crate::{module}"),
+            format!("super::{module}"),
+            format!("{module}::"),
+        );
+        let mut offenders = Vec::new();
+        for file in files {
+            let name = file
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let allowed = matches!(name.as_str(), "protocol.rs" | "proptests.rs")
+                || name.starts_with("sandbox/")
+                || (name.starts_with("launcher/") && !name.starts_with("launcher/session"));
+            if allowed {
+                continue;
+            }
+            let text: String = std::fs::read_to_string(&file)
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            // The module by its path from the crate or a parent, or in a `use crate::{..}`.
+            let grouped = text.split("crate::{").skip(1).any(|group| {
+                let group = group.split(';').next().unwrap_or("");
+                group
+                    .split([',', '{', '}'])
+                    .any(|item| item == module || item.starts_with(&in_path))
+            });
+            if text.contains(&by_crate) || text.contains(&by_super) || grouped {
+                offenders.push(name);
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "these files import the wire protocol (src/protocol.rs), which only src/launcher/ \
+             (not its session) and src/sandbox/ may; give the launcher's Sandbox a typed method \
+             instead: {offenders:?}"
+        );
+    }
+}

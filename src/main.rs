@@ -4,6 +4,7 @@ mod audit;
 mod cli;
 mod client;
 mod gateway;
+mod host_config;
 mod server;
 mod service;
 

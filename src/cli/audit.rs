@@ -123,7 +123,7 @@ pub fn main(args: AuditArgs) -> i32 {
 fn settings(args: &AuditArgs) -> Result<audit::AuditConfig, String> {
     let mut config = match &args.config {
         Some(file) => crate::server::ServerConfig::load(file)?.audit,
-        None => crate::gateway::HostConfig::load()?
+        None => crate::host_config::HostConfig::load()?
             .audit
             .unwrap_or_default(),
     };

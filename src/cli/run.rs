@@ -108,7 +108,7 @@ pub fn main(args: RunArgs) -> i32 {
         Err(e) => return report(&Outcome::failed(ErrorKind::InvalidRequest, e), json),
     };
     let caller = Caller::from_sudo();
-    let host = match crate::gateway::HostConfig::load() {
+    let host = match crate::host_config::HostConfig::load() {
         Ok(config) => config,
         Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
     };

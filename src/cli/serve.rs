@@ -118,7 +118,7 @@ pub fn init_logging() {
 
 #[cfg(test)]
 mod tests {
-    use crate::gateway::HostConfig;
+    use crate::host_config::HostConfig;
     use crate::server::ServerConfig;
 
     /// The file with its examples (`# key = value`, `# [section]`) made live.

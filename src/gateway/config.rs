@@ -1,12 +1,9 @@
 //! The host's settings for the gateway: `[network]` of the server's config and of the
-//! CLI's host config (/etc/codecage/config.toml, or `$CODECAGE_CONFIG`).
+//! CLI's host config (src/host_config.rs).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Deserialize;
-
-/// Where the CLI reads the host's configuration.
-pub const HOST_CONFIG: &str = "/etc/codecage/config.toml";
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -65,80 +62,26 @@ impl GatewayConfig {
     }
 }
 
-/// The CLI's host configuration: what the host's administrator allows every run.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HostConfig {
-    pub network: GatewayConfig,
-    /// `[audit]`: with this section, `codecage run` records each run in the audit log
-    /// (the same database as the server's when the paths agree).
-    pub audit: Option<crate::audit::AuditConfig>,
-}
-
-impl HostConfig {
-    /// `$CODECAGE_CONFIG`, else /etc/codecage/config.toml; a missing default file is an
-    /// empty config.
-    pub fn load() -> Result<HostConfig, String> {
-        let (path, explicit) = match std::env::var_os("CODECAGE_CONFIG") {
-            Some(p) => (PathBuf::from(p), true),
-            None => (PathBuf::from(HOST_CONFIG), false),
-        };
-        HostConfig::load_from(&path, explicit)
-    }
-
-    fn load_from(path: &Path, must_exist: bool) -> Result<HostConfig, String> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
-                return Ok(HostConfig::default())
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot read the host config {}: {e}",
-                    path.display()
-                ))
-            }
-        };
-        let config: HostConfig = toml::from_str(&text).map_err(|e| {
-            format!(
-                "host config {}: {}",
-                path.display(),
-                e.to_string().trim_end()
-            )
-        })?;
-        config
-            .network
-            .validate()
-            .map_err(|e| format!("host config {}: {e}", path.display()))?;
-        if let Some(audit) = &config.audit {
-            audit
-                .validate()
-                .map_err(|e| format!("host config {}: {e}", path.display()))?;
-        }
-        Ok(config)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn index_urls_must_be_http_or_https_and_the_ca_file_must_exist() {
-        let parse = |text: &str| toml::from_str::<HostConfig>(text).unwrap().network;
-        let config = parse("[network]\n");
+        let parse = |text: &str| toml::from_str::<GatewayConfig>(text).unwrap();
+        let config = parse("");
         assert_eq!(config.python_index(), "https://pypi.org/simple/");
         assert_eq!(config.npm_registry(), "https://registry.npmjs.org/");
         assert!(config.validate().is_ok());
         let config = parse(
-            "[network]\npython_index = \"http://10.0.0.1:3141/root/pypi/+simple/\"\nnpm_registry = \"https://npm.internal/\"\n",
+            "python_index = \"http://10.0.0.1:3141/root/pypi/+simple/\"\nnpm_registry = \"https://npm.internal/\"\n",
         );
         assert!(config.validate().is_ok());
-        let err = parse("[network]\nnpm_registry = \"registry.npmjs.org\"\n")
+        let err = parse("npm_registry = \"registry.npmjs.org\"\n")
             .validate()
             .unwrap_err();
         assert!(err.starts_with("network.npm_registry: "), "{err}");
-        let err = parse("[network]\nindex_ca_file = \"/nonexistent/ca.pem\"\n")
+        let err = parse("index_ca_file = \"/nonexistent/ca.pem\"\n")
             .validate()
             .unwrap_err();
         assert!(err.contains("index_ca_file"), "{err}");

@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 
 use codecage::network::{Attached, Connection, Mode, NetworkSpec};
 
-pub use config::{GatewayConfig, HostConfig};
+pub use config::GatewayConfig;
 
 /// The gateway this process installed, for [`Gateway::health`].
 static INSTALLED: OnceLock<Arc<Gateway>> = OnceLock::new();

@@ -20,10 +20,13 @@
 mod clone;
 mod link;
 mod prepared;
+mod requests;
+pub mod session;
 mod supervise;
 
 pub use prepared::Prepared;
 
+pub(crate) use requests::{CallProcess, Report};
 pub(crate) use supervise::{set_nonblocking, take_output_file};
 
 use std::collections::VecDeque;
@@ -344,7 +347,7 @@ impl Sandbox {
     /// processes) and waits up to `timeout` for its answer: the answers in order, up to
     /// and including the one that ends it. Other messages that arrive meanwhile stay
     /// queued for [`Sandbox::next_message`].
-    pub fn request(
+    fn request(
         &mut self,
         message: &ToSandbox,
         timeout: Duration,
@@ -461,7 +464,7 @@ impl Sandbox {
     }
 
     /// The next message read from the channel, if any.
-    pub fn next_message(&mut self) -> Option<FromSandbox> {
+    fn next_message(&mut self) -> Option<FromSandbox> {
         self.inbox.pop_front()
     }
 

@@ -21,13 +21,10 @@ use nix::unistd::pipe2;
 use super::supervise::{self, Stops};
 use super::{Canceller, OutputPipes, Sandbox, StartError, Stream};
 use crate::outcome::{ErrorKind, Outcome};
-use crate::protocol::{FromSandbox, ToSandbox};
 use crate::spec::{Exec, Spec};
 
 /// The bootstrap of a pre-started Python.
 const PRESTART: &str = include_str!("../../drivers/prestart.py");
-/// How long the init may take to write a request's files.
-const FILES_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a pre-started interpreter may take to import its preload.
 const PRELOAD_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -137,22 +134,8 @@ impl Prepared {
         sandbox.grant_current_memory();
         sandbox.reset_peak_memory();
         if !spec.exec.files.is_empty() {
-            let written = sandbox.request(
-                &ToSandbox::WriteFiles {
-                    files: spec.exec.files.clone(),
-                },
-                FILES_TIMEOUT,
-            );
-            match written.as_deref() {
-                Ok([.., FromSandbox::FilesWritten]) => {}
-                Ok([.., FromSandbox::FileError { message }]) => {
-                    return sandbox.failed_before_running(message.clone(), start)
-                }
-                Ok(_) => {
-                    return sandbox
-                        .failed_before_running("the init did not write the files".into(), start)
-                }
-                Err(e) => return sandbox.failed_before_running(e.clone(), start),
+            if let Err(message) = sandbox.write_files(&spec.exec.files) {
+                return sandbox.failed_before_running(message, start);
             }
         }
         let Runner {

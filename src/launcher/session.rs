@@ -39,17 +39,13 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
+use super::{CallProcess, ExecStreams, OutputPipes, Report, Sandbox, StartError, Stream};
 use crate::cgroup::Usage;
-use crate::files::{InputFile, OutputRules};
-use crate::launcher::{ExecStreams, OutputPipes, Sandbox, StartError, Stream};
+use crate::files::{DirEntry, InputFile, OutputRules};
 use crate::outcome::{ErrorKind, Outcome};
-use crate::protocol::{FromSandbox, ProcessInfo, ToSandbox};
 use crate::runner::Lang;
 use crate::spec::{Exec, SandboxSpec};
 use crate::units::{format_duration, format_size};
-
-/// How long a file request (write, collect, list, read) may take.
-const FILE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long an interrupted driver has to answer before every process is killed.
 pub const GRACE: Duration = Duration::from_secs(2);
@@ -343,45 +339,17 @@ impl Session {
 
     /// Writes files into /work (the session must not be running a call).
     pub fn write_files(&mut self, files: &[InputFile]) -> Result<(), String> {
-        let answers = self.sandbox.request(
-            &ToSandbox::WriteFiles {
-                files: files.to_vec(),
-            },
-            FILE_TIMEOUT,
-        )?;
-        match answers.last() {
-            Some(FromSandbox::FilesWritten) => Ok(()),
-            Some(FromSandbox::FileError { message }) => Err(message.clone()),
-            _ => Err("the sandbox did not confirm the files".into()),
-        }
+        self.sandbox.write_files(files)
     }
 
     /// Lists a directory under /work.
-    pub fn list_files(&mut self, path: &str) -> Result<Vec<crate::sandbox::DirEntry>, String> {
-        let answers = self
-            .sandbox
-            .request(&ToSandbox::ListDir { path: path.into() }, FILE_TIMEOUT)?;
-        match answers.into_iter().last() {
-            Some(FromSandbox::Listing { entries }) => Ok(entries),
-            Some(FromSandbox::FileError { message }) => Err(message),
-            _ => Err("the sandbox did not list the directory".into()),
-        }
+    pub fn list_files(&mut self, path: &str) -> Result<Vec<DirEntry>, String> {
+        self.sandbox.list_dir(path)
     }
 
     /// Reads a file under /work, at most `max` bytes.
     pub fn read_file(&mut self, path: &str, max: u64) -> Result<Vec<u8>, String> {
-        let answers = self.sandbox.request(
-            &ToSandbox::ReadFile {
-                path: path.into(),
-                max,
-            },
-            FILE_TIMEOUT,
-        )?;
-        match answers.into_iter().last() {
-            Some(FromSandbox::FileData { data }) => Ok(data),
-            Some(FromSandbox::FileError { message }) => Err(message),
-            _ => Err("the sandbox did not send the file".into()),
-        }
+        self.sandbox.read_file(path, max)
     }
 
     /// Tells the init a call begins (it notes the last pid, and the output directory if
@@ -389,10 +357,8 @@ impl Session {
     fn begin_call(&mut self) -> bool {
         let rules = self.spec.outputs.clone();
         let outputs = rules.is_some();
-        let answers = self
-            .sandbox
-            .request(&ToSandbox::BeginCall { rules }, FILE_TIMEOUT);
-        outputs && matches!(answers.as_deref(), Ok([.., FromSandbox::CallBegun]))
+        let begun = self.sandbox.begin_call(rules);
+        outputs && begun
     }
 
     /// Takes the output files new or changed since the call began (all of them if the
@@ -401,34 +367,12 @@ impl Session {
         let Some(rules) = self.spec.outputs.clone() else {
             return;
         };
-        let request = ToSandbox::CollectOutputs {
-            rules: rules.clone(),
-            changed: marked,
-        };
-        match self.sandbox.request(&request, FILE_TIMEOUT) {
-            Ok(answers) => {
-                let mut total = 0;
-                for answer in answers {
-                    match answer {
-                        FromSandbox::OutputFile { path, data } => {
-                            crate::launcher::take_output_file(
-                                outcome, &rules, &mut total, path, data,
-                            )
-                        }
-                        FromSandbox::OutputsDone { skipped } => {
-                            outcome.files_skipped.extend(skipped)
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            Err(e) => {
-                let note = format!("the output files could not be taken: {e}");
-                outcome.message = Some(match outcome.message.take() {
-                    Some(m) => format!("{m}; {note}"),
-                    None => note,
-                });
-            }
+        if let Err(e) = self.sandbox.collect_outputs(&rules, marked, outcome) {
+            let note = format!("the output files could not be taken: {e}");
+            outcome.message = Some(match outcome.message.take() {
+                Some(m) => format!("{m}; {note}"),
+                None => note,
+            });
         }
     }
 
@@ -539,17 +483,17 @@ impl Session {
             }
             if ready[3] {
                 self.sandbox.read_channel();
-                while let Some(message) = self.sandbox.next_message() {
-                    match message {
-                        FromSandbox::Exited { id, code, signal } if id == driver.id => {
+                while let Some(report) = self.sandbox.next_report() {
+                    match report {
+                        Report::Exited { id, code, signal } if id == driver.id => {
                             run.driver_exit = Some((code, signal));
                             run.end.get_or_insert(End::DriverGone);
                         }
-                        FromSandbox::SetupFailed {
+                        Report::SetupFailed {
                             id: Some(id),
                             error,
                         } if id == driver.id => {
-                            run.end = Some(End::DriverBroke(error.to_string()));
+                            run.end = Some(End::DriverBroke(error));
                         }
                         _ => {}
                     }
@@ -738,41 +682,28 @@ impl Session {
         until: Instant,
     ) -> Vec<KilledProcess> {
         loop {
-            let request = ToSandbox::CallProcesses {
-                id: driver,
-                since_ns,
-            };
-            let left: Vec<ProcessInfo> = match self.sandbox.request(&request, FILE_TIMEOUT) {
-                Ok(answers) => match answers.into_iter().last() {
-                    Some(FromSandbox::CallProcesses { processes }) => processes
-                        .into_iter()
-                        .filter(|p| !p.ignores_hangup)
-                        .collect(),
-                    _ => return Vec::new(),
-                },
-                Err(_) => return Vec::new(),
+            let left: Vec<CallProcess> = match self.sandbox.call_processes(driver, since_ns) {
+                Some(processes) => processes
+                    .into_iter()
+                    .filter(|p| !p.ignores_hangup)
+                    .collect(),
+                None => return Vec::new(),
             };
             if left.is_empty() {
                 return Vec::new();
             }
             let now = Instant::now();
             if now >= until {
-                let kill = ToSandbox::KillProcesses {
-                    processes: left.iter().map(|p| (p.pid, p.start)).collect(),
-                };
-                let _ = self.sandbox.request(&kill, FILE_TIMEOUT);
+                let _ = self.sandbox.kill_processes(&left);
                 // The call is over once they are: SIGKILL is delivered on the way out of
                 // the kernel, not by kill(2) itself.
                 let gone_by = Instant::now() + GRACE;
                 while Instant::now() < gone_by {
-                    let still = match self.sandbox.request(&request, FILE_TIMEOUT) {
-                        Ok(answers) => match answers.into_iter().last() {
-                            Some(FromSandbox::CallProcesses { processes }) => processes
-                                .iter()
-                                .any(|p| left.iter().any(|k| (k.pid, k.start) == (p.pid, p.start))),
-                            _ => false,
-                        },
-                        Err(_) => false,
+                    let still = match self.sandbox.call_processes(driver, since_ns) {
+                        Some(processes) => processes
+                            .iter()
+                            .any(|p| left.iter().any(|k| (k.pid, k.start) == (p.pid, p.start))),
+                        None => false,
                     };
                     if !still {
                         break;
@@ -796,12 +727,12 @@ impl Session {
     fn driver_exit_status(&mut self, id: u64) -> Option<(Option<i32>, Option<i32>)> {
         let end = Instant::now() + Duration::from_secs(1);
         loop {
-            while let Some(message) = self.sandbox.next_message() {
-                if let FromSandbox::Exited {
+            while let Some(report) = self.sandbox.next_report() {
+                if let Report::Exited {
                     id: done,
                     code,
                     signal,
-                } = message
+                } = report
                 {
                     if done == id {
                         return Some((code, signal));
@@ -838,8 +769,8 @@ impl Session {
             .map_err(|e| format!("cannot reach the sandbox's init: {e}"))?;
         let end = Instant::now() + Duration::from_secs(10);
         loop {
-            while let Some(message) = self.sandbox.next_message() {
-                if message == FromSandbox::AllKilled {
+            while let Some(report) = self.sandbox.next_report() {
+                if report == Report::AllKilled {
                     return Ok(());
                 }
             }
@@ -850,30 +781,12 @@ impl Session {
         }
     }
 
-    /// Waits for the sandbox's channel (or the init's end) until `end`.
+    /// Waits for the sandbox's channel (or the init's end) until `end`; an error ends the
+    /// session.
     fn wait_channel(&mut self, end: Instant) -> Result<(), String> {
-        let timeout = end.saturating_duration_since(Instant::now());
-        let timeout =
-            PollTimeout::try_from(timeout.as_millis() as i32 + 1).unwrap_or(PollTimeout::MAX);
-        let mut fds = [
-            PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
-            PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
-        ];
-        let _ = poll(&mut fds, timeout);
-        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-            let why = "the session's sandbox ended (its init died)".to_string();
+        self.sandbox.wait_channel(end).inspect_err(|why| {
             self.lost = Some(why.clone());
-            return Err(why);
-        }
-        if !self.sandbox.read_channel() && self.sandbox.next_message().is_none() {
-            let why = match self.sandbox.protocol_error() {
-                Some(e) => format!("the sandbox's channel broke: {e}"),
-                None => "the sandbox's channel closed".to_string(),
-            };
-            self.lost = Some(why.clone());
-            return Err(why);
-        }
-        Ok(())
+        })
     }
 
     /// Spawns the driver with fresh pipes and a fresh channel, and waits for its "ready".
@@ -896,7 +809,7 @@ impl Session {
         drop(driver_end);
         let pipes = streams.into_parent();
         for fd in [pipes.stdout.as_fd(), pipes.stderr.as_fd()] {
-            let _ = crate::launcher::set_nonblocking(fd);
+            let _ = super::set_nonblocking(fd);
         }
         let _ = channel.set_nonblocking(true);
         let mut driver = Driver {
@@ -955,8 +868,8 @@ impl Session {
             }
             if sandbox_ready {
                 self.sandbox.read_channel();
-                while let Some(message) = self.sandbox.next_message() {
-                    if let FromSandbox::SetupFailed { error, .. } = message {
+                while let Some(report) = self.sandbox.next_report() {
+                    if let Report::SetupFailed { error, .. } = report {
                         return Err(setup(format!("{error}; the session did not start")));
                     }
                 }
