@@ -547,9 +547,13 @@ impl Image {
 }
 
 /// The images in `out` (`<NAME>-<H12>/` with `<NAME>-<H12>.manifest.json` beside it),
-/// by recipe name, newest first.
+/// by recipe name, newest first; none when `out` does not exist.
 pub fn list(out: &Path) -> Result<Vec<Image>> {
-    let entries = fs::read_dir(out).with_context(|| format!("reading {}", out.display()))?;
+    let entries = match fs::read_dir(out) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", out.display())),
+    };
     let mut images = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
