@@ -292,7 +292,8 @@ fn collect_files(base: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> R
     Ok(())
 }
 
-fn list_recipes(recipes: &Path) -> Vec<String> {
+/// The recipes in a directory (the subdirectories with a `packages.txt`), sorted.
+pub fn list_recipes(recipes: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(recipes)
         .map(|rd| {
             rd.flatten()
