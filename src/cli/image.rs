@@ -65,7 +65,8 @@ struct BuildArgs {
     verbose: bool,
 }
 
-/// List the images: recipe, hash, size, build date; `*` marks the one OUT/NAME points to.
+/// List the images: recipe, hash, size, build date, path; `*` marks the one OUT/NAME
+/// points to.
 #[derive(Args)]
 struct ListArgs {
     /// Where images live [default: $CODECAGE_DATA_DIR/rootfs, else /var/lib/codecage/rootfs].
@@ -148,15 +149,15 @@ fn list(out: &Path, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "  {:<24} {:<12} {:>10}  {:<20}  PATH",
-        "IMAGE", "RECIPE", "SIZE", "BUILT"
+        "  {:<16} {:<12} {:>10}  {:<20}  PATH",
+        "RECIPE", "HASH", "SIZE", "BUILT"
     );
     for image in &images {
         println!(
-            "{} {:<24} {:<12} {:>10}  {:<20}  {}",
+            "{} {:<16} {:<12} {:>10}  {:<20}  {}",
             if image.current { '*' } else { ' ' },
-            image.name,
             image.recipe,
+            &image.hash[..image.hash.len().min(12)],
             rootfs::build::human_bytes(image.size_bytes),
             image.built_at,
             image.path.display()

@@ -364,8 +364,11 @@ mod commands {
             // The table marks it too.
             let out = image_cmd(&["list"]);
             let table = String::from_utf8_lossy(&out.stdout);
+            let hash = current["short_hash"].as_str().unwrap();
             assert!(
-                table.lines().any(|l| l.starts_with(&format!("* {name} "))),
+                table.lines().any(|l| l.starts_with("* default ")
+                    && l.contains(&format!(" {hash} "))
+                    && l.ends_with(&dir.display().to_string())),
                 "{table}"
             );
         });
