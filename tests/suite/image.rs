@@ -1,5 +1,6 @@
 //! The built image (`cargo xtask rootfs`): the languages and libraries agents ask for, and
-//! no setuid file. CI builds the image before the tests; the VM lane skips this module.
+//! no setuid file; and `codecage image build|list|verify` (`commands`, at the end). CI
+//! builds the image before the tests; the VM lane skips this module.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
