@@ -18,6 +18,8 @@ mod client;
 mod gateway;
 #[path = "../src/server/mod.rs"]
 mod server;
+#[path = "../src/service/mod.rs"]
+mod service;
 
 use std::path::PathBuf;
 

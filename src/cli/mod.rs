@@ -1,6 +1,8 @@
 //! The `codecage` command line. It parses and translates; the library decides.
 
 mod audit;
+#[cfg(feature = "image")]
+mod image;
 mod mcp;
 mod run;
 mod serve;
@@ -47,6 +49,9 @@ enum Command {
     Openapi,
     /// Read and prune the audit log: every run, session call and refusal.
     Audit(audit::AuditArgs),
+    /// Build, list and verify the root filesystem images sandboxes run in.
+    #[cfg(feature = "image")]
+    Image(image::ImageArgs),
 }
 
 /// Runs the CLI; returns the process exit status.
@@ -63,6 +68,8 @@ pub fn main() -> i32 {
         Command::Session(args) => session::main(args),
         Command::Mcp(args) => mcp::main(args),
         Command::Audit(args) => audit::main(args),
+        #[cfg(feature = "image")]
+        Command::Image(args) => image::main(args),
         Command::Openapi => {
             print!("{}", crate::server::openapi_document());
             0

@@ -1,5 +1,6 @@
 //! The built image (`cargo xtask rootfs`): the languages and libraries agents ask for, and
-//! no setuid file. CI builds the image before the tests; the VM lane skips this module.
+//! no setuid file; and `codecage image build|list|verify` (`commands`, at the end). CI
+//! builds the image before the tests; the VM lane skips this module.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -268,4 +269,219 @@ fn the_mount_table_does_not_name_the_image_s_host_directory() {
             "{root}"
         );
     });
+}
+
+/// `codecage image build|list|verify`: the installed default image, and a tiny image of a
+/// test recipe made with the image crate's own manifest code (step 7 of a build and its
+/// install, without the minutes of mmdebstrap, pip and npm before it).
+#[cfg(feature = "image")]
+mod commands {
+    use std::path::{Path, PathBuf};
+    use std::process::Output;
+    use std::time::{Duration, Instant};
+
+    use codecage_image::rootfs::{build::BuildInfo, manifest, Recipe};
+
+    use super::super::common::*;
+    use super::image_test;
+
+    fn image_cmd(args: &[&str]) -> Output {
+        codecage().arg("image").args(args).output().unwrap()
+    }
+
+    fn stderr(out: &Output) -> String {
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// `<dir>/recipes/tiny/` and, in `<dir>/out`, its image as a build leaves it:
+    /// `tiny-<H12>/` with the manifest inside and beside it, and the link `tiny`.
+    struct Tiny {
+        dir: TempDir,
+        image: PathBuf,
+    }
+
+    impl Tiny {
+        fn new() -> Tiny {
+            let dir = TempDir::new("image-tiny");
+            let recipes = dir.path().join("recipes");
+            std::fs::create_dir_all(recipes.join("tiny")).unwrap();
+            std::fs::write(recipes.join("tiny/packages.txt"), "bash\n").unwrap();
+            let recipe = Recipe::find(&[recipes], "tiny").unwrap();
+            let out = dir.path().join("out");
+            let name = format!("tiny-{}", recipe.short());
+            let image = out.join(&name);
+            for (rel, content) in [
+                ("etc/hostname", "sandbox\n"),
+                ("usr/bin/hello", "#!/bin/sh\necho hello\n"),
+                (
+                    "var/lib/dpkg/status",
+                    "Package: bash\nStatus: install ok installed\nArchitecture: amd64\nVersion: 5.2.15-2+b7\n\n",
+                ),
+            ] {
+                let path = image.join(rel);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, content).unwrap();
+            }
+            let m =
+                manifest::build(&image, &recipe, &BuildInfo::default(), Instant::now()).unwrap();
+            let text = serde_json::to_string_pretty(&m.json).unwrap() + "\n";
+            manifest::write_into_image(&image, &text).unwrap();
+            std::fs::write(out.join(format!("{name}.manifest.json")), text).unwrap();
+            std::os::unix::fs::symlink(&name, out.join("tiny")).unwrap();
+            Tiny { dir, image }
+        }
+
+        fn recipes(&self) -> PathBuf {
+            self.dir.path().join("recipes")
+        }
+
+        fn out(&self) -> PathBuf {
+            self.dir.path().join("out")
+        }
+
+        fn arg(path: &Path) -> &str {
+            path.to_str().unwrap()
+        }
+    }
+
+    #[test]
+    fn list_shows_the_installed_default_image_as_current() {
+        image_test(|dir| {
+            let out = image_cmd(&["list", "--json"]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let images = v["images"].as_array().unwrap();
+            let current = images
+                .iter()
+                .find(|i| i["recipe"] == "default" && i["current"] == true)
+                .unwrap_or_else(|| panic!("no current default image in {v}"));
+            assert_eq!(Path::new(current["path"].as_str().unwrap()), dir, "{v}");
+            let name = dir.file_name().unwrap().to_str().unwrap();
+            assert_eq!(current["image"], name, "{v}");
+            assert!(name.ends_with(current["short_hash"].as_str().unwrap()));
+            assert_eq!(current["hash"].as_str().unwrap().len(), 64, "{v}");
+            assert!(current["size_bytes"].as_u64().unwrap() > 100 << 20, "{v}");
+            assert!(current["built_at"].as_str().unwrap().ends_with('Z'), "{v}");
+            // The table marks it too.
+            let out = image_cmd(&["list"]);
+            let table = String::from_utf8_lossy(&out.stdout);
+            let hash = current["short_hash"].as_str().unwrap();
+            assert!(
+                table.lines().any(|l| l.starts_with("* default ")
+                    && l.contains(&format!(" {hash} "))
+                    && l.ends_with(&dir.display().to_string())),
+                "{table}"
+            );
+        });
+    }
+
+    #[test]
+    fn verify_passes_on_the_installed_default_image() {
+        image_test(|dir| {
+            let out = image_cmd(&["verify"]);
+            let err = stderr(&out);
+            assert!(out.status.success(), "{err}");
+            let name = dir.file_name().unwrap().to_str().unwrap();
+            assert!(err.contains(&format!("Verified {name} (")), "{err}");
+        });
+    }
+
+    #[test]
+    fn verify_names_the_file_changed_in_an_image() {
+        let tiny = Tiny::new();
+        let out_dir = tiny.out();
+        let verify = || image_cmd(&["verify", "tiny", "--out", Tiny::arg(&out_dir)]);
+        let ok = verify();
+        assert!(ok.status.success(), "{}", stderr(&ok));
+        assert!(stderr(&ok).contains("Verified tiny-"), "{}", stderr(&ok));
+
+        // Past the file system's timestamp granularity (a jiffy).
+        std::thread::sleep(Duration::from_millis(50));
+        std::fs::write(
+            tiny.image.join("usr/bin/hello"),
+            "#!/bin/sh\necho changed\n",
+        )
+        .unwrap();
+        let bad = verify();
+        let err = stderr(&bad);
+        assert_eq!(bad.status.code(), Some(1), "{err}");
+        assert!(err.contains("does not match its manifest"), "{err}");
+        assert!(err.contains("\n  /usr/bin/hello"), "{err}");
+        assert!(!err.contains("/etc/hostname"), "{err}");
+    }
+
+    #[test]
+    fn build_of_an_up_to_date_recipe_builds_nothing() {
+        let tiny = Tiny::new();
+        let (recipes, out_dir) = (tiny.recipes(), tiny.out());
+        let before: Vec<_> = std::fs::read_dir(&out_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        let start = Instant::now();
+        let out = image_cmd(&[
+            "build",
+            "tiny",
+            "--recipes",
+            Tiny::arg(&recipes),
+            "--out",
+            Tiny::arg(&out_dir),
+        ]);
+        let took = start.elapsed();
+        let err = stderr(&out);
+        assert!(out.status.success(), "{err}");
+        assert!(err.contains("is up to date"), "{err}");
+        assert!(!err.contains("Building"), "{err}");
+        assert!(took < Duration::from_secs(5), "{took:?}: {err}");
+        let after: Vec<_> = std::fs::read_dir(&out_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(before.len(), after.len(), "{before:?} -> {after:?}");
+
+        let list = image_cmd(&["list", "--out", Tiny::arg(&out_dir), "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        assert_eq!(v["images"][0]["recipe"], "tiny", "{v}");
+        assert_eq!(v["images"][0]["current"], true, "{v}");
+        assert_eq!(
+            Path::new(v["images"][0]["path"].as_str().unwrap()),
+            tiny.image,
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_recipe_names_the_directories_searched() {
+        let tiny = Tiny::new();
+        let recipes = tiny.recipes();
+        let out = image_cmd(&[
+            "build",
+            "no-such-recipe",
+            "--recipes",
+            Tiny::arg(&recipes),
+            "--out",
+            Tiny::arg(&tiny.out()),
+        ]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("unknown rootfs recipe \"no-such-recipe\""),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("{}: tiny", recipes.display())),
+            "{err}"
+        );
+        for dir in ["/etc/codecage/recipes", "/usr/share/codecage/recipes"] {
+            assert!(err.contains(&format!("\n  {dir}: ")), "{err}");
+        }
+        // The checkout's recipes (the test binary runs from this one's target/).
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("rootfs");
+        assert!(
+            err.contains(&format!("{}: default", checkout.display())),
+            "{err}"
+        );
+    }
 }

@@ -17,8 +17,11 @@
 //!   (the service's server config), both conffiles;
 //! - `/lib/systemd/system/codecage.service` (packaging/debian/codecage.service), enabled
 //!   and started on install as debhelper's scripts do, stopped on removal;
+//! - `/usr/share/codecage/recipes/`: the image recipes of `rootfs/` (with its README),
+//!   which `codecage image build` finds there; `/etc/codecage/recipes/`, empty, for the
+//!   operator's own (searched first);
 //! - man pages generated from the CLI's clap definitions (examples/mangen.rs,
-//!   clap_mangen);
+//!   clap_mangen), `codecage-image-build.1` and the other image commands' among them;
 //! - purge removes /var/lib/codecage (images, audit log), /var/cache/codecage and
 //!   /run/codecage.
 
@@ -29,6 +32,10 @@ use std::process::Command;
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::host::{self, workspace_root};
+use codecage_image::rootfs;
+
+/// Where the package puts the image recipes (`codecage image build` looks there).
+const RECIPES: &str = rootfs::INSTALLED_RECIPES;
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -131,6 +138,27 @@ pub fn dist(args: &Args) -> Result<i32> {
         0o644,
     )?;
     std::fs::create_dir_all(stage.join("etc/codecage/profiles"))?;
+
+    // The image recipes, for `codecage image build`: each file as the recipe hash reads
+    // it, so an image built from them is the one `cargo xtask rootfs` builds.
+    let recipes = root.join("rootfs");
+    for name in rootfs::list_recipes(&recipes) {
+        let recipe = rootfs::Recipe::find(std::slice::from_ref(&recipes), &name)?;
+        for (rel, content) in &recipe.files {
+            write(
+                &format!("{RECIPES}/{name}/{rel}"),
+                &String::from_utf8(content.clone())
+                    .with_context(|| format!("rootfs/{name}/{rel} is not UTF-8"))?,
+                0o644,
+            )?;
+        }
+    }
+    put(
+        &format!("{RECIPES}/README.md"),
+        &recipes.join("README.md"),
+        0o644,
+    )?;
+    std::fs::create_dir_all(stage.join("etc/codecage/recipes"))?;
 
     let packaging = root.join("packaging/debian");
     for conffile in CONFFILES {
@@ -279,8 +307,16 @@ fn expected_paths() -> Vec<&'static str> {
         "/usr/share/man/man1/codecage.1.gz",
         "/usr/share/man/man1/codecage-serve.1.gz",
         "/usr/share/man/man1/codecage-session-create.1.gz",
+        "/usr/share/man/man1/codecage-image-build.1.gz",
+        "/usr/share/man/man1/codecage-image-list.1.gz",
+        "/usr/share/man/man1/codecage-image-verify.1.gz",
+        "/usr/share/codecage/recipes/README.md",
+        "/usr/share/codecage/recipes/default/packages.txt",
+        "/usr/share/codecage/recipes/default/requirements.txt",
+        "/usr/share/codecage/recipes/default/check.sh",
         "/usr/share/doc/codecage/copyright",
         "/etc/codecage/profiles/",
+        "/etc/codecage/recipes/",
         UNIT,
     ];
     paths.extend(CONFFILES);
@@ -326,6 +362,8 @@ fn control(version: &str, arch: &str, glibc: &str, installed_kib: u64) -> String
         c,
         "Depends: libc6 (>= {glibc}), init-system-helpers (>= 1.54~)"
     );
+    // `codecage image build` installs mmdebstrap with apt-get when it is missing.
+    let _ = writeln!(c, "Suggests: mmdebstrap");
     let _ = writeln!(c, "Section: admin");
     let _ = writeln!(c, "Priority: optional");
     c.push_str(

@@ -5,13 +5,14 @@
 //! * `compat`: CPython's regression tests and a Node suite bare and in the sandbox, side
 //!   by side; writes COMPATIBILITY.md (`compat.rs`).
 //! * `dist`: the Debian package (`dist.rs`, `packaging/debian/`).
-//! * `rootfs`: the sandbox's root filesystem image (`rootfs/`, and `rootfs/README.md` at
-//!   the workspace root).
+//! * `rootfs`: the sandbox's root filesystem image (`rootfs.rs`, a front end over the
+//!   `codecage-image` crate in `image/`; `rootfs/README.md` at the workspace root).
 //! * `vm-build`, `vm-run`, `vm-test`, `vm-check`, `vm-matrix`: the VM test lanes (kernels
 //!   and cgroup layouts users run; `vm/`, and `xtask/vm/README.md`).
 //!
 //! `host` holds what the tasks share: root, commands and their process groups, interrupts,
-//! apt-get and the Debian mirror, build steps, safe removal of trees.
+//! apt-get and the Debian mirror, build steps, safe removal of trees (the `codecage-image`
+//! crate's, which the rootfs build uses), and the workspace.
 
 mod bench;
 mod bench_pool;

@@ -1,5 +1,5 @@
 //! The tasks' tools as child processes: each in a process group of its own that dies with
-//! xtask, so that an interrupted task can stop a tool together with its children; and
+//! the process that started them (xtask, codecage), so that an interrupted task can stop a tool together with its children; and
 //! [`Runner`], which runs them to completion with their output in a log, polling for
 //! interrupts.
 
@@ -27,7 +27,7 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(3);
 ///
 /// Its own group lets us kill it together with its children (mmdebstrap runs
 /// apt and dpkg; QEMU has threads only, but is killed the same way).
-/// `PR_SET_PDEATHSIG` is the backstop for when xtask itself is SIGKILLed and
+/// `PR_SET_PDEATHSIG` is the backstop for when xtask (or codecage) itself is SIGKILLed and
 /// cannot run any cleanup.
 pub fn own_group_and_die_with_parent(cmd: &mut Command) {
     cmd.process_group(0);
@@ -110,9 +110,22 @@ pub fn kill_processes_rooted_in(dir: &Path) -> usize {
     killed
 }
 
+/// A pipe, both ends close-on-exec: (read end, write end). (`std::io::pipe` is newer than
+/// the workspace's minimum Rust version.)
+fn pipe() -> std::io::Result<(fs::File, fs::File)> {
+    use std::os::fd::FromRawFd as _;
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created by pipe2 and are owned by nothing else.
+    Ok(unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) })
+}
+
 /// Runs a task's tools to completion.
 ///
-/// With a log, each tool runs in its own process group that dies with xtask (see
+/// With a log, each tool runs in its own process group that dies with us (see
 /// [`own_group_and_die_with_parent`]), its stdout and stderr go through one pipe into the
 /// log (and to our stderr when verbose), and an interrupt stops it. On the terminal
 /// (`Runner::terminal`), a tool shares our terminal and our process group, as if it had
@@ -197,7 +210,7 @@ impl Runner {
     /// an interrupt stops it.
     fn supervise(&self, cmd: &mut Command, mut log: fs::File) -> Result<ExitStatus> {
         let what = display_command(cmd);
-        let (mut reader, writer) = std::io::pipe().context("pipe")?;
+        let (mut reader, writer) = pipe().context("pipe")?;
         cmd.stdout(writer.try_clone()?).stderr(writer);
         own_group_and_die_with_parent(cmd);
         let spawned = cmd.spawn();

@@ -174,7 +174,8 @@ mod tests {
 
     #[test]
     fn temp_trees_go_unless_kept() {
-        let parent = std::env::temp_dir().join(format!("xtask-tree-test-{}", std::process::id()));
+        let parent =
+            std::env::temp_dir().join(format!("codecage-image-tree-test-{}", std::process::id()));
         let a = TempTree::create_in(&parent, "a-").unwrap();
         let b = TempTree::create_in(&parent, "a-").unwrap();
         assert_ne!(a.path(), b.path());

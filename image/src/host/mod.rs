@@ -1,7 +1,8 @@
-//! What the tasks need of the host, in one place:
+//! What a build needs of the host, in one place (the rootfs build here, and xtask's
+//! tasks):
 //!
 //! * [`signals`]: SIGINT, SIGTERM and SIGHUP turned into a flag that the wait loops poll.
-//! * [`command`]: tools in process groups of their own that die with xtask, and
+//! * [`command`]: tools in process groups of their own that die with the build, and
 //!   [`Runner`], which runs them with their output in a log, polling for interrupts.
 //! * [`steps`]: a build's numbered steps, with progress lines and, when one fails, the
 //!   output of its tools.
@@ -9,7 +10,7 @@
 //! * [`tree`]: removing directory trees without ever deleting through a mount point,
 //!   temporary trees removed on every failure path, leftovers of processes that are gone.
 //!
-//! and below, the small things every task uses: root, the workspace, commands on `PATH`,
+//! and below, the small things every task uses: root, commands on `PATH`,
 //! shell quoting, status lines.
 
 pub mod command;
@@ -35,17 +36,6 @@ use std::time::Duration;
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// The directory of the workspace (the repository root).
-///
-/// `cargo run` sets `CARGO_MANIFEST_DIR` to xtask's directory at run time; the
-/// compile-time value is the fallback for a binary started directly.
-pub fn workspace_root() -> PathBuf {
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
 /// The full path of an executable in `$PATH` or the sbin directories (which
@@ -141,15 +131,10 @@ mod tests {
     fn commands_by_name_or_path() {
         assert_eq!(find_command("sh").map(|p| p.is_absolute()), Some(true));
         assert_eq!(find_command("/bin/sh"), Some(PathBuf::from("/bin/sh")));
-        let dir = TempTree::create_in(&std::env::temp_dir(), "xtask-find-test-").unwrap();
+        let dir = TempTree::create_in(&std::env::temp_dir(), "codecage-image-find-test-").unwrap();
         let plain = dir.path().join("plain");
         fs::write(&plain, "").unwrap();
         assert_eq!(find_command(&plain.to_string_lossy()), None);
         assert_eq!(find_command("codecage-no-such-command"), None);
-    }
-
-    #[test]
-    fn the_workspace_has_the_xtask_crate() {
-        assert!(workspace_root().join("xtask/Cargo.toml").is_file());
     }
 }

@@ -1,140 +1,122 @@
-//! `cargo xtask rootfs`: build the sandbox's root filesystem image.
+//! Root filesystem images: the directory trees sandboxes run in. `cargo xtask rootfs` and
+//! `codecage image` are two front ends over this module.
 //!
-//! A recipe is data in `rootfs/<NAME>/` (Debian packages, pinned PyPI and
-//! npm packages, a smoke test; see `rootfs/README.md`). The image for recipe
-//! NAME with recipe hash H is built in `<out>/<NAME>-<H12>.tmp-<pid>`, renamed
-//! to `<out>/<NAME>-<H12>` when complete, and `<out>/<NAME>` is a symlink
-//! switched to it atomically (a new symlink renamed over the old one), so a
-//! running server never sees half an image. The previous image of the recipe
-//! is kept (a server may still be using it); older ones are removed.
+//! A recipe is data in a directory `<NAME>/` (Debian packages, pinned PyPI and npm
+//! packages, a smoke test; see `rootfs/README.md` in the workspace), found on a search
+//! path ([`search_path`]). The image for recipe NAME with recipe hash H is built in
+//! `<out>/<NAME>-<H12>.tmp-<pid>`, renamed to `<out>/<NAME>-<H12>` when complete, and
+//! `<out>/<NAME>` is a symlink switched to it atomically (a new symlink renamed over the
+//! old one), so a running server never sees half an image. The previous image of the
+//! recipe is kept (a server may still be using it); older ones are removed.
 //!
-//! H covers every file of `rootfs/<NAME>/` and the xtask sources that decide
-//! what goes into the image ([`build::SOURCES`]), so an unchanged recipe is
-//! up to date at once, and any change rebuilds.
+//! H covers the recipe's name and files and the sources that decide what goes into the
+//! image ([`build::SOURCES`]), so an unchanged recipe is up to date at once, and any
+//! change rebuilds. (The sources are hashed by content under fixed labels, so moving the
+//! files changes nothing.)
 //!
 //! * [`build`]: the steps (mmdebstrap, pip, npm, configuration, smoke test).
 //! * [`manifest`]: the manifest and the content hash of the tree.
+//! * this file: finding recipes, naming, placing, listing, verifying and cleaning up
+//!   images.
 //! * `crate::host` runs the tools, reports the steps, handles interrupts and removes
 //!   trees safely.
 
-mod build;
-mod manifest;
+pub mod build;
+pub mod manifest;
 
 use crate::host::{
     check_interrupted, debian, find_command, install_signal_handlers, is_root,
     kill_processes_rooted_in, orphans, remove_stale, remove_tree, secs, shell_quote, status, warn,
-    workspace_root, TempTree,
+    TempTree,
 };
 use anyhow::{bail, Context, Result};
 use sha2::{Digest as _, Sha256};
 use std::fs;
 use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-/// Build the sandbox's root filesystem image (root; instant when up to date)
-///
-/// Builds the image of the recipe in rootfs/NAME/: Debian bookworm packages (mmdebstrap),
-/// pinned PyPI packages (pip) and npm packages (npm ci), then a smoke test as uid 1000 on
-/// a read-only root. Needs root (mmdebstrap, chroot, mounts in a private mount namespace).
-/// Instant when the image of the current recipe exists already.
-///
-/// The image goes to OUT/NAME-HASH (HASH: 12 hex digits of the recipe hash) and OUT/NAME
-/// is a symlink switched to it atomically; its manifest is in the image at
-/// /usr/share/codecage/manifest.json and beside it at OUT/NAME-HASH.manifest.json.
-#[derive(clap::Args, Debug)]
-#[command(
-    verbatim_doc_comment,
-    override_usage = "cargo xtask rootfs [--recipe NAME] [--out DIR] [--force] [--verbose]\n       \
-                      cargo xtask rootfs --verify [--recipe NAME] [--out DIR]",
-    after_long_help = ENVIRONMENT
-)]
-pub struct Args {
-    /// The recipe, a directory under rootfs/
-    #[arg(
-        long,
-        value_name = "NAME",
-        default_value = DEFAULT_RECIPE,
-        value_parser = clap::builder::NonEmptyStringValueParser::new()
-    )]
-    recipe: String,
-    /// Where images live
-    ///
-    /// Default: $CODECAGE_DATA_DIR/rootfs, else /var/lib/codecage/rootfs.
-    #[arg(long, value_name = "DIR", value_parser = non_empty_path)]
-    out: Option<PathBuf>,
-    /// Rebuild even if the image of the current recipe exists
-    #[arg(long)]
-    force: bool,
-    /// Stream the tools' output
-    ///
-    /// Otherwise it goes to the build log only, and is shown when a step fails.
-    #[arg(short, long)]
-    verbose: bool,
-    /// Check the image against its manifest (builds nothing)
-    ///
-    /// Recomputes the content hash of the image OUT/NAME points to and compares it with the
-    /// one in its manifest.
-    #[arg(long)]
-    verify: bool,
-}
+/// The recipe built when none is named.
+pub const DEFAULT_RECIPE: &str = "default";
+/// Where images live unless `--out` or `$CODECAGE_DATA_DIR` says otherwise.
+pub const DEFAULT_OUT: &str = "/var/lib/codecage/rootfs";
+/// The operator's own recipes: searched before the installed ones.
+pub const OPERATOR_RECIPES: &str = "/etc/codecage/recipes";
+/// The recipes the package installs.
+pub const INSTALLED_RECIPES: &str = "/usr/share/codecage/recipes";
 
-impl Default for Args {
-    /// The default recipe into the default place: what `cargo xtask rootfs` builds.
-    fn default() -> Args {
-        Args {
-            recipe: DEFAULT_RECIPE.to_string(),
-            out: None,
-            force: false,
-            verbose: false,
-            verify: false,
-        }
-    }
-}
-
-impl Args {
-    /// `--out`, else `$CODECAGE_DATA_DIR/rootfs`, else `/var/lib/codecage/rootfs`.
-    fn out(&self) -> PathBuf {
-        self.out.clone().unwrap_or_else(|| {
-            std::env::var_os("CODECAGE_DATA_DIR")
-                .filter(|v| !v.is_empty())
-                .map(|d| PathBuf::from(d).join("rootfs"))
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_OUT))
-        })
-    }
-}
-
-const ENVIRONMENT: &str = "\
+/// The environment a build reads, for the front ends' help.
+pub const ENVIRONMENT: &str = "\
 Environment:
   CODECAGE_DATA_DIR       data directory; images go to $CODECAGE_DATA_DIR/rootfs
   CODECAGE_ROOTFS_MIRROR  mmdebstrap mirror argument(s), one per line (default: the host's
                           bookworm sources, else deb.debian.org)";
 
-const DEFAULT_RECIPE: &str = "default";
-const DEFAULT_OUT: &str = "/var/lib/codecage/rootfs";
-
-fn non_empty_path(s: &str) -> Result<PathBuf, String> {
-    if s.is_empty() {
-        return Err("a directory is needed".to_string());
-    }
-    Ok(PathBuf::from(s))
+/// `$CODECAGE_DATA_DIR/rootfs`, else `/var/lib/codecage/rootfs`: where images live.
+pub fn default_out() -> PathBuf {
+    std::env::var_os("CODECAGE_DATA_DIR")
+        .filter(|v| !v.is_empty())
+        .map(|d| PathBuf::from(d).join("rootfs"))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_OUT))
 }
 
-/// `cargo xtask rootfs`: the exit status, or an error to report.
-pub fn rootfs(args: &Args) -> Result<i32> {
-    let start = Instant::now();
-    let out = args.out();
-    if args.verify {
-        return verify(&out, &args.recipe, start);
+/// Where an installed codecage looks for recipes, in order: `first` (`--recipes`), the
+/// operator's [`OPERATOR_RECIPES`], the package's [`INSTALLED_RECIPES`], and the
+/// `rootfs/` directory of a source checkout that holds the running binary or the current
+/// directory (`target/debug/codecage` in a checkout). A recipe name is looked up in each
+/// in turn; the first directory that has it wins.
+pub fn search_path(first: Option<&Path>) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = first.map(Path::to_path_buf).into_iter().collect();
+    dirs.push(PathBuf::from(OPERATOR_RECIPES));
+    dirs.push(PathBuf::from(INSTALLED_RECIPES));
+    let starts = [std::env::current_exe().ok(), std::env::current_dir().ok()];
+    for start in starts.into_iter().flatten() {
+        if let Some(checkout) = start.ancestors().find(|a| is_checkout(a)) {
+            let recipes = checkout.join("rootfs");
+            if !dirs.contains(&recipes) {
+                dirs.push(recipes);
+            }
+        }
     }
-    let recipe = Recipe::load(&recipes_dir(), &args.recipe)?;
-    let paths = Paths::new(&out, &recipe);
+    dirs
+}
 
-    if !args.force && up_to_date(&paths) {
+/// A codecage source checkout: a workspace with the recipes in `rootfs/`.
+fn is_checkout(dir: &Path) -> bool {
+    dir.join("Cargo.toml").is_file()
+        && dir.join("image/Cargo.toml").is_file()
+        && dir.join("rootfs/README.md").is_file()
+}
+
+/// A build of one recipe, as a front end asks for it.
+pub struct BuildRequest<'a> {
+    /// The recipe's name.
+    pub recipe: &'a str,
+    /// The directories the recipe is looked for in, in order.
+    pub recipes: &'a [PathBuf],
+    /// Where images live.
+    pub out: &'a Path,
+    /// Rebuild even if the image of the current recipe exists.
+    pub force: bool,
+    /// Stream the tools' output (otherwise it goes to the build log only).
+    pub verbose: bool,
+    /// The front end's command, for the message that asks to run it as root
+    /// (`cargo xtask`, `codecage`): `sudo -E <program> <its arguments>`.
+    pub program: &'a str,
+}
+
+/// Build the image of a recipe unless it is up to date (then only a status line).
+pub fn build(req: &BuildRequest) -> Result<()> {
+    let start = Instant::now();
+    let recipe = Recipe::find(req.recipes, req.recipe)?;
+    let paths = Paths::new(req.out, &recipe);
+
+    if !req.force && up_to_date(&paths) {
         report_fresh(&recipe, &paths, start);
-        return Ok(0);
+        return Ok(());
     }
-    if !args.force && is_complete(&paths) {
+    if !req.force && is_complete(&paths) {
         // Built already, but OUT/NAME points elsewhere (another recipe
         // version was built since, or the switch was interrupted).
         let _lock = Lock::acquire(&paths)?;
@@ -149,13 +131,14 @@ pub fn rootfs(args: &Args) -> Result<i32> {
                 paths.manifest.display()
             ),
         );
-        return Ok(0);
+        return Ok(());
     }
     if !is_root() {
         let mut msg = format!(
             "building the rootfs image {} needs root (mmdebstrap --mode=root, chroot, and mounts \
-             in a private mount namespace); run it as root:\n\n    sudo -E cargo xtask{}",
+             in a private mount namespace); run it as root:\n\n    sudo -E {}{}",
             paths.image.display(),
+            req.program,
             std::env::args()
                 .skip(1)
                 .map(|a| format!(" {}", shell_quote(a)))
@@ -172,19 +155,13 @@ pub fn rootfs(args: &Args) -> Result<i32> {
     fs::create_dir_all(&paths.out).with_context(|| format!("creating {}", paths.out.display()))?;
     let _signals = install_signal_handlers();
     let _lock = Lock::acquire(&paths)?;
-    if !args.force && up_to_date(&paths) {
+    if !req.force && up_to_date(&paths) {
         // Another build of the same recipe finished while we waited.
         report_fresh(&recipe, &paths, start);
-        return Ok(0);
+        return Ok(());
     }
     remove_stale_builds(&paths.out);
-    build::build(&recipe, &paths, args.verbose, start)?;
-    Ok(0)
-}
-
-/// `rootfs/` in the workspace: the recipes.
-fn recipes_dir() -> PathBuf {
-    workspace_root().join("rootfs")
+    build::build(&recipe, &paths, req.verbose, start)
 }
 
 /// A recipe: the files of `rootfs/<NAME>/` and their hash.
@@ -198,25 +175,51 @@ pub struct Recipe {
 }
 
 impl Recipe {
-    fn load(recipes: &Path, name: &str) -> Result<Recipe> {
-        let valid = !name.starts_with('.')
+    /// The recipe `name` from the first directory of `search` that has it (a
+    /// `<dir>/<name>/packages.txt`). The error names the directories searched and the
+    /// recipes each holds.
+    pub fn find(search: &[PathBuf], name: &str) -> Result<Recipe> {
+        let valid = !name.is_empty()
+            && !name.starts_with('.')
             && name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-        let dir = recipes.join(name);
-        if !valid || !dir.join("packages.txt").is_file() {
-            let known = list_recipes(recipes);
-            bail!(
-                "unknown rootfs recipe {name:?}: there is no {}/packages.txt\nrecipes in {}: {}",
-                dir.display(),
-                recipes.display(),
+        if valid {
+            if let Some(dir) = search
+                .iter()
+                .find(|d| d.join(name).join("packages.txt").is_file())
+            {
+                return Recipe::load(dir, name);
+            }
+        }
+        let mut msg = if valid {
+            format!("unknown rootfs recipe {name:?}: no <dir>/{name}/packages.txt in the recipe directories")
+        } else {
+            format!(
+                "invalid rootfs recipe name {name:?}: letters, digits, '.', '_' and '-', not \
+                 starting with '.'"
+            )
+        };
+        msg.push_str("\nsearched, in order:");
+        for dir in search {
+            let found = if dir.is_dir() {
+                let known = list_recipes(dir);
                 if known.is_empty() {
-                    "(none)".to_string()
+                    "(no recipes)".to_string()
                 } else {
                     known.join(", ")
                 }
-            );
+            } else {
+                "(no such directory)".to_string()
+            };
+            msg.push_str(&format!("\n  {}: {found}", dir.display()));
         }
+        bail!(msg)
+    }
+
+    /// The recipe in `<recipes>/<name>/`, which [`Recipe::find`] found.
+    fn load(recipes: &Path, name: &str) -> Result<Recipe> {
+        let dir = recipes.join(name);
         let mut files = Vec::new();
         collect_files(&dir, &dir, &mut files)?;
         files.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
@@ -289,7 +292,8 @@ fn collect_files(base: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> R
     Ok(())
 }
 
-fn list_recipes(recipes: &Path) -> Vec<String> {
+/// The recipes in a directory (the subdirectories with a `packages.txt`), sorted.
+pub fn list_recipes(recipes: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(recipes)
         .map(|rd| {
             rd.flatten()
@@ -383,23 +387,27 @@ fn report_fresh(recipe: &Recipe, p: &Paths, start: Instant) {
     status("Finished", format!("in {}", secs(start.elapsed())));
 }
 
-/// `--verify`: the image `<out>/<NAME>` points to against its manifest.
-fn verify(out: &Path, recipe: &str, start: Instant) -> Result<i32> {
-    let link = out.join(recipe);
+/// Check the image `<out>/<name>` points to against its manifest: recompute the content
+/// hash of the tree and compare it with the manifest's. On a difference the error names
+/// the entries changed since the image was installed (see [`changed_since`]).
+/// `build_hint` is the front end's command that builds the recipe, for the error when
+/// there is no image.
+pub fn verify(out: &Path, name: &str, build_hint: &str) -> Result<()> {
+    let start = Instant::now();
+    let link = out.join(name);
     let target = fs::read_link(&link).with_context(|| {
         format!(
-            "{} is not an image link (build it first: cargo xtask rootfs --recipe {})",
-            link.display(),
-            recipe
+            "{} is not an image link (build it first: {build_hint})",
+            link.display()
         )
     })?;
     let image = out.join(&target);
-    let name = image
+    let image_name = image
         .file_name()
         .context("image link without a name")?
         .to_string_lossy()
         .into_owned();
-    let beside = out.join(format!("{name}.manifest.json"));
+    let beside = out.join(format!("{image_name}.manifest.json"));
     let text =
         fs::read_to_string(&beside).with_context(|| format!("reading {}", beside.display()))?;
     let inside = image.join(manifest::IMAGE_PATH);
@@ -421,23 +429,170 @@ fn verify(out: &Path, recipe: &str, start: Instant) -> Result<i32> {
         format!("{} against {}", image.display(), beside.display()),
     );
     let got = manifest::tree_stats(&image, &inside)?;
-    anyhow::ensure!(
-        got.content_hash == want,
-        "{} does not match its manifest: content hash {} instead of {want}",
-        image.display(),
-        got.content_hash
-    );
+    if got.content_hash != want {
+        let installed = fs::metadata(&beside)
+            .and_then(|m| m.modified())
+            .with_context(|| format!("reading {}", beside.display()))?;
+        let changed = changed_since(&image, installed, &inside)?;
+        const SHOWN: usize = 50;
+        let mut msg = format!(
+            "{} does not match its manifest: content hash {} instead of {want}\n",
+            image.display(),
+            got.content_hash
+        );
+        if changed.is_empty() {
+            msg.push_str(&format!(
+                "no entry changed after {} was written (was the tree copied or restored?)",
+                beside.display()
+            ));
+        } else {
+            msg.push_str(&format!(
+                "{} entries changed after {} was written (a directory: an entry added or \
+                 removed in it):",
+                changed.len(),
+                beside.display()
+            ));
+            for rel in changed.iter().take(SHOWN) {
+                msg.push_str(&format!("\n  /{rel}"));
+            }
+            if changed.len() > SHOWN {
+                msg.push_str(&format!("\n  ... and {} more", changed.len() - SHOWN));
+            }
+        }
+        bail!(msg);
+    }
     status(
         "Verified",
         format!(
             "{} ({} files, {}): {want} in {}",
-            name,
+            image_name,
             got.files,
             build::human_bytes(got.size_bytes),
             secs(start.elapsed())
         ),
     );
-    Ok(0)
+    Ok(())
+}
+
+/// The entries of the tree at `root` (but `skip`) whose inode changed after `since`
+/// (their ctime, which a write, chmod, chown, link or rename sets and nothing can set
+/// back), as paths relative to the root (`.` for it), sorted. An image is complete before
+/// its manifest is written beside it, so with that file's time these are the changes made
+/// to the image after it was installed: a file's contents or mode, a directory's entries.
+pub fn changed_since(root: &Path, since: SystemTime, skip: &Path) -> Result<Vec<String>> {
+    let after = |meta: &fs::Metadata| {
+        let ctime = SystemTime::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(meta.ctime()).unwrap_or(0),
+                u32::try_from(meta.ctime_nsec()).unwrap_or(0),
+            );
+        ctime > since
+    };
+    let mut changed = Vec::new();
+    if after(&fs::symlink_metadata(root)?) {
+        changed.push(".".to_string());
+    }
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if path == skip {
+                continue;
+            }
+            let meta = fs::symlink_metadata(&path)?;
+            if meta.is_dir() {
+                stack.push(path.clone());
+            }
+            if after(&meta) {
+                changed.push(path.strip_prefix(root)?.to_string_lossy().into_owned());
+            }
+        }
+    }
+    changed.sort();
+    Ok(changed)
+}
+
+/// An image below `<out>`, as [`list`] finds it.
+pub struct Image {
+    /// The recipe's name (the name of the link `<out>/<NAME>`).
+    pub recipe: String,
+    /// `<NAME>-<H12>`.
+    pub name: String,
+    pub path: PathBuf,
+    /// The recipe hash (64 hex digits), from the manifest.
+    pub hash: String,
+    /// When its build ended (RFC 3339), from the manifest.
+    pub built_at: String,
+    /// Apparent size of its files, from the manifest.
+    pub size_bytes: u64,
+    /// `<out>/<NAME>` points to it.
+    pub current: bool,
+    /// Its manifest beside it.
+    pub manifest: PathBuf,
+}
+
+impl Image {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "recipe": self.recipe,
+            "image": self.name,
+            "path": self.path,
+            "hash": self.hash,
+            "short_hash": &self.name[self.name.len() - 12..],
+            "built_at": self.built_at,
+            "size_bytes": self.size_bytes,
+            "current": self.current,
+            "manifest": self.manifest,
+        })
+    }
+}
+
+/// The images in `out` (`<NAME>-<H12>/` with `<NAME>-<H12>.manifest.json` beside it),
+/// by recipe name, newest first; none when `out` does not exist.
+pub fn list(out: &Path) -> Result<Vec<Image>> {
+    let entries = match fs::read_dir(out) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", out.display())),
+    };
+    let mut images = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((recipe, hash)) = name.rsplit_once('-') else {
+            continue;
+        };
+        if recipe.is_empty()
+            || recipe.starts_with('.')
+            || hash.len() != 12
+            || !hash.bytes().all(|b| b.is_ascii_hexdigit())
+            || !entry.file_type().is_ok_and(|t| t.is_dir())
+        {
+            continue;
+        }
+        let manifest = out.join(format!("{name}.manifest.json"));
+        let Ok(text) = fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let m: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", manifest.display()))?;
+        let current = fs::read_link(out.join(recipe))
+            .is_ok_and(|t| t == Path::new(&name) || t == entry.path());
+        images.push(Image {
+            recipe: recipe.to_string(),
+            path: entry.path(),
+            hash: m["recipe"]["hash"].as_str().unwrap_or(hash).to_string(),
+            built_at: m["built_at"].as_str().unwrap_or_default().to_string(),
+            size_bytes: m["size_bytes"].as_u64().unwrap_or(0),
+            current,
+            manifest,
+            name,
+        });
+    }
+    images.sort_by(|a, b| {
+        (a.recipe.as_str(), std::cmp::Reverse(a.built_at.as_str()))
+            .cmp(&(b.recipe.as_str(), std::cmp::Reverse(b.built_at.as_str())))
+    });
+    Ok(images)
 }
 
 /// Move the finished image into place, write the manifest beside it, switch
@@ -615,37 +770,15 @@ impl Lock {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
-        match crate::tests::parse(&[&["rootfs"], args].concat())? {
-            crate::Task::Rootfs(args) => Ok(args),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn parses_arguments() {
-        let o = parse(&["--recipe", "x", "--out=/o", "--force", "-v"]).unwrap();
-        assert_eq!(o.recipe, "x");
-        assert_eq!(o.out(), PathBuf::from("/o"));
-        assert!(o.force && o.verbose && !o.verify);
-        let d = parse(&[]).unwrap();
-        assert_eq!(d.recipe, Args::default().recipe);
-        assert!(parse(&["--verify"]).unwrap().verify);
-        for bad in [
-            &["--recipe"][..],
-            &["--recipe="],
-            &["--out="],
-            &["--bogus"],
-            &["x"],
-        ] {
-            assert!(parse(bad).is_err(), "{bad:?}");
-        }
+    /// The workspace's recipes.
+    fn recipes_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../rootfs")
     }
 
     #[test]
     fn default_recipe_loads_and_hash_is_stable() {
-        let a = Recipe::load(&recipes_dir(), DEFAULT_RECIPE).unwrap();
-        let b = Recipe::load(&recipes_dir(), DEFAULT_RECIPE).unwrap();
+        let a = Recipe::find(&[recipes_dir()], DEFAULT_RECIPE).unwrap();
+        let b = Recipe::find(&[recipes_dir()], DEFAULT_RECIPE).unwrap();
         assert_eq!(a.hash, b.hash);
         assert_eq!(a.short().len(), 12);
         for f in [
@@ -663,12 +796,69 @@ mod tests {
     }
 
     #[test]
-    fn unknown_recipe_lists_the_known_ones() {
-        let e = Recipe::load(&recipes_dir(), "no-such-recipe")
+    fn the_first_directory_with_the_recipe_wins() {
+        let dir = TempTree::create_in(&std::env::temp_dir(), "codecage-image-recipes-").unwrap();
+        let mine = dir.path().join("mine");
+        fs::create_dir_all(mine.join(DEFAULT_RECIPE)).unwrap();
+        fs::write(mine.join(DEFAULT_RECIPE).join("packages.txt"), "bash\n").unwrap();
+        let search = [mine.clone(), recipes_dir()];
+        let r = Recipe::find(&search, DEFAULT_RECIPE).unwrap();
+        assert_eq!(r.dir, mine.join(DEFAULT_RECIPE));
+        assert_eq!(r.list("packages.txt").unwrap(), ["bash"]);
+        // The same files under another directory: the same hash.
+        let theirs = Recipe::find(&[recipes_dir()], DEFAULT_RECIPE).unwrap();
+        fs::remove_dir_all(mine.join(DEFAULT_RECIPE)).unwrap();
+        let copy = mine.join(DEFAULT_RECIPE);
+        fs::create_dir(&copy).unwrap();
+        for (rel, content) in &theirs.files {
+            fs::write(copy.join(rel), content).unwrap();
+        }
+        assert_eq!(
+            Recipe::find(&search, DEFAULT_RECIPE).unwrap().hash,
+            theirs.hash
+        );
+    }
+
+    #[test]
+    fn unknown_recipe_names_the_directories_and_their_recipes() {
+        let missing = PathBuf::from("/nonexistent/codecage-recipes");
+        let search = [missing.clone(), recipes_dir()];
+        let e = Recipe::find(&search, "no-such-recipe")
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("default"), "{e}");
-        assert!(Recipe::load(&recipes_dir(), "../default").is_err());
+        assert!(
+            e.contains("unknown rootfs recipe \"no-such-recipe\""),
+            "{e}"
+        );
+        assert!(
+            e.contains(&format!("{}: (no such directory)", missing.display())),
+            "{e}"
+        );
+        assert!(
+            e.contains(&format!("{}: default", recipes_dir().display())),
+            "{e}"
+        );
+        for bad in ["../default", ".hidden", "", "a/b"] {
+            let e = Recipe::find(&search, bad).err().unwrap().to_string();
+            assert!(e.contains("invalid rootfs recipe name"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_search_path_starts_with_the_given_directory_then_etc_then_usr_share() {
+        let dirs = search_path(Some(Path::new("/x")));
+        assert_eq!(
+            dirs[..3],
+            [
+                PathBuf::from("/x"),
+                PathBuf::from(OPERATOR_RECIPES),
+                PathBuf::from(INSTALLED_RECIPES)
+            ]
+        );
+        // The test binary runs in target/ of this checkout.
+        let checkout = recipes_dir().canonicalize().unwrap();
+        assert!(dirs[3..].contains(&checkout), "{dirs:?}");
+        assert_eq!(search_path(None)[0], PathBuf::from(OPERATOR_RECIPES));
     }
 }

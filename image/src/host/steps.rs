@@ -155,7 +155,8 @@ mod tests {
     #[test]
     fn a_failed_step_keeps_the_log_and_names_the_step() {
         let dir =
-            crate::host::TempTree::create_in(&std::env::temp_dir(), "xtask-steps-test-").unwrap();
+            crate::host::TempTree::create_in(&std::env::temp_dir(), "codecage-image-steps-test-")
+                .unwrap();
         let log = dir.path().join("build.log");
         let failed = dir.path().join("failed.log");
         let mut steps = Steps::new("test", 3, log.clone(), false, failed.clone());
