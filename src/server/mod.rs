@@ -12,7 +12,6 @@ pub mod api;
 pub mod config;
 mod listen;
 pub mod mcp;
-mod mcp_size;
 mod openapi;
 pub mod pool;
 pub(crate) mod registry;
@@ -199,7 +198,7 @@ fn routes(state: &Shared) -> axum::Router {
         .fallback_service(mcp::http_service(state.clone()))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            mcp_size::http_limit,
+            mcp::size::http_limit,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
