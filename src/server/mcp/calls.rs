@@ -138,7 +138,7 @@ impl CodecageMcp {
         wait_idle(&entry).await;
         let result = service::call_session(
             self.state.clone(),
-            caller,
+            caller.clone(),
             Via::Mcp,
             entry.clone(),
             call,
@@ -151,7 +151,7 @@ impl CodecageMcp {
         }
         match (result, format) {
             (Ok(outcome), Some(options)) => formatted(&outcome, &options),
-            (Ok(outcome), None) => self.render(language, Some(&entry), &outcome, note),
+            (Ok(outcome), None) => self.render(language, Some(&entry), &outcome, note, &caller),
             (Err(e), _) => api_error(e),
         }
     }
@@ -204,7 +204,7 @@ impl CodecageMcp {
                 };
                 match format {
                     Some(options) => formatted(&call, &options),
-                    None => self.render(language, None, &call, None),
+                    None => self.render(language, None, &call, None, caller),
                 }
             }
             Err(e) => api_error(e),

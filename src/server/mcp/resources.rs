@@ -64,10 +64,10 @@ impl ServerHandler for CodecageMcp {
         };
         if let Some(rest) = uri.strip_prefix("codecage://outputs/") {
             let (key, stream) = rest.split_once('/').ok_or_else(not_found)?;
-            let text = self.state.mcp.get(key, stream).ok_or_else(|| {
+            let text = self.state.mcp.get(&caller, key, stream).ok_or_else(|| {
                 ErrorData::resource_not_found(
                     format!(
-                        "{uri}: the output is no longer kept (the last {KEPT_OUTPUTS} calls' are)"
+                        "{uri}: no such output of yours is kept (the last {KEPT_OUTPUTS} calls' are)"
                     ),
                     None,
                 )

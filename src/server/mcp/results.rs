@@ -13,6 +13,7 @@ use codecage::session::{CallOutcome, MimeBundle};
 
 use super::{CodecageMcp, Language};
 use crate::server::registry::Entry;
+use crate::server::Caller;
 use crate::service::Error as ApiError;
 
 /// A one-shot run's output files are embedded up to this size each (there is no session
@@ -77,6 +78,7 @@ impl CodecageMcp {
         entry: Option<&Arc<Entry>>,
         call: &CallOutcome,
         note: Option<String>,
+        caller: &Caller,
     ) -> CallToolResult {
         let config = &self.state.config.mcp;
         let outcome = &call.outcome;
@@ -86,7 +88,9 @@ impl CodecageMcp {
         let stdout = String::from_utf8_lossy(&outcome.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&outcome.stderr).into_owned();
         let cut = stdout.len() + stderr.len() > max_text;
-        let key = cut.then(|| self.state.mcp.keep(stdout.clone(), stderr.clone()));
+        let key = cut
+            .then(|| self.state.mcp.keep(caller, stdout.clone(), stderr.clone()))
+            .flatten();
         let share = if stderr.is_empty() {
             max_text
         } else {
