@@ -397,7 +397,7 @@ impl Profile {
         match BUILT_IN.iter().find(|(name, _)| *name == name_or_file) {
             Some((name, text)) => Profile::parse(text, &format!("profiles/{name}.toml (built in)")),
             None => Err(error(format!(
-                "no such profile; the profiles are {} (or give a file path)",
+                "no such profile; the profiles are {}",
                 names_in(dir).join(", ")
             ))),
         }
@@ -588,23 +588,50 @@ pub fn pool_spec(profile: &Profile, name: &str, data: &DataDir) -> Result<Spec, 
     resolve(profile, name, &request, data)
 }
 
-/// Why a request cannot run under a profile.
+/// Why a request cannot run under a profile. Messages are in words and name the request's
+/// field by its key (`memory`, `env`, `language`), never one front end's flag: a front end
+/// adds its own name for [`PolicyError::field`] (the CLI its flag).
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// It asks for more than the profile allows: the knob, what was asked, the most allowed.
-    #[error("{} {} is more than the profile {profile} allows (at most {}); ask for less, or use a profile that allows more", knob.flag(), knob.show(*asked), knob.show(*allowed))]
+    #[error("{} {} is more than the profile {profile} allows (at most {}); ask for less, or use a profile that allows more", knob.key(), knob.show(*asked), knob.show(*allowed))]
     AboveMax {
         profile: String,
         knob: Knob,
         asked: u64,
         allowed: u64,
     },
-    /// It sets something only a profile may set.
-    #[error("{0}")]
-    Forbidden(String),
+    /// It sets something only a profile may set, or looser than the profile allows.
+    #[error("{message}")]
+    Forbidden {
+        field: &'static str,
+        message: String,
+    },
     /// It is malformed, or names something that does not exist.
-    #[error("{0}")]
-    Invalid(String),
+    #[error("{message}")]
+    Invalid {
+        field: Option<&'static str>,
+        message: String,
+    },
+}
+
+impl PolicyError {
+    fn invalid(field: Option<&'static str>, message: impl Into<String>) -> PolicyError {
+        PolicyError::Invalid {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// The request's field it is about, by its key (a limit's key, `language`, `env`,
+    /// `network`, `files`, `rootfs`), if one.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            PolicyError::AboveMax { knob, .. } => Some(knob.key()),
+            PolicyError::Forbidden { field, .. } => Some(field),
+            PolicyError::Invalid { field, .. } => *field,
+        }
+    }
 }
 
 /// Where codecage keeps its data on the host (images under `rootfs/`).
@@ -631,14 +658,18 @@ pub fn resolve(
     let (argv, files) = match (&request.code, &request.argv) {
         (Some(code), None) => {
             let lang = request.lang.or(profile.language).ok_or_else(|| {
-                PolicyError::Invalid(format!("the profile {profile_name} has no language: give --lang python|node|typescript|bash"))
+                PolicyError::invalid(
+                    Some("language"),
+                    format!("the profile {profile_name} has no language: name one (python, node, typescript or bash)"),
+                )
             })?;
             lang.program(code)
         }
         (None, Some(argv)) => (argv.clone(), Vec::new()),
         _ => {
-            return Err(PolicyError::Invalid(
-                "give either code or a program to run".into(),
+            return Err(PolicyError::invalid(
+                None,
+                "give either code or a program to run",
             ))
         }
     };
@@ -648,16 +679,19 @@ pub fn resolve(
         profile.value(Knob::InputFiles),
         profile.value(Knob::InputTotalSize),
     )
-    .map_err(PolicyError::Invalid)?;
+    .map_err(|e| PolicyError::invalid(Some("files"), e))?;
     if let Some(clash) = request
         .files
         .iter()
         .find(|f| files.iter().any(|c| c.path == f.path))
     {
-        return Err(PolicyError::Invalid(format!(
-            "file {:?}: that is where the code goes; give the file another name",
-            clash.path
-        )));
+        return Err(PolicyError::invalid(
+            Some("files"),
+            format!(
+                "file {:?}: that is where the code goes; give the file another name",
+                clash.path
+            ),
+        ));
     }
     spec.exec.files = files;
     spec.exec.files.extend(request.files.iter().cloned());
@@ -666,14 +700,18 @@ pub fn resolve(
         let value = match request.knobs.get(&knob) {
             None => profile.value(knob),
             Some(_) if !knob.requestable() => {
-                return Err(PolicyError::Forbidden(format!(
-                    "{knob} is set by the profile only (profile {profile_name}: {})",
-                    knob.show(profile.value(knob))
-                )))
+                return Err(PolicyError::Forbidden {
+                    field: knob.key(),
+                    message: format!(
+                        "{knob} is set by the profile only (profile {profile_name}: {})",
+                        knob.show(profile.value(knob))
+                    ),
+                })
             }
             Some(&asked) => {
-                knob.check(asked)
-                    .map_err(|e| PolicyError::Invalid(format!("{}: {e}", knob.flag())))?;
+                knob.check(asked).map_err(|e| {
+                    PolicyError::invalid(Some(knob.key()), format!("{}: {e}", knob.key()))
+                })?;
                 let allowed = profile.max(knob);
                 if asked > allowed {
                     return Err(PolicyError::AboveMax {
@@ -697,13 +735,16 @@ pub fn resolve(
     };
     if let Some(mode) = request.network {
         if mode > profile.network.mode {
-            return Err(PolicyError::Forbidden(format!(
-                "network mode {} is looser than the profile {profile_name} allows ({}); ask for {} or less, or use \
-                 a profile whose [network] allows it",
-                mode.name(),
-                profile.network.mode.name(),
-                profile.network.mode.name()
-            )));
+            return Err(PolicyError::Forbidden {
+                field: "network",
+                message: format!(
+                    "network {} is looser than the profile {profile_name} allows ({}); ask for {} or less, or use a \
+                     profile whose [network] allows it",
+                    mode.name(),
+                    profile.network.mode.name(),
+                    profile.network.mode.name()
+                ),
+            });
         }
         spec.sandbox.network.mode = mode;
     }
@@ -717,12 +758,15 @@ pub fn resolve(
         spec.set_env(key, value);
     }
     for (key, value) in &request.env {
-        check_env_name(key).map_err(|e| PolicyError::Forbidden(format!("--env {e}")))?;
+        check_env_name(key).map_err(|e| PolicyError::Forbidden {
+            field: "env",
+            message: format!("env {e}"),
+        })?;
         spec.set_env(key, value);
     }
     spec.sandbox.rootfs =
         resolve_rootfs(request.rootfs.as_deref().unwrap_or(&profile.rootfs), data)?;
-    spec.validate().map_err(PolicyError::Invalid)?;
+    spec.validate().map_err(|e| PolicyError::invalid(None, e))?;
     Ok(spec)
 }
 
@@ -735,18 +779,21 @@ pub fn resolve_rootfs(value: &str, data: &DataDir) -> Result<Rootfs, PolicyError
     }
     if value.contains('/') {
         let path = std::path::absolute(value)
-            .map_err(|e| PolicyError::Invalid(format!("rootfs {value}: {e}")))?;
+            .map_err(|e| PolicyError::invalid(Some("rootfs"), format!("rootfs {value}: {e}")))?;
         return Ok(Rootfs::Dir(path));
     }
     let link = data.0.join("rootfs").join(value);
     match std::fs::canonicalize(&link) {
         Ok(dir) if dir.is_dir() => Ok(Rootfs::Dir(dir)),
-        _ => Err(PolicyError::Invalid(format!(
-            "no image named {value:?} is built (looked for {}): build it with `cargo xtask rootfs`{}, or use the host's \
-             /usr instead (--rootfs host, or rootfs = \"host\" in the profile)",
-            link.display(),
-            if value == "default" { String::new() } else { format!(" --recipe {value}") }
-        ))),
+        _ => Err(PolicyError::invalid(
+            Some("rootfs"),
+            format!(
+                "no image named {value:?} is built (looked for {}): build it with `cargo xtask rootfs`{}, or use \
+                 the host's /usr instead (rootfs = \"host\" in the profile)",
+                link.display(),
+                if value == "default" { String::new() } else { format!(" --recipe {value}") }
+            ),
+        )),
     }
 }
 
@@ -881,35 +928,41 @@ mod tests {
         r.knobs.insert(Knob::Memory, 4 << 30);
         let e = resolve(&p, "python", &r, &data()).unwrap_err();
         assert!(matches!(e, PolicyError::AboveMax { .. }));
+        // In words, the field by its key: a front end adds its own name for it.
         assert!(
-            e.to_string().contains("--memory 4G") && e.to_string().contains("at most 2G"),
+            e.to_string().starts_with("memory 4G") && e.to_string().contains("at most 2G"),
             "{e}"
         );
+        assert!(!e.to_string().contains("--"), "{e}");
+        assert_eq!(e.field(), Some("memory"));
         r.knobs.remove(&Knob::Memory);
         r.knobs.insert(Knob::TmpSize, 128 << 20);
-        assert!(resolve(&p, "python", &r, &data())
-            .unwrap_err()
-            .to_string()
-            .contains("--tmp-size"));
+        let e = resolve(&p, "python", &r, &data()).unwrap_err();
+        assert!(e.to_string().starts_with("tmp_size "), "{e}");
+        assert_eq!(e.field(), Some("tmp_size"));
         r.knobs.remove(&Knob::TmpSize);
         r.knobs.insert(Knob::Nofile, 1024);
         assert!(matches!(
             resolve(&p, "python", &r, &data()),
-            Err(PolicyError::Forbidden(_))
+            Err(PolicyError::Forbidden { .. })
         ));
         r.knobs.remove(&Knob::Nofile);
         r.env = vec![("PATH".into(), "/evil".into())];
-        assert!(matches!(
-            resolve(&p, "python", &r, &data()),
-            Err(PolicyError::Forbidden(_))
-        ));
+        let e = resolve(&p, "python", &r, &data()).unwrap_err();
+        assert!(
+            matches!(e, PolicyError::Forbidden { field: "env", .. }),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("env PATH"), "{e}");
     }
 
     #[test]
     fn a_missing_image_says_how_to_build_it() {
         let e = resolve_rootfs("default", &data()).unwrap_err().to_string();
         assert!(
-            e.contains("cargo xtask rootfs") && e.contains("--rootfs host"),
+            e.contains("cargo xtask rootfs")
+                && e.contains("rootfs = \"host\"")
+                && !e.contains("--rootfs"),
             "{e}"
         );
         assert_eq!(resolve_rootfs("host", &data()).unwrap(), Rootfs::Host);

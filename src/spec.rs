@@ -146,17 +146,17 @@ impl Volume {
             [source, target, "copy"] => (*source, *target, VolumeMode::Copy),
             [_, _, mode] => {
                 return Err(format!(
-                    "--volume {text}: unknown mode {mode:?}; {usage} (volumes are never writable onto the host)"
+                    "volume {text}: unknown mode {mode:?}; {usage} (volumes are never writable onto the host)"
                 ))
             }
-            _ => return Err(format!("--volume {text}: {usage}")),
+            _ => return Err(format!("volume {text}: {usage}")),
         };
         if source.is_empty() {
             return Err(format!(
-                "--volume {text}: the host directory is empty; {usage}"
+                "volume {text}: the host directory is empty; {usage}"
             ));
         }
-        let source = std::path::absolute(source).map_err(|e| format!("--volume {text}: {e}"))?;
+        let source = std::path::absolute(source).map_err(|e| format!("volume {text}: {e}"))?;
         let volume = Volume {
             source,
             target: PathBuf::from(target),
@@ -165,7 +165,7 @@ impl Volume {
         };
         volume
             .validate()
-            .map_err(|e| format!("--volume {text}: {e}"))?;
+            .map_err(|e| format!("volume {text}: {e}"))?;
         Ok(volume)
     }
 

@@ -146,7 +146,7 @@ impl Store {
     pub fn open_existing(path: &Path) -> Result<Store, String> {
         if !path.exists() {
             return Err(format!(
-                "there is no audit database at {} (give --db PATH, or the [audit] path of the configuration)",
+                "there is no audit database at {} (the [audit] path of the configuration)",
                 path.display()
             ));
         }

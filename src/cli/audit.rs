@@ -135,7 +135,10 @@ fn settings(args: &AuditArgs) -> Result<audit::AuditConfig, String> {
 
 fn run(args: AuditArgs) -> Result<(), String> {
     let config = settings(&args)?;
-    let mut store = Store::open_existing(&config.path)?;
+    let mut store = Store::open_existing(&config.path).map_err(|e| match config.path.exists() {
+        true => e,
+        false => format!("{e}; give --db PATH for another"),
+    })?;
     let failed = |e: rusqlite::Error| format!("audit database {}: {e}", config.path.display());
     let out = |line: String| {
         use std::io::Write;

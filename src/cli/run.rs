@@ -9,7 +9,7 @@ use codecage::caller::Caller;
 use codecage::format::{self, Channel, Formatted, Options as FormatOptions};
 use codecage::knobs::{Knob, Unit, Values};
 use codecage::outcome::{ErrorKind, Outcome};
-use codecage::profile::{self, DataDir, PolicyError, Profile, Request};
+use codecage::profile::{self, DataDir, Profile, Request};
 use codecage::runner::Lang;
 use codecage::spec::{Spec, Volume};
 use codecage::{launcher, Stream};
@@ -17,7 +17,10 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::print_json;
-use crate::audit::{self, Audit, End, Kind, Start, Via};
+use crate::audit::{Audit, Start, Via};
+use crate::service::error::starts_with_word;
+use crate::service::resolve::{self, ProfileSource};
+use crate::service::{Error, Kind};
 
 #[derive(Args)]
 #[command(
@@ -124,8 +127,8 @@ pub fn main(args: RunArgs) -> i32 {
         Some(c) => format!("uid:{}", c.uid),
         None => format!("uid:{}", nix::unistd::getuid()),
     };
-    let mut start = Start::new(Kind::Run, Via::Cli, who);
-    let built = build_spec(args, &mut start);
+    let mut start = resolve::run_start(Via::Cli, who, args.lang, args.profile.clone());
+    let built = build_spec(args, &mut start, &host.network, caller.as_ref());
     let slot = match audit.as_ref().map(Audit::slot_blocking).transpose() {
         Ok(slot) => slot,
         Err(e) => {
@@ -135,40 +138,21 @@ pub fn main(args: RunArgs) -> i32 {
     // The volumes' directories stay open until the launcher has cloned their trees.
     let (spec, _volumes, profile, profile_name) = match built {
         Ok(built) => built,
-        Err(outcome) => {
-            if let (Some(slot), Some(kind)) = (slot, outcome.error) {
-                start.kind = Kind::Refused;
-                let end = End::error(
-                    &audit::error_name(kind),
-                    outcome.message.as_deref().unwrap_or(""),
-                );
-                slot.whole(start, end.details(serde_json::json!({"request": "run"})));
+        Err(error) => {
+            if let Some(slot) = slot {
+                let (start, end) = resolve::refusal(start, &error);
+                slot.whole(start, end);
             }
             close(audit.as_ref());
-            return report(&outcome, json);
+            return report(&failed(&error), json);
         }
     };
-    // The gateway (and its runtime, only when a sandbox needs it) under the host's config.
+    // The gateway (and its runtime, only when a sandbox needs it) under the host's config,
+    // which allowed the mode when the request was resolved.
     if spec.sandbox.network.mode.has_gateway() {
-        if let Err(e) =
-            crate::gateway::Gateway::check_mode(&host.network, spec.sandbox.network.mode)
-        {
-            if let Some(slot) = slot {
-                start.kind = Kind::Refused;
-                slot.whole(start, End::error("policy", &e));
-            }
-            close(audit.as_ref());
-            return report(&Outcome::failed(ErrorKind::Policy, e), json);
-        }
         crate::gateway::Gateway::install(host.network.clone());
     }
-    let pending = slot.map(|slot| {
-        slot.begin(
-            start
-                .input_files(&spec.exec.files)
-                .spec(&spec.sandbox, Some(&spec.exec)),
-        )
-    });
+    let pending = slot.map(|slot| slot.begin(resolve::starting(start, &spec)));
     // CODECAGE_PREPARED=1: the server's warm-pool path for this one run (the sandbox built
     // from the profile alone and, for Python, the interpreter pre-started; then the request
     // handed over), so that the run suite proves pooled runs give cold runs' outcomes.
@@ -462,22 +446,21 @@ fn prepare(
 }
 
 /// Translates the flags into a Request, picks the profile, and resolves both into a Spec
-/// (with the profile and its name); notes what was asked in `asked` (for the audit), as
-/// far as it got. Also returns the volumes' directories, opened (with the sudo caller's
-/// credentials when codecage runs for someone), which must stay open until the sandbox
-/// has started.
+/// (with the profile and its name) whose network mode the host allows, by the service's
+/// rules (`service::resolve`), the errors naming this front end's flags; notes what was
+/// asked in `asked` (for the audit), as far as it got. Also returns the volumes'
+/// directories, opened (with the sudo caller's credentials when codecage runs for
+/// someone), which must stay open until the sandbox has started.
 fn build_spec(
     args: RunArgs,
     asked: &mut Start,
-) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Box<Outcome>> {
-    asked.language = args.lang.map(|l| l.name().to_string());
-    asked.profile = args.profile.clone();
+    network: &crate::gateway::GatewayConfig,
+    caller: Option<&Caller>,
+) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Error> {
     asked.code = args.code.clone();
     if !args.argv.is_empty() {
         asked.argv = Some(args.argv.clone());
     }
-    let invalid = |message: String| Box::new(Outcome::failed(ErrorKind::InvalidRequest, message));
-    let caller = Caller::from_sudo();
     let mut request = Request {
         lang: args.lang,
         knobs: args.knobs.0,
@@ -489,26 +472,26 @@ fn build_spec(
         (Some(code), None, true) => request.code = Some(code),
         (None, Some(file), true) => {
             request.lang = request.lang.or_else(|| Lang::from_extension(&file));
-            request.code = Some(read_code(&file, caller.as_ref()).map_err(invalid)?);
+            request.code = Some(read_code(&file, caller).map_err(Error::invalid)?);
             asked.code = request.code.clone();
             asked.language = request.lang.map(|l| l.name().to_string());
         }
         (None, None, false) => {
             if request.lang.is_some() {
-                return Err(invalid(
-                    "--lang applies to -c CODE or FILE, not to a program given after --".into(),
+                return Err(Error::invalid(
+                    "--lang applies to -c CODE or FILE, not to a program given after --",
                 ));
             }
             request.argv = Some(args.argv);
         }
         (None, None, true) => {
-            return Err(invalid(
-                "nothing to run: give --lang LANG -c CODE, a FILE, or -- PROGRAM [ARGS]".into(),
+            return Err(Error::invalid(
+                "nothing to run: give --lang LANG -c CODE, a FILE, or -- PROGRAM [ARGS]",
             ))
         }
         _ => {
-            return Err(invalid(
-                "give only one of -c CODE, FILE, or -- PROGRAM [ARGS]".into(),
+            return Err(Error::invalid(
+                "give only one of -c CODE, FILE, or -- PROGRAM [ARGS]",
             ))
         }
     }
@@ -516,7 +499,7 @@ fn build_spec(
         // codecage never copies its own environment into a sandbox: a bare NAME would hand
         // over whatever the launcher (root, perhaps via sudo) happens to have.
         let Some((key, value)) = item.split_once('=') else {
-            return Err(invalid(format!(
+            return Err(Error::invalid(format!(
                 "--env {item}: give NAME=VALUE; codecage does not copy its own environment into the sandbox \
                  (from a shell: --env {item}=\"${item}\")"
             )));
@@ -526,46 +509,115 @@ fn build_spec(
     for item in &args.files {
         request
             .files
-            .push(read_input(item, caller.as_ref()).map_err(invalid)?);
+            .push(read_input(item, caller).map_err(Error::invalid)?);
     }
-    if let Some(caller) = &caller {
-        refuse_paths_for(caller, args.profile.as_deref(), request.rootfs.as_deref())
-            .map_err(invalid)?;
+    if let (Some(caller), Some(rootfs)) = (caller, request.rootfs.as_deref()) {
+        refuse_rootfs_dir_for(caller, rootfs).map_err(Error::invalid)?;
     }
     // Opened now, with the sudo caller's credentials; they join the spec once it is
     // resolved (a volume is the caller's choice, not the profile's).
+    let volume_error = |e: String| Error::invalid(with_flag(&e, "volume", "--volume"));
     let mut opened = Vec::new();
     let mut volumes = Vec::new();
     for item in &args.volume {
-        let mut volume = Volume::parse(item).map_err(invalid)?;
-        opened.push(volume.pin(caller.as_ref(), None).map_err(invalid)?);
+        let mut volume = Volume::parse(item).map_err(volume_error)?;
+        opened.push(volume.pin(caller, None).map_err(volume_error)?);
         volumes.push(volume);
     }
-    let profile_name = match (&args.profile, request.lang) {
-        (Some(name), _) => name.clone(),
-        (None, Some(lang)) => lang.name().to_string(),
-        (None, None) if request.argv.is_some() => "bash".to_string(),
-        (None, None) => {
-            return Err(invalid(
-                "cannot tell the language of the code: give --lang python|node|typescript|bash (or a FILE ending in .py, .js, .mjs, .ts, .sh)".into(),
-            ))
+    let flagged = |e: Error| with_flags(e, caller);
+    let profile_name = resolve::profile_name(
+        args.profile.as_deref(),
+        request.lang,
+        request.argv.is_some(),
+    )
+    .map_err(|mut e| {
+        e.message += "; a FILE ending in .py, .js, .mjs, .ts or .sh tells it too";
+        flagged(e)
+    })?;
+    asked.profile = Some(profile_name.clone());
+    // A profile file's path is the local user's to give; through sudo, only names.
+    let source = ProfileSource {
+        dir: std::path::Path::new(profile::SYSTEM_DIR),
+        files: caller.is_none(),
+    };
+    let profile = resolve::load_profile(&profile_name, source).map_err(flagged)?;
+    let mut spec = resolve::resolve_run(
+        &profile,
+        &profile_name,
+        &request,
+        &DataDir::from_env(),
+        network,
+    )
+    .map_err(flagged)?;
+    spec.sandbox.volumes = volumes;
+    spec.validate().map_err(Error::invalid)?;
+    Ok((spec, opened, profile, profile_name))
+}
+
+/// The service's error with this front end's name for the field it is about: its flag
+/// (`--memory`, `--net`, ...), in place of the field's key where the message starts with
+/// it, else before the message.
+fn with_flags(mut error: Error, caller: Option<&Caller>) -> Error {
+    let Some((field, flag)) = error.field.and_then(|f| flag_of(f).map(|flag| (f, flag))) else {
+        return error;
+    };
+    let mut message = with_flag(&error.message, field, &flag);
+    match field {
+        "rootfs" if message.contains("rootfs = \"host\"") => {
+            message += "; for this run alone: --rootfs host";
+        }
+        "profile" => {
+            if let Some(caller) = caller.filter(|_| message.contains("is not a profile name")) {
+                message += &format!(
+                    "; codecage runs for uid {} (through sudo), so --profile takes the name of an installed \
+                     profile (see `codecage profiles`), not a file",
+                    caller.uid
+                );
+            }
+        }
+        _ => {}
+    }
+    error.message = message;
+    error
+}
+
+/// `message` about `key`, naming `flag` instead: in the key's place where the message
+/// starts with it, else before it.
+fn with_flag(message: &str, key: &str, flag: &str) -> String {
+    match starts_with_word(message, key) {
+        true => format!("{flag}{}", &message[key.len()..]),
+        false => format!("{flag}: {message}"),
+    }
+}
+
+/// The flag that sets a request's field.
+fn flag_of(field: &str) -> Option<String> {
+    let flag = match field {
+        "language" => "--lang",
+        "network" => "--net",
+        "env" => "--env",
+        "files" => "--file",
+        "rootfs" => "--rootfs",
+        "profile" => "--profile",
+        "volumes" => "--volume",
+        key => {
+            return Knob::from_key(key)
+                .filter(|k| k.requestable())
+                .map(Knob::flag)
         }
     };
-    asked.profile = Some(profile_name.clone());
-    let profile = Profile::load(&profile_name).map_err(|e| invalid(e.to_string()))?;
-    let spec =
-        profile::resolve(&profile, &profile_name, &request, &DataDir::from_env()).map_err(|e| {
-            match e {
-                PolicyError::Invalid(message) => invalid(message),
-                e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
-                    Box::new(Outcome::failed(ErrorKind::Policy, e.to_string()))
-                }
-            }
-        })?;
-    let mut spec = spec;
-    spec.sandbox.volumes = volumes;
-    spec.validate().map_err(invalid)?;
-    Ok((spec, opened, profile, profile_name))
+    Some(flag.to_string())
+}
+
+/// The Outcome of a request the service's rules refused: `policy` and `invalid_request`
+/// as they are (exit status 125 either way), anything else `setup`.
+fn failed(error: &Error) -> Outcome {
+    let kind = match error.kind {
+        Kind::Policy => ErrorKind::Policy,
+        Kind::InvalidRequest => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Setup,
+    };
+    Outcome::failed(kind, error.message.clone())
 }
 
 fn parse_lang(text: &str) -> Result<Lang, String> {
@@ -664,24 +716,15 @@ fn read_code(file: &std::path::Path, caller: Option<&Caller>) -> Result<String, 
     String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", file.display()))
 }
 
-/// Through sudo, the profile and the image come from what the host's administrator
-/// configured, by name: a profile file could turn every layer off, and an image directory
-/// is a root file system of the caller's choosing.
-fn refuse_paths_for(
-    caller: &Caller,
-    profile: Option<&str>,
-    rootfs: Option<&str>,
-) -> Result<(), String> {
-    let who = format!("codecage runs for uid {} (through sudo)", caller.uid);
-    if let Some(p) = profile.filter(|p| p.contains('/') || p.ends_with(".toml")) {
+/// Through sudo, the image comes from what the host's administrator built, by name: an
+/// image directory is a root file system of the caller's choosing. (The profile's rule,
+/// names only through sudo, is the service's: [`ProfileSource::files`].)
+fn refuse_rootfs_dir_for(caller: &Caller, rootfs: &str) -> Result<(), String> {
+    if rootfs.contains('/') {
         return Err(format!(
-            "--profile {p}: {who}, so --profile takes the name of an installed profile (see `codecage profiles`), \
-             not a file"
-        ));
-    }
-    if let Some(r) = rootfs.filter(|r| r.contains('/')) {
-        return Err(format!(
-            "--rootfs {r}: {who}, so --rootfs takes host or the name of a built image, not a directory"
+            "--rootfs {rootfs}: codecage runs for uid {} (through sudo), so --rootfs takes host or the name of a \
+             built image, not a directory",
+            caller.uid
         ));
     }
     Ok(())

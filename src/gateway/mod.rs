@@ -107,7 +107,7 @@ impl Gateway {
     pub fn check_mode(config: &GatewayConfig, mode: Mode) -> Result<(), String> {
         if mode == Mode::Full && !config.full {
             return Err(
-                "network mode full is not enabled on this host: its administrator enables it with `full = true` \
+                "network full is not enabled on this host: its administrator enables it with `full = true` \
                  in [network] of the server's config (or of /etc/codecage/config.toml for the CLI); use \
                  restricted with allowed_hosts instead"
                     .into(),

@@ -68,6 +68,10 @@ pub struct Error {
     pub message: String,
     /// Seconds to wait before trying again (capacity, quota, the audit's refusal).
     pub retry_after: Option<u64>,
+    /// The request's field it is about, by its key (`memory`, `profile`, `network`), if
+    /// one: the message says it in words; a front end may add its own name for it (the
+    /// CLI its flag).
+    pub field: Option<&'static str>,
     /// Its refusal is in the audit log already (or cannot be: the audit's own refusal).
     pub(crate) audited: bool,
     /// Code refused for its size, as measured in the request (for the audit record).
@@ -80,6 +84,7 @@ impl Error {
             kind,
             message: message.into(),
             retry_after: None,
+            field: None,
             audited: false,
             code: None,
         }
@@ -91,6 +96,23 @@ impl Error {
 
     pub fn retry_after(mut self, seconds: u64) -> Error {
         self.retry_after = Some(seconds.max(1));
+        self
+    }
+
+    /// About the request's field `key`.
+    pub fn on(mut self, key: &'static str) -> Error {
+        self.field = Some(key);
+        self
+    }
+
+    /// The message, the field it is about named first as a request names it (``field
+    /// `profile`: ...``) unless the message starts with the field's key already.
+    pub fn in_field(mut self) -> Error {
+        if let Some(field) = self.field {
+            if !starts_with_word(&self.message, field) {
+                self.message = format!("field `{field}`: {}", self.message);
+            }
+        }
         self
     }
 
@@ -121,11 +143,19 @@ impl std::fmt::Display for Error {
 
 impl From<PolicyError> for Error {
     fn from(e: PolicyError) -> Error {
-        match e {
-            PolicyError::Invalid(m) => Error::invalid(m),
-            e @ (PolicyError::AboveMax { .. } | PolicyError::Forbidden(_)) => {
-                Error::new(Kind::Policy, e.to_string())
-            }
-        }
+        let kind = match e {
+            PolicyError::Invalid { .. } => Kind::InvalidRequest,
+            PolicyError::AboveMax { .. } | PolicyError::Forbidden { .. } => Kind::Policy,
+        };
+        let mut error = Error::new(kind, e.to_string());
+        error.field = e.field();
+        error
     }
+}
+
+/// Whether `message` starts with the word `word` (then a space or a colon).
+pub fn starts_with_word(message: &str, word: &str) -> bool {
+    message
+        .strip_prefix(word)
+        .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with(':'))
 }

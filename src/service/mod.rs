@@ -7,6 +7,7 @@
 pub mod code;
 pub mod error;
 pub mod request;
+pub mod resolve;
 pub mod runs;
 pub mod sessions;
 pub mod tenancy;
@@ -18,7 +19,7 @@ use codecage::outcome::Outcome;
 use codecage::profile::{self, Profile};
 use codecage::runner::Lang;
 
-use crate::audit::{self, AuditError, End, Kind as AuditKind, Start};
+use crate::audit::{self, AuditError, Start};
 use crate::server::Shared;
 
 pub use error::{Error, Kind};
@@ -46,21 +47,15 @@ pub(crate) fn knobs_of(fields: &[(&'static str, &Raw)]) -> Result<Values, Error>
     Ok(values)
 }
 
-/// A profile by name: built in, or in /etc/codecage/profiles. Never a path: through the
-/// server, the host's administrator chooses what profiles exist.
+/// A profile by name: built in, or in the config's `profiles_dir` (/etc/codecage/profiles).
+/// Never a path: through the server, the host's administrator chooses what profiles exist.
 pub fn load_profile(state: &Shared, name: &str) -> Result<Profile, Error> {
     let dir = state
         .config
         .profiles_dir
         .clone()
         .unwrap_or_else(|| profile::SYSTEM_DIR.into());
-    if name.contains('/') || name.ends_with(".toml") || name.is_empty() {
-        return Err(Error::invalid(format!(
-            "field `profile`: {name:?} is not a profile name; the profiles are {}",
-            profile::names_in(&dir).join(", ")
-        )));
-    }
-    Profile::load_in(name, &dir).map_err(|e| Error::invalid(format!("field `profile`: {e}")))
+    resolve::load_profile(name, resolve::ProfileSource::installed(&dir)).map_err(Error::in_field)
 }
 
 /// Room for one more: at once if there is, else by evicting an idle pooled sandbox (the
@@ -130,11 +125,7 @@ pub(crate) async fn refused(state: &Shared, start: Start, error: Error) -> Error
     if error.audited {
         return error;
     }
-    let end = End::error(error.kind(), &error.message).details(serde_json::json!({
-        "request": start.kind.name(),
-    }));
-    let mut start = start;
-    start.kind = AuditKind::Refused;
+    let (start, end) = resolve::refusal(start, &error);
     match audit.refusal(start, end).await {
         Ok(()) => error.audited(),
         Err(e) => audit_unavailable(e),
@@ -143,8 +134,7 @@ pub(crate) async fn refused(state: &Shared, start: Start, error: Error) -> Error
 
 /// Network mode `full` only where the server's config enables it: 403 otherwise.
 pub(crate) fn network_allowed(state: &Shared, mode: codecage::network::Mode) -> Result<(), Error> {
-    crate::gateway::Gateway::check_mode(&state.config.network, mode)
-        .map_err(|m| Error::new(Kind::Policy, m))
+    resolve::network_allowed(&state.config.network, mode)
 }
 
 /// Code (or a program's argv) over the server's `limits.max_code` is refused before it

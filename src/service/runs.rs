@@ -3,15 +3,15 @@
 
 use codecage::knobs::Knob;
 use codecage::outcome::Outcome;
-use codecage::profile::{self, Request as PolicyRequest};
+use codecage::profile::Request as PolicyRequest;
 use codecage::Canceller;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    audit_slot, code_within, knobs_of, load_profile, log_call, network_allowed, refused, room,
-    Caller, Error, Kind, RunRequest,
+    audit_slot, code_within, knobs_of, load_profile, log_call, refused, resolve, room, Caller,
+    Error, Kind, RunRequest,
 };
-use crate::audit::{Kind as AuditKind, Start, Via};
+use crate::audit::Via;
 use crate::server::Shared;
 
 /// A run, resolved against its profile and run on a blocking thread until it ends, the
@@ -26,13 +26,16 @@ pub async fn run_request(
     stop: CancellationToken,
     mut sink: impl FnMut(codecage::Stream, &[u8]) + Send + 'static,
 ) -> Result<Outcome, Error> {
-    let mut start = Start::new(AuditKind::Run, via, caller.to_string());
+    let mut start = resolve::run_start(
+        via,
+        caller.to_string(),
+        body.language,
+        run_profile(&body).ok(),
+    );
     start.stdin_digest = body
         .stdin
         .as_ref()
         .map(|s| (codecage::files::sha256(s.as_bytes()), s.len() as u64));
-    start.language = body.language.map(|l| l.name().to_string());
-    start.profile = run_profile(&body).ok();
     let size = body.code.as_ref().map_or(0, String::len)
         + body
             .argv
@@ -95,9 +98,7 @@ pub async fn run_request(
     tokio::task::spawn_blocking(move || {
         let warm = pooled.is_some();
         let pending = slot.map(|slot| {
-            let mut start = start
-                .input_files(&spec.exec.files)
-                .spec(&spec.sandbox, Some(&spec.exec));
+            let mut start = resolve::starting(start, &spec);
             start.details = serde_json::json!({ "warm": warm });
             slot.begin(start)
         });
@@ -147,14 +148,8 @@ pub fn format_options(
 
 /// The profile a run asks for: by name, else the language's (bash for a program).
 fn run_profile(body: &RunRequest) -> Result<String, Error> {
-    match (&body.profile, body.language) {
-        (Some(name), _) => Ok(name.clone()),
-        (None, Some(lang)) => Ok(lang.name().to_string()),
-        (None, None) if body.argv.is_some() => Ok("bash".to_string()),
-        (None, None) => Err(Error::invalid(
-            "field `language`: give python, node, typescript or bash (or a profile, or argv)",
-        )),
-    }
+    resolve::profile_name(body.profile.as_deref(), body.language, body.argv.is_some())
+        .map_err(Error::in_field)
 }
 
 /// A run's request checked and resolved into its Spec (and the profile's name, and the
@@ -185,8 +180,13 @@ fn resolve_run(
         env: body.env.into_iter().collect(),
         network: body.network,
     };
-    let mut spec = profile::resolve(&profile, &profile_name, &request, &state.data_dir)?;
-    network_allowed(state, spec.sandbox.network.mode)?;
+    let mut spec = resolve::resolve_run(
+        &profile,
+        &profile_name,
+        &request,
+        &state.data_dir,
+        &state.config.network,
+    )?;
     spec.exec.stdin = body.stdin.map(String::into_bytes);
     // Opened now (they stay open until the sandbox has started); a spec with volumes is
     // never a pooled sandbox's, so such a run is cold.

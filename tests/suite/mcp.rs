@@ -344,6 +344,51 @@ fn files_go_in_and_come_back_as_images_text_and_links() {
     });
 }
 
+/// A call's output cut from its text is kept behind `codecage://outputs/KEY/...` for the
+/// caller that made it (and an admin): another token reading the same URI is told no such
+/// output is kept, as for a key that never was.
+#[test]
+fn over_http_a_cut_output_is_its_callers_alone() {
+    mcp_test(|python| {
+        const OTHER: &str = "other-token-0123456789abcdef";
+        let server = Server::start(
+            &format!("[[tokens]]\nname = \"other\"\ntoken = \"{OTHER}\"\n"),
+            true,
+        );
+        let url = format!("http://{}/mcp", server.tcp_address());
+        let mine = json!({"http": url, "token": super::server::TOKEN});
+        let results = drive(
+            python,
+            mine.clone(),
+            json!([tool(
+                "execute_python",
+                json!({"code": "print('x' * 30000)"})
+            )]),
+        );
+        let shown = text(&results[0]);
+        let uri = shown
+            .split_whitespace()
+            .find(|w| w.starts_with("codecage://outputs/"))
+            .unwrap_or_else(|| panic!("no output link in {shown}"))
+            .to_string();
+        assert!(uri.ends_with("/stdout"), "{uri}");
+        let results = drive(python, mine, json!([{"read_resource": uri}]));
+        assert!(
+            results[0].to_string().contains(&"x".repeat(30000)),
+            "{}",
+            results[0]
+        );
+        let results = drive(
+            python,
+            json!({"http": url, "token": OTHER}),
+            json!([{"read_resource": uri}]),
+        );
+        let refused = results[0]["exception"].as_str().unwrap_or_default();
+        assert!(refused.contains("no such output"), "{}", results[0]);
+        server.stop();
+    });
+}
+
 #[test]
 fn over_http_sessions_are_explicit_and_the_token_is_needed() {
     mcp_test(|python| {

@@ -137,7 +137,7 @@ async fn write_answers(
 /// `/mcp`'s body, read up to `mcp.max_request` before rmcp sees it: over it, 413 with the
 /// JSON-RPC error that names the limit, and the id when the start of the body shows it.
 pub async fn http_limit(
-    axum::extract::State(state): axum::extract::State<super::Shared>,
+    axum::extract::State(state): axum::extract::State<crate::server::Shared>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {

@@ -1,0 +1,158 @@
+//! The tools' descriptions, written at start from this server's profiles' figures (the
+//! `#[tool]` macros only take constant text).
+
+use super::{CodecageMcp, Language};
+use crate::service;
+
+impl CodecageMcp {
+    /// The tools' descriptions, with this server's profiles' figures in them.
+    pub(super) fn describe(&mut self) {
+        let mcp = &self.state.config.mcp;
+        let limits = |language: Language| -> String {
+            let name = self.profile_name(language);
+            match service::load_profile(&self.state, &name) {
+                Ok(p) => {
+                    use codecage::knobs::Knob;
+                    format!(
+                        "Limits (profile {name}): {} per call by default, up to {} with `timeout`; {} of memory; \
+                         {} of output (stdout and stderr together).",
+                        Knob::Timeout.show(p.value(Knob::Timeout)),
+                        Knob::Timeout.show(p.max(Knob::Timeout)),
+                        Knob::Memory.show(p.value(Knob::Memory)),
+                        Knob::OutputLimit.show(p.value(Knob::OutputLimit)),
+                    )
+                }
+                Err(_) => format!("Limits: those of the profile {name}."),
+            }
+        };
+        let session_text = if self.connection.is_some() {
+            "The interpreter persists across calls on this connection: variables, imports and functions stay \
+             until reset_repl; files stay in /work (each language has its own sandbox and /work). \
+             session_id is optional: give one from create_session to use that session instead."
+                .to_string()
+        } else {
+            "Without session_id the code runs in a fresh sandbox that is gone after the call: nothing persists. \
+             For a persistent interpreter (variables, imports, files in /work), call create_session first and \
+             pass its session_id."
+                .to_string()
+        };
+        let results = |shell: bool| {
+            format!(
+                "The result is the output (stdout, then stderr){}, and errors{}; {}files written under /work/out \
+                 come back as resource links (read them with read_file). A call past its time limit is \
+                 interrupted: the output so far is returned, marked as an error, and the result says whether \
+                 the {} state survived.",
+                if shell { " and the exit status" } else { ", the value of a trailing expression" },
+                if shell { "" } else { " with their traceback" },
+                if shell {
+                    String::new()
+                } else {
+                    format!(
+                        "figures (matplotlib, displayed images) come back as images (PNG, at most {} px on a side, \
+                         {} per call); ",
+                        mcp.image_max_edge, mcp.max_images
+                    )
+                },
+                if shell { "shell's" } else { "interpreter's" }
+            )
+        };
+        let descriptions = [
+            (
+                "execute_python",
+                format!(
+                    "Run Python 3 code (numpy, pandas, matplotlib in the default image). {session_text} The last \
+                     expression's value is shown, as in a notebook; top-level await works. {} {}",
+                    results(false),
+                    limits(Language::Python)
+                ),
+            ),
+            (
+                "execute_node",
+                format!(
+                    "Run JavaScript or TypeScript in Node.js (a REPL: `const`/`let`, functions and require()d \
+                     modules persist; TypeScript types are stripped; top-level await works). {session_text} \
+                     {} {}",
+                    results(false),
+                    limits(Language::Node)
+                ),
+            ),
+            (
+                "execute_shell",
+                format!(
+                    "Run a bash command line (pipelines, coreutils, grep, sed, awk). {} `cd`, variables and \
+                     functions persist; a non-zero exit status marks the result as an error. {} {}",
+                    session_text.replace("interpreter persists", "shell persists").replace(
+                        "variables, imports and functions stay until reset_repl",
+                        "its state stays until reset_repl"
+                    ),
+                    results(true),
+                    limits(Language::Shell)
+                ),
+            ),
+            (
+                "reset_repl",
+                format!(
+                    "Restart an interpreter: its variables, imports and functions are gone; files in /work are \
+                     kept. Use it when the state is broken or memory is full. {}",
+                    if self.connection.is_some() {
+                        "language: python (default), node or shell; or a session_id."
+                    } else {
+                        "Needs the session_id of a session from create_session."
+                    }
+                ),
+            ),
+            (
+                "list_files",
+                format!(
+                    "List a directory of the sandbox's /work (type, size, name). {}",
+                    self.files_text()
+                ),
+            ),
+            (
+                "read_file",
+                format!(
+                    "Read a file of /work: a PNG comes back as an image, text as text, anything else as an \
+                     embedded resource (at most {} per file). {}",
+                    codecage::knobs::Knob::OutputFileSize
+                        .show(codecage::knobs::Knob::OutputFileSize.def().default),
+                    self.files_text()
+                ),
+            ),
+            (
+                "write_file",
+                format!(
+                    "Write a file into /work (directories are made; an existing file is replaced), for the code \
+                     to read: text, or bytes as base64 with encoding \"base64\". {}",
+                    self.files_text()
+                ),
+            ),
+            (
+                "create_session",
+                "Start a persistent session for python, node or shell and get its session_id, for the other \
+                 tools' session_id. A session keeps its interpreter's state and its /work between calls. It \
+                 ends after its idle time without a call (10 minutes by default), after its maximum lifetime \
+                 (1 hour by default), or at close_session; the answer gives its figures. After that its id is \
+                 refused with an error that says so."
+                    .to_string(),
+            ),
+            (
+                "close_session",
+                "End a session from create_session now: its processes and files are gone.".to_string(),
+            ),
+        ];
+        for (name, text) in descriptions {
+            if let Some(route) = self.tool_router.map.get_mut(name) {
+                route.attr.description = Some(text.into());
+            }
+        }
+    }
+
+    pub(super) fn files_text(&self) -> &'static str {
+        if self.connection.is_some() {
+            "language chooses whose sandbox (python by default; each language has its own /work), or give a \
+             session_id."
+        } else {
+            "Needs the session_id of a session from create_session."
+        }
+    }
+}
