@@ -16,6 +16,8 @@ mod cli;
 mod client;
 #[path = "../src/gateway/mod.rs"]
 mod gateway;
+#[path = "../src/host_config.rs"]
+mod host_config;
 #[path = "../src/server/mod.rs"]
 mod server;
 #[path = "../src/service/mod.rs"]
