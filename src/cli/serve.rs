@@ -89,6 +89,16 @@ pub fn main(args: ServeArgs) -> i32 {
         Err(e) => return fail(format!("--listen {e}")),
     };
     init_logging();
+    // Before any thread or child: with a delegated cgroup the server moves itself (every
+    // thread) into its `supervisor` leaf, and its sandboxes go beside it.
+    match codecage::delegation::place_server(config.cgroups.parent) {
+        Ok(placement) => tracing::info!(
+            parent = %placement.parent.display(),
+            reason = %placement.reason,
+            "sandbox cgroups"
+        ),
+        Err(e) => return fail(e),
+    }
     crate::gateway::Gateway::install(config.network.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
