@@ -165,8 +165,34 @@ mod tests {
                 assert_eq!(config.tokens.len(), 1);
                 assert_eq!(config.limits.max_sessions, 256);
                 assert_eq!(config.pool.runs.get("python"), Some(&2));
+                assert_eq!(
+                    config.cgroups.parent,
+                    codecage::delegation::ParentMode::Auto
+                );
             }
         }
+    }
+
+    /// `[cgroups] parent` takes the three modes; anything else is refused with them named.
+    #[test]
+    fn the_cgroup_parent_mode_is_one_of_three() {
+        use codecage::delegation::ParentMode;
+        for (text, mode) in [
+            ("auto", ParentMode::Auto),
+            ("delegated", ParentMode::Delegated),
+            ("root", ParentMode::Root),
+        ] {
+            let config: ServerConfig =
+                toml::from_str(&format!("[cgroups]\nparent = {text:?}\n")).unwrap();
+            assert_eq!(config.cgroups.parent, mode);
+        }
+        let e = toml::from_str::<ServerConfig>("[cgroups]\nparent = \"unit\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"unit\"") && e.contains("\"auto\", \"delegated\" or \"root\""),
+            "{e}"
+        );
     }
 
     /// The package's /etc/codecage/config.toml: the CLI's host config, the same way.
