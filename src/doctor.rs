@@ -231,6 +231,11 @@ fn cgroup_checks(layout: &Layout) -> Vec<Check> {
         how("pids.max", "pids.max"),
     ));
     checks.push(Check {
+        name: "cgroup parent",
+        ok: true,
+        detail: parent_detail(layout),
+    });
+    checks.push(Check {
         name: "kill and placement",
         ok: true,
         detail: kill_and_placement(layout, cgroup_kill, kernel_at_least(5, 7)),
@@ -290,6 +295,34 @@ fn kill_and_placement(
         }
     };
     format!("{placement}; {stop}{error_path}")
+}
+
+/// Where run cgroups go, for this process and for a server: at the root of each hierarchy,
+/// or, for a `codecage serve` in a delegated cgroup on pure v2, under that cgroup.
+fn parent_detail(layout: &Layout) -> String {
+    let parents: Vec<String> = cgroup::delegation::parents(layout)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let here = format!("{} (codecage run, and this check)", parents.join(", "));
+    match layout {
+        Layout::V2 { root } => {
+            let own = cgroup::delegation::own_cgroup(root);
+            let delegated = own.as_deref().is_some_and(cgroup::delegation::is_delegated);
+            format!(
+                "{here}; a codecage serve whose own cgroup is delegated (systemd's Delegate=yes: the \
+                 trusted.delegate xattr) moves itself into <its cgroup>/supervisor and puts its sandboxes \
+                 under <its cgroup>/codecage; this process's cgroup {} is {}delegated",
+                own.map_or("(unknown)".into(), |o| o.display().to_string()),
+                if delegated { "" } else { "not " }
+            )
+        }
+        Layout::None => here,
+        _ => format!(
+            "{here}; a server uses a delegated cgroup on pure cgroup v2 only, this host is {}",
+            layout.name()
+        ),
+    }
 }
 
 /// Whether the running kernel's version is at least `major.minor` (from osrelease).

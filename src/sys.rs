@@ -119,6 +119,52 @@ pub fn pid_namespace() -> u64 {
     })
 }
 
+/// The value of the extended attribute `name` of `path` (at most 64 bytes): systemd marks a
+/// delegated cgroup with `trusted.delegate` (and `user.delegate`) set to "1".
+pub fn get_xattr(path: &std::path::Path, name: &str) -> io::Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let name = std::ffi::CString::new(name)?;
+    let mut value = [0u8; 64];
+    // SAFETY: both strings are NUL-terminated and live across the call; the kernel writes
+    // at most `value.len()` bytes into `value`, which is that long.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value[..n as usize].to_vec())
+}
+
+/// Sets the extended attribute `name` of `path` to `value` (as systemd does on a cgroup it
+/// delegates; the delegation test plays systemd with it).
+pub fn set_xattr(path: &std::path::Path, name: &str, value: &[u8]) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let name = std::ffi::CString::new(name)?;
+    // SAFETY: both strings are NUL-terminated and live across the call; the kernel reads
+    // `value.len()` bytes from `value`.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Runs `clone` with this thread's effective uid set to `euid` and its capabilities kept
 /// (SECBIT_NO_SETUID_FIXUP), then restores both. A user namespace is owned by the euid of
 /// the thread that creates it, and the kernel charges per-user counts of everything in it

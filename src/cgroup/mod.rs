@@ -11,12 +11,15 @@
 //!
 //! Layout per backend (`<run>` is `run-<pid namespace>-<launcher pid>-<start time>-<n>`):
 //! - v2: `<root>/codecage/<run>` with memory.max, memory.swap.max, cpu.max, pids.max; the
-//!   init is born in it (`CLONE_INTO_CGROUP`).
+//!   init is born in it (`CLONE_INTO_CGROUP`). A server whose own cgroup is delegated to it
+//!   (systemd's `Delegate=yes`) uses `<its cgroup>/codecage/<run>` instead, from a leaf
+//!   `<its cgroup>/supervisor` (see [`delegation`]).
 //! - v1: `<controller>/codecage/<run>` in memory, cpu, cpuacct and pids; the init's raw
 //!   child moves itself in (writes "0" into each `tasks` file) before it execs anything.
 //! - hybrid: the v1 directories for limits and usage, plus `<unified>/codecage/<run>` for
 //!   `CLONE_INTO_CGROUP` and `cgroup.kill`.
 
+pub mod delegation;
 pub mod detect;
 
 use std::fs;
@@ -209,8 +212,9 @@ impl RunCgroup {
         match layout {
             Layout::V2 { root } => {
                 let mut attempts = 0;
+                let base = delegation::v2_base(root);
                 let dir = loop {
-                    let dir = v2_parent(root, &mut run)?.join(&name);
+                    let dir = v2_parent(&base, &mut run)?.join(&name);
                     match mkdir_755(&dir) {
                         // The parent went away with a concurrent run: make it again.
                         Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 8 => attempts += 1,
@@ -320,9 +324,12 @@ impl RunCgroup {
         };
         let (dir, l) = (dir.clone(), self.limits);
         let available = match layout {
-            Layout::V2 { root } => {
-                read(&root.join(PARENT).join("cgroup.subtree_control")).unwrap_or_default()
-            }
+            Layout::V2 { root } => read(
+                &delegation::v2_base(root)
+                    .join(PARENT)
+                    .join("cgroup.subtree_control"),
+            )
+            .unwrap_or_default(),
             _ => String::new(),
         };
         let has = |c: &str| available.split_whitespace().any(|a| a == c);
@@ -634,8 +641,9 @@ fn missing_controller(layout: &Layout, controller: Controller) -> CgroupError {
 }
 
 /// The v2 parent `<root>/codecage`, with the memory, cpu and pids controllers enabled for
-/// its children. The root is exempt from the no-internal-process rule; `codecage` itself
-/// never holds a process, so enabling controllers in it cannot meet EBUSY.
+/// its children. `root` is the hierarchy's root, exempt from the no-internal-process rule,
+/// or the delegated cgroup a server moved itself out of (see [`delegation`]); `codecage`
+/// itself never holds a process, so enabling controllers in it cannot meet EBUSY.
 fn v2_parent(root: &Path, run: &mut RunCgroup) -> Result<PathBuf, CgroupError> {
     let available = read(&root.join("cgroup.controllers")).unwrap_or_default();
     let (wanted, missing): (Vec<&str>, Vec<&str>) = ["memory", "cpu", "pids"]
@@ -737,18 +745,7 @@ pub(crate) fn sweep_leftovers_once(layout: &Layout) {
 
 /// See [`sweep_leftovers_once`].
 pub fn sweep_leftovers(layout: &Layout) {
-    let mut parents: Vec<PathBuf> = Vec::new();
-    match layout {
-        Layout::V2 { root } => parents.push(root.join(PARENT)),
-        Layout::V1 { controllers } | Layout::Hybrid { controllers, .. } => {
-            parents.extend(controllers.iter().map(|(_, mount)| mount.join(PARENT)));
-            if let Layout::Hybrid { unified, .. } = layout {
-                parents.push(unified.join(PARENT));
-            }
-        }
-        Layout::None => {}
-    }
-    parents.dedup();
+    let parents = delegation::parents(layout);
     let mut leftovers: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
     // A launcher's liveness is read once (from /proc), however many runs and hierarchies
     // name it: a host with hundreds of sandboxes would otherwise cost a starting launcher

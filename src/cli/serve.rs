@@ -89,6 +89,16 @@ pub fn main(args: ServeArgs) -> i32 {
         Err(e) => return fail(format!("--listen {e}")),
     };
     init_logging();
+    // Before any thread or child: with a delegated cgroup the server moves itself (every
+    // thread) into its `supervisor` leaf, and its sandboxes go beside it.
+    match codecage::delegation::place_server(config.cgroups.parent) {
+        Ok(placement) => tracing::info!(
+            parent = %placement.parent.display(),
+            reason = %placement.reason,
+            "sandbox cgroups"
+        ),
+        Err(e) => return fail(e),
+    }
     crate::gateway::Gateway::install(config.network.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -155,8 +165,34 @@ mod tests {
                 assert_eq!(config.tokens.len(), 1);
                 assert_eq!(config.limits.max_sessions, 256);
                 assert_eq!(config.pool.runs.get("python"), Some(&2));
+                assert_eq!(
+                    config.cgroups.parent,
+                    codecage::delegation::ParentMode::Auto
+                );
             }
         }
+    }
+
+    /// `[cgroups] parent` takes the three modes; anything else is refused with them named.
+    #[test]
+    fn the_cgroup_parent_mode_is_one_of_three() {
+        use codecage::delegation::ParentMode;
+        for (text, mode) in [
+            ("auto", ParentMode::Auto),
+            ("delegated", ParentMode::Delegated),
+            ("root", ParentMode::Root),
+        ] {
+            let config: ServerConfig =
+                toml::from_str(&format!("[cgroups]\nparent = {text:?}\n")).unwrap();
+            assert_eq!(config.cgroups.parent, mode);
+        }
+        let e = toml::from_str::<ServerConfig>("[cgroups]\nparent = \"unit\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"unit\"") && e.contains("\"auto\", \"delegated\" or \"root\""),
+            "{e}"
+        );
     }
 
     /// The package's /etc/codecage/config.toml: the CLI's host config, the same way.

@@ -37,6 +37,26 @@ pub struct ServerConfig {
     pub audit: crate::audit::AuditConfig,
     /// The warm pool: sandboxes and sessions built ahead of requests, by profile.
     pub pool: super::pool::PoolConfig,
+    /// `[cgroups]`: where the sandboxes' cgroups go.
+    pub cgroups: CgroupsConfig,
+}
+
+/// `[cgroups]`: `parent = "auto"` (default) puts the sandboxes' `codecage` parent under the
+/// server's own cgroup when that is delegated to it (systemd's `Delegate=yes`, pure cgroup
+/// v2), else at the root of the hierarchy; `"delegated"` insists on the former, `"root"` on
+/// the latter (src/cgroup/delegation.rs).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CgroupsConfig {
+    #[serde(deserialize_with = "parent_mode")]
+    pub parent: codecage::delegation::ParentMode,
+}
+
+fn parent_mode<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<codecage::delegation::ParentMode, D::Error> {
+    codecage::delegation::ParentMode::parse(&String::deserialize(d)?)
+        .map_err(serde::de::Error::custom)
 }
 
 /// `[mcp]`: what the MCP tools run and how their results are shaped. A client cannot

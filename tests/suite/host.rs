@@ -168,15 +168,15 @@ impl Scope {
 }
 
 /// The run cgroups under every `codecage` parent of the host's cgroup hierarchies
-/// (`/sys/fs/cgroup/codecage` on v2, `/sys/fs/cgroup/*/codecage` on v1 and hybrid), with
+/// (`/sys/fs/cgroup/codecage` on v2, `/sys/fs/cgroup/*/codecage` on v1 and hybrid), and
+/// under nested ones (a server in a delegated cgroup makes `<its cgroup>/codecage`, as
+/// tests/suite/delegation.rs does under `/sys/fs/cgroup/codecage/unit-<pid>.service`), with
 /// the pid of the launcher each is named after (`run-<pid ns>-<pid>-<start>-<n>`). Runs of
 /// launchers in other pid namespaces are left out: their pids mean nothing here.
 pub fn run_cgroups() -> Vec<(u32, PathBuf)> {
     let root = Path::new("/sys/fs/cgroup");
-    let hierarchies = std::fs::read_dir(root).into_iter().flatten().flatten();
-    let parents = std::iter::once(root.to_path_buf())
-        .chain(hierarchies.map(|h| h.path()))
-        .map(|h| h.join("codecage"));
+    let mut parents = Vec::new();
+    codecage_parents(root, 0, &mut parents);
     let ns = pid_namespace().to_string();
     let mut runs = Vec::new();
     for parent in parents {
@@ -193,6 +193,25 @@ pub fn run_cgroups() -> Vec<(u32, PathBuf)> {
         }
     }
     runs
+}
+
+/// The directories named `codecage` in the cgroup tree under `dir`, a few levels deep (a
+/// systemd unit sits two or three below a hierarchy's root), not inside run cgroups.
+fn codecage_parents(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    if depth > 6 {
+        return;
+    }
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("run-") || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if name == "codecage" {
+            out.push(entry.path());
+        }
+        codecage_parents(&entry.path(), depth + 1, out);
+    }
 }
 
 /// The inode of this process's pid namespace: the first number of a run cgroup's name.

@@ -8,6 +8,7 @@ mod budget;
 mod cells;
 mod cleanup;
 mod compat;
+mod delegation;
 mod escape;
 mod files;
 mod format;
