@@ -1400,7 +1400,10 @@ pub fn http_service(
         move || {
             Ok(CodecageMcp::new(
                 state.clone(),
-                Caller::Unix { uid: u32::MAX },
+                Caller::Unix {
+                    uid: u32::MAX,
+                    role: crate::server::config::Role::User,
+                },
                 false,
             ))
         },
