@@ -487,30 +487,43 @@ mod tests {
             Some(UNLISTED_PEER_MAX_CONCURRENT_RUNS)
         );
 
-        // Unknown keys, in a token or a peer (whose keys are shared), are refused by name.
-        let e = refused("[[unix_peers]]\nuid = 1000\nmax_session = 1\n");
-        assert!(e.contains("max_session"), "{e}");
-        let e = refused("[[tokens]]\nname = \"a\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\ncolour = 1\n");
-        assert!(e.contains("colour"), "{e}");
-        let e = refused("[unix_peers_default]\nuid = 5\n");
-        assert!(e.contains("uid"), "{e}");
-        let e = refused("[[unix_peers]]\nuid = 0\n");
-        assert!(e.contains("uid 0 is root"), "{e}");
-        let e = refused("[[unix_peers]]\nuid = 7\n[[unix_peers]]\nuid = 7\n");
-        assert!(e.contains("uid 7 is listed twice"), "{e}");
-        let e = refused("[[unix_peers]]\nuid = 7\n[unix_peers.limits]\ncolour = 1\n");
-        assert!(
-            e.contains("unix peer uid 7") && e.contains("unix_peers.limits: \"colour\""),
-            "{e}"
-        );
-        let e = refused("[[unix_peers]]\nuid = 7\n[unix_peers.limits]\nmemory = \"lots\"\n");
-        assert!(e.contains("unix_peers.limits.memory"), "{e}");
-        let e = refused("[unix_peers_default]\nrole = \"admin\"\n");
-        assert!(
-            e.contains("unix_peers_default.role") && e.contains("only \"user\""),
-            "{e}"
-        );
-        let e = refused("[unix_peers_default.limits]\npids = -1\n");
-        assert!(e.contains("unix_peers_default.limits.pids"), "{e}");
+        // Each refusal names the key (unknown keys too, in a token or a peer, whose keys
+        // are shared) and what is allowed.
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "[[unix_peers]]\nuid = 1000\nmax_session = 1\n",
+                &["max_session"],
+            ),
+            (
+                "[[tokens]]\nname = \"a\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\ncolour = 1\n",
+                &["colour"],
+            ),
+            ("[unix_peers_default]\nuid = 5\n", &["uid"]),
+            ("[[unix_peers]]\nuid = 0\n", &["uid 0 is root"]),
+            (
+                "[[unix_peers]]\nuid = 7\n[[unix_peers]]\nuid = 7\n",
+                &["uid 7 is listed twice"],
+            ),
+            (
+                "[[unix_peers]]\nuid = 7\n[unix_peers.limits]\ncolour = 1\n",
+                &["unix peer uid 7", "unix_peers.limits: \"colour\""],
+            ),
+            (
+                "[[unix_peers]]\nuid = 7\n[unix_peers.limits]\nmemory = \"lots\"\n",
+                &["unix_peers.limits.memory"],
+            ),
+            (
+                "[unix_peers_default]\nrole = \"admin\"\n",
+                &["unix_peers_default.role", "only \"user\""],
+            ),
+            (
+                "[unix_peers_default.limits]\npids = -1\n",
+                &["unix_peers_default.limits.pids"],
+            ),
+        ];
+        for (text, words) in cases {
+            let e = refused(text);
+            assert!(words.iter().all(|w| e.contains(w)), "{text}: {e}");
+        }
     }
 }

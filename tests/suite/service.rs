@@ -142,28 +142,10 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
         );
         // The built-in ci profile (8G, 4096 pids, 1 h) is not a default token's.
         for token in [USER1, USER2] {
-            let (status, out) = server.tcp_request(
-                token,
-                "POST",
-                "/v1/run",
-                Some(json!({"profile": "ci", "argv": ["true"]})),
+            ci_is_refused(
+                &|m, p, b| server.tcp_request(token, m, p, b),
+                "python, node",
             );
-            assert_eq!(
-                (status, out["error"].as_str()),
-                (403, Some("policy")),
-                "{out}"
-            );
-            assert!(
-                out["message"].as_str().unwrap().contains("python, node"),
-                "{out}"
-            );
-            let (status, out) = server.tcp_request(
-                token,
-                "POST",
-                "/v1/sessions",
-                Some(json!({"language": "python", "profile": "ci"})),
-            );
-            assert_eq!(status, 403, "{out}");
         }
         // The admin may.
         let (status, out) = server.tcp_request(
@@ -173,52 +155,13 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
             Some(json!({"profile": "ci", "argv": ["true"]})),
         );
         assert_eq!(status, 200, "{out}");
-        // Ceilings: above is 403; the profile's default is lowered to the ceiling.
-        let (status, out) = server.tcp_request(
-            USER2,
-            "POST",
-            "/v1/run",
-            Some(json!({"language": "bash", "code": "true", "memory": "512M"})),
-        );
-        assert_eq!(status, 403, "{out}");
-        assert!(out["message"].as_str().unwrap().contains("memory"), "{out}");
-        let (status, out) = server.tcp_request(
-            USER2,
-            "POST",
-            "/v1/run",
-            Some(json!({"language": "bash", "code": "grep MemTotal /proc/meminfo"})),
-        );
-        assert_eq!(status, 200, "{out}");
-        // MemTotal is the sandbox's memory limit.
-        assert!(
-            out["stdout"].as_str().unwrap().contains(" 131072 kB"),
-            "{out}"
-        );
+        memory_is_held_to_128m(&|m, p, b| server.tcp_request(USER2, m, p, b));
         // max_sessions = 1: the second is 429 with Retry-After; user1 is not held to it.
-        let (status, first) = server.tcp_request(
-            USER2,
-            "POST",
-            "/v1/sessions",
-            Some(json!({"language": "bash"})),
+        let first = one_session_then_429(
+            &|m, p, b| server.tcp_request(USER2, m, p, b),
+            &|args| server.tcp_curl(USER2, args),
+            &format!("http://{}/v1/sessions", server.tcp_address()),
         );
-        assert_eq!(status, 201, "{first}");
-        let url = format!("http://{}/v1/sessions", server.tcp_address());
-        let (status, head) = server.tcp_curl(
-            USER2,
-            &[
-                "-i",
-                "-X",
-                "POST",
-                &url,
-                "-H",
-                "Content-Type: application/json",
-                "-d",
-                r#"{"language":"bash"}"#,
-            ],
-        );
-        assert_eq!(status, 429, "{head}");
-        assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
-        assert!(head.contains("\"quota\""), "{head}");
         let (status, other) = server.tcp_request(
             USER1,
             "POST",
@@ -270,6 +213,79 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
         figures(&server, "profiles and quotas");
         server.stop();
     });
+}
+
+/// A caller's requests: (method, path, JSON body) to (status, JSON answer).
+type Requests<'a> = &'a dyn Fn(&str, &str, Option<Value>) -> (u16, Value);
+
+/// `ci` is refused to a caller without it in its profiles (403 policy, for a run and a
+/// session), and the words list the profiles it may use (`allowed`).
+fn ci_is_refused(request: Requests, allowed: &str) {
+    let (status, out) = request(
+        "POST",
+        "/v1/run",
+        Some(json!({"profile": "ci", "argv": ["true"]})),
+    );
+    assert_eq!(
+        (status, out["error"].as_str()),
+        (403, Some("policy")),
+        "{out}"
+    );
+    assert!(out["message"].as_str().unwrap().contains(allowed), "{out}");
+    let (status, out) = request(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"language": "python", "profile": "ci"})),
+    );
+    assert_eq!(status, 403, "{out}");
+}
+
+/// A caller whose memory ceiling is 128M: asking above it is 403, and the profile's
+/// default (above it) is lowered to it.
+fn memory_is_held_to_128m(request: Requests) {
+    let (status, out) = request(
+        "POST",
+        "/v1/run",
+        Some(json!({"language": "bash", "code": "true", "memory": "512M"})),
+    );
+    assert_eq!(status, 403, "{out}");
+    assert!(out["message"].as_str().unwrap().contains("memory"), "{out}");
+    let (status, out) = request(
+        "POST",
+        "/v1/run",
+        Some(json!({"language": "bash", "code": "grep MemTotal /proc/meminfo"})),
+    );
+    assert_eq!(status, 200, "{out}");
+    // MemTotal is the sandbox's memory limit.
+    assert!(
+        out["stdout"].as_str().unwrap().contains(" 131072 kB"),
+        "{out}"
+    );
+}
+
+/// A caller with `max_sessions = 1` opens one session (returned), and its second is 429
+/// with Retry-After (seen through `curl` with `-i` at `url`).
+fn one_session_then_429(
+    request: Requests,
+    curl: &dyn Fn(&[&str]) -> (u16, String),
+    url: &str,
+) -> Value {
+    let (status, first) = request("POST", "/v1/sessions", Some(json!({"language": "bash"})));
+    assert_eq!(status, 201, "{first}");
+    let (status, head) = curl(&[
+        "-i",
+        "-X",
+        "POST",
+        url,
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        r#"{"language":"bash"}"#,
+    ]);
+    assert_eq!(status, 429, "{head}");
+    assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
+    assert!(head.contains("\"quota\""), "{head}");
+    first
 }
 
 /// Finding 3: 1 100 TCP connections that send half a request head and no token, against
@@ -786,70 +802,17 @@ fn unix_peers_are_held_to_their_entry_or_the_default() {
             .unwrap();
         let bash = json!({"language": "bash"});
 
-        // The listed uid: its first session, then 429 with Retry-After.
-        let (status, mine) =
-            request_as(&server, LISTED, "POST", "/v1/sessions", Some(bash.clone()));
-        assert_eq!(status, 201, "{mine}");
+        // The listed uid: its first session, then 429 with Retry-After; not ci (nor any
+        // profile outside its list); its memory ceiling.
+        let as_listed = |m: &str, p: &str, b| request_as(&server, LISTED, m, p, b);
+        let mine = one_session_then_429(
+            &as_listed,
+            &|args| curl_as(&server, LISTED, args),
+            "http://codecage/v1/sessions",
+        );
         let mine = mine["id"].as_str().unwrap().to_string();
-        let (status, head) = curl_as(
-            &server,
-            LISTED,
-            &[
-                "-i",
-                "-X",
-                "POST",
-                "http://codecage/v1/sessions",
-                "-H",
-                "Content-Type: application/json",
-                "-d",
-                r#"{"language":"bash"}"#,
-            ],
-        );
-        assert_eq!(status, 429, "{head}");
-        assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
-        assert!(
-            head.contains("max_sessions") || head.contains("\"quota\""),
-            "{head}"
-        );
-        // Its profiles: not ci (nor any outside its list).
-        let (status, out) = request_as(
-            &server,
-            LISTED,
-            "POST",
-            "/v1/run",
-            Some(json!({"profile": "ci", "argv": ["true"]})),
-        );
-        assert_eq!(
-            (status, out["error"].as_str()),
-            (403, Some("policy")),
-            "{out}"
-        );
-        assert!(
-            out["message"].as_str().unwrap().contains("bash, python"),
-            "{out}"
-        );
-        // Its ceiling: above is 403; the profile's default is lowered to it.
-        let (status, out) = request_as(
-            &server,
-            LISTED,
-            "POST",
-            "/v1/run",
-            Some(json!({"language": "bash", "code": "true", "memory": "512M"})),
-        );
-        assert_eq!(status, 403, "{out}");
-        assert!(out["message"].as_str().unwrap().contains("memory"), "{out}");
-        let (status, out) = request_as(
-            &server,
-            LISTED,
-            "POST",
-            "/v1/run",
-            Some(json!({"language": "bash", "code": "grep MemTotal /proc/meminfo"})),
-        );
-        assert_eq!(status, 200, "{out}");
-        assert!(
-            out["stdout"].as_str().unwrap().contains(" 131072 kB"),
-            "{out}"
-        );
+        ci_is_refused(&as_listed, "bash, python");
+        memory_is_held_to_128m(&as_listed);
 
         // An unlisted uid: the default's quota (2) and the built-in language profiles; it
         // neither sees nor touches the listed uid's session.
@@ -867,8 +830,9 @@ fn unix_peers_are_held_to_their_entry_or_the_default() {
             (404, Some("not_found")),
             "{out}"
         );
+        // Its quota (2): the third session is 429.
         let mut theirs = Vec::new();
-        for _ in 0..2 {
+        for n in 1..=3 {
             let (status, out) = request_as(
                 &server,
                 UNLISTED,
@@ -876,35 +840,20 @@ fn unix_peers_are_held_to_their_entry_or_the_default() {
                 "/v1/sessions",
                 Some(bash.clone()),
             );
-            assert_eq!(status, 201, "{out}");
-            theirs.push(out["id"].as_str().unwrap().to_string());
+            if n <= 2 {
+                assert_eq!(status, 201, "{out}");
+                theirs.push(out["id"].as_str().unwrap().to_string());
+            } else {
+                assert_eq!(
+                    (status, out["error"].as_str()),
+                    (429, Some("quota")),
+                    "{out}"
+                );
+            }
         }
-        let (status, out) = request_as(
-            &server,
-            UNLISTED,
-            "POST",
-            "/v1/sessions",
-            Some(bash.clone()),
-        );
-        assert_eq!(
-            (status, out["error"].as_str()),
-            (429, Some("quota")),
-            "{out}"
-        );
-        let (status, out) = request_as(
-            &server,
-            UNLISTED,
-            "POST",
-            "/v1/sessions",
-            Some(json!({"language": "python", "profile": "ci"})),
-        );
-        assert_eq!(status, 403, "{out}");
-        assert!(
-            out["message"]
-                .as_str()
-                .unwrap()
-                .contains("python, node, typescript, bash"),
-            "{out}"
+        ci_is_refused(
+            &|m, p, b| request_as(&server, UNLISTED, m, p, b),
+            "python, node, typescript, bash",
         );
 
         // Root sees all three and uses the listed uid's.
