@@ -71,10 +71,8 @@ pub fn main(args: McpArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
-    match runtime.block_on(crate::server::mcp::serve_stdio(
-        config,
-        Caller::Unix { uid },
-    )) {
+    let caller = Caller::unix(uid, &config);
+    match runtime.block_on(crate::server::mcp::serve_stdio(config, caller)) {
         Ok(()) => 0,
         Err(e) => fail(e),
     }

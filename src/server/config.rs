@@ -21,6 +21,10 @@ pub struct ServerConfig {
     pub socket_group: Option<String>,
     /// Bearer tokens, each with a name (for logs and the audit) and a role.
     pub tokens: Vec<Token>,
+    /// What local users of the unix socket may do, by uid (root is always an admin).
+    pub unix_peers: Vec<UnixPeer>,
+    /// What a unix peer not in `unix_peers` may do.
+    pub unix_peers_default: UnlistedPeers,
     /// The installed profiles requests may name, besides the built-in ones (default
     /// /etc/codecage/profiles).
     pub profiles_dir: Option<PathBuf>,
@@ -101,15 +105,16 @@ impl Default for McpConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// What a caller may do: its role, the profiles it may name, its quotas and the ceilings
+/// on the limits it may ask for. A token's (`[[tokens]]`) and a unix peer's
+/// (`[[unix_peers]]`, `[unix_peers_default]`) alike, read and applied by one code path.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Token {
-    pub name: String,
-    pub token: String,
+pub struct Grant {
     #[serde(default)]
     pub role: Role,
-    /// The profiles this token may name (default: the built-in language profiles,
-    /// python, node, typescript and bash; not `ci`). An admin may name any.
+    /// The profiles it may name (default: the built-in language profiles, python, node,
+    /// typescript and bash; not `ci`). An admin may name any.
     #[serde(default)]
     pub profiles: Option<Vec<String>>,
     /// The most sessions it may hold at once; past it, 429 with Retry-After.
@@ -124,40 +129,97 @@ pub struct Token {
     pub limits: std::collections::BTreeMap<String, Raw>,
 }
 
-impl Token {
-    /// A token with only a name, a secret and a role (the token file's).
-    pub fn new(name: &str, token: &str, role: Role) -> Token {
-        Token {
-            name: name.to_string(),
-            token: token.to_string(),
-            role,
-            profiles: None,
-            max_sessions: None,
-            max_concurrent_runs: None,
-            limits: Default::default(),
-        }
-    }
-
+impl Grant {
     /// Its `limits`, parsed (validated at load, so nothing is dropped here).
     pub fn ceilings(&self) -> Vec<(codecage::knobs::Knob, u64)> {
-        self.parse_ceilings().unwrap_or_default()
+        self.parse_ceilings("limits").unwrap_or_default()
     }
 
-    fn parse_ceilings(&self) -> Result<Vec<(codecage::knobs::Knob, u64)>, String> {
+    /// `section` names where the grant is in the file (`tokens`, `unix_peers`, ...), for
+    /// the errors.
+    fn parse_ceilings(&self, section: &str) -> Result<Vec<(codecage::knobs::Knob, u64)>, String> {
         self.limits
             .iter()
             .map(|(key, raw)| {
                 let knob = codecage::knobs::Knob::from_key(key)
                     .filter(|k| k.requestable())
                     .ok_or_else(|| {
-                        format!("tokens.limits: {key:?} is not a limit a request may set")
+                        format!("{section}.limits: {key:?} is not a limit a request may set")
                     })?;
                 let value = knob
                     .from_raw(raw)
-                    .map_err(|e| format!("tokens.limits.{key}: {e}"))?;
+                    .map_err(|e| format!("{section}.limits.{key}: {e}"))?;
                 Ok((knob, value))
             })
             .collect()
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Token {
+    pub name: String,
+    pub token: String,
+    /// Its role, profiles, quotas and ceilings.
+    #[serde(flatten)]
+    pub grant: Grant,
+}
+
+impl Token {
+    /// A token with only a name, a secret and a role (the token file's).
+    pub fn new(name: &str, token: &str, role: Role) -> Token {
+        Token {
+            name: name.to_string(),
+            token: token.to_string(),
+            grant: Grant {
+                role,
+                ..Grant::default()
+            },
+        }
+    }
+}
+
+/// `[[unix_peers]]`: a local user of the unix socket, by the uid the kernel gives for the
+/// connection (`SO_PEERCRED`), with the same keys as a token besides. Root (uid 0) is
+/// always an admin and is not listed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnixPeer {
+    pub uid: u32,
+    /// Its role, profiles, quotas and ceilings.
+    #[serde(flatten)]
+    pub grant: Grant,
+}
+
+/// The sessions a unix peer not in `[[unix_peers]]` may hold at once, unless
+/// `[unix_peers_default]` says otherwise.
+pub const UNLISTED_PEER_MAX_SESSIONS: usize = 16;
+/// The runs and calls such a peer may have running at once, likewise.
+pub const UNLISTED_PEER_MAX_CONCURRENT_RUNS: usize = 16;
+
+/// `[unix_peers_default]`: the grant of a unix peer not listed in `[[unix_peers]]`. Keys
+/// not given keep their default: the built-in language profiles, 16 sessions, 16 runs at
+/// once, the profiles' own maxima; `role` may only be `user`.
+#[derive(Debug, Clone)]
+pub struct UnlistedPeers(pub Grant);
+
+impl Default for UnlistedPeers {
+    fn default() -> Self {
+        UnlistedPeers(Grant {
+            max_sessions: Some(UNLISTED_PEER_MAX_SESSIONS),
+            max_concurrent_runs: Some(UNLISTED_PEER_MAX_CONCURRENT_RUNS),
+            ..Grant::default()
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for UnlistedPeers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut grant = Grant::deserialize(d)?;
+        let default = UnlistedPeers::default().0;
+        grant.max_sessions = grant.max_sessions.or(default.max_sessions);
+        grant.max_concurrent_runs = grant.max_concurrent_runs.or(default.max_concurrent_runs);
+        Ok(UnlistedPeers(grant))
     }
 }
 
@@ -282,7 +344,8 @@ impl ServerConfig {
             ));
         }
         for (i, t) in self.tokens.iter().enumerate() {
-            t.parse_ceilings()
+            t.grant
+                .parse_ceilings("tokens")
                 .map_err(|e| format!("the token named {:?}: {e}", t.name))?;
             if self.tokens[..i].iter().any(|u| u.name == t.name) {
                 return Err(format!(
@@ -298,6 +361,27 @@ impl ServerConfig {
                 ));
             }
         }
+        for (i, p) in self.unix_peers.iter().enumerate() {
+            if p.uid == 0 {
+                return Err(
+                    "unix_peers: uid 0 is root, always an admin; list only other uids".into(),
+                );
+            }
+            if self.unix_peers[..i].iter().any(|q| q.uid == p.uid) {
+                return Err(format!(
+                    "unix_peers: uid {} is listed twice: a uid owns sessions, so list each once",
+                    p.uid
+                ));
+            }
+            p.grant
+                .parse_ceilings("unix_peers")
+                .map_err(|e| format!("the unix peer uid {}: {e}", p.uid))?;
+        }
+        let unlisted = &self.unix_peers_default.0;
+        if unlisted.role != Role::User {
+            return Err("unix_peers_default.role = \"admin\": only \"user\" is allowed here; list an admin's uid in [[unix_peers]]".into());
+        }
+        unlisted.parse_ceilings("unix_peers_default")?;
         let l = &self.limits;
         if l.max_connections == 0
             || [l.header_timeout, l.body_timeout, l.write_timeout].contains(&Duration::ZERO)
@@ -380,7 +464,7 @@ mod tests {
             "listen = [\"unix:/tmp/x.sock\"]\n[[tokens]]\nname = \"ci\"\ntoken = \"0123456789abcdef0\"\nrole = \"admin\"\n[limits]\nqueue_timeout = \"2s\"\nmax_body = \"1M\"\n",
         )
         .unwrap();
-        assert_eq!(c.tokens[0].role, Role::Admin);
+        assert_eq!(c.tokens[0].grant.role, Role::Admin);
         assert_eq!(c.limits.queue_timeout, Duration::from_secs(2));
         assert!(toml::from_str::<ServerConfig>("colour = 1").is_err());
         let mut short = ServerConfig::default();
@@ -395,5 +479,71 @@ mod tests {
             Listen::Tcp("127.0.0.1:8080".into())
         );
         assert!(Listen::parse("nowhere").is_err());
+    }
+
+    fn refused(text: &str) -> String {
+        match toml::from_str::<ServerConfig>(text) {
+            Err(e) => e.to_string(),
+            Ok(c) => c.validate().unwrap_err(),
+        }
+    }
+
+    #[test]
+    fn unix_peers_read_like_tokens_and_their_errors_name_the_key() {
+        let c: ServerConfig = toml::from_str(
+            "[[unix_peers]]\nuid = 1000\nrole = \"admin\"\nprofiles = [\"ci\"]\nmax_sessions = 2\n\
+             [unix_peers.limits]\nmemory = \"1G\"\n\
+             [unix_peers_default]\nmax_sessions = 4\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let peer = &c.unix_peers[0];
+        assert_eq!((peer.uid, peer.grant.role), (1000, Role::Admin));
+        assert_eq!(peer.grant.max_sessions, Some(2));
+        assert_eq!(peer.grant.ceilings().len(), 1);
+        assert_eq!(c.unix_peers_default.0.max_sessions, Some(4));
+        assert_eq!(
+            c.unix_peers_default.0.max_concurrent_runs,
+            Some(UNLISTED_PEER_MAX_CONCURRENT_RUNS)
+        );
+
+        // Each refusal names the key (unknown keys too, in a token or a peer, whose keys
+        // are shared) and what is allowed.
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "[[unix_peers]]\nuid = 1000\nmax_session = 1\n",
+                &["max_session"],
+            ),
+            (
+                "[[tokens]]\nname = \"a\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\ncolour = 1\n",
+                &["colour"],
+            ),
+            ("[unix_peers_default]\nuid = 5\n", &["uid"]),
+            ("[[unix_peers]]\nuid = 0\n", &["uid 0 is root"]),
+            (
+                "[[unix_peers]]\nuid = 7\n[[unix_peers]]\nuid = 7\n",
+                &["uid 7 is listed twice"],
+            ),
+            (
+                "[[unix_peers]]\nuid = 7\n[unix_peers.limits]\ncolour = 1\n",
+                &["unix peer uid 7", "unix_peers.limits: \"colour\""],
+            ),
+            (
+                "[[unix_peers]]\nuid = 7\n[unix_peers.limits]\nmemory = \"lots\"\n",
+                &["unix_peers.limits.memory"],
+            ),
+            (
+                "[unix_peers_default]\nrole = \"admin\"\n",
+                &["unix_peers_default.role", "only \"user\""],
+            ),
+            (
+                "[unix_peers_default.limits]\npids = -1\n",
+                &["unix_peers_default.limits.pids"],
+            ),
+        ];
+        for (text, words) in cases {
+            let e = refused(text);
+            assert!(words.iter().all(|w| e.contains(w)), "{text}: {e}");
+        }
     }
 }

@@ -49,7 +49,10 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                 sockets.push(path.clone());
                 tracing::info!(socket = %path.display(), "listening");
                 let app = routes(&state)
-                    .layer(axum::middleware::from_fn(unix_caller))
+                    .layer(axum::middleware::from_fn_with_state(
+                        state.clone(),
+                        unix_caller,
+                    ))
                     .layer(axum::middleware::from_fn_with_state(
                         state.clone(),
                         api::audit_errors,
@@ -209,13 +212,15 @@ pub struct UdsPeer {
     pub uid: u32,
 }
 
-/// The unix socket's mode already decided who may connect: the caller is the peer's uid.
+/// The unix socket's mode already decided who may connect: the caller is the peer's uid,
+/// with what `[[unix_peers]]` (or `[unix_peers_default]`) grants it.
 async fn unix_caller(
+    State(state): State<Shared>,
     ConnectInfo(peer): ConnectInfo<UdsPeer>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let caller = Caller::Unix { uid: peer.uid };
+    let caller = Caller::unix(peer.uid, &state.config);
     request.extensions_mut().insert(caller.clone());
     let mut response = next.run(request).await;
     // For the audit of refusals, which sits outside this layer.
@@ -243,7 +248,7 @@ async fn bearer_caller(State(state): State<Shared>, mut request: Request, next: 
         Some(t) => {
             let caller = Caller::Token {
                 name: t.name,
-                role: t.role,
+                role: t.grant.role,
             };
             request.extensions_mut().insert(caller.clone());
             let mut response = next.run(request).await;

@@ -85,7 +85,7 @@ pub enum Refusals {
     /// The body, or its code, is over the server's limit (`payload_too_large`).
     #[response(status = 413)]
     TooLarge(ErrorBody),
-    /// The caller is past its token's quota (`quota`: `max_sessions`,
+    /// The caller is past its quota, a token's or a uid's (`quota`: `max_sessions`,
     /// `max_concurrent_runs`): retry after Retry-After's seconds.
     #[response(status = 429, headers(("Retry-After" = u64, description = "seconds")))]
     Quota(ErrorBody),
@@ -105,7 +105,7 @@ pub enum CallRefusals {
     /// Invalid request (`invalid_request`): the message names the field.
     #[response(status = 400)]
     Invalid(ErrorBody),
-    /// A timeout over the profile's or the token's maximum (`policy`).
+    /// A timeout over the profile's or the caller's maximum (`policy`).
     #[response(status = 403)]
     Policy(ErrorBody),
     /// No such session of this caller's (`not_found`: another caller's is not revealed),

@@ -10,17 +10,18 @@ use codecage::knobs::{Knob, Values};
 use codecage::profile::Profile;
 
 use super::error::{Error, Kind};
-use crate::server::config::{Role, ServerConfig, Token};
+use crate::server::config::{Grant, Role, ServerConfig};
 
-/// The profiles a caller may name when its token does not list its own: the built-in
+/// The profiles a caller may name when its grant does not list its own: the built-in
 /// language profiles (not `ci`, whose limits are for the host's own CI).
 pub const DEFAULT_PROFILES: &[&str] = &["python", "node", "typescript", "bash"];
 
 /// Who made a request, for ownership, logs and the audit log.
 #[derive(Debug, Clone)]
 pub enum Caller {
-    /// A peer of the unix socket, by uid.
-    Unix { uid: u32 },
+    /// A peer of the unix socket, by uid; its role from `[[unix_peers]]` (root: admin).
+    /// Made with [`Caller::unix`].
+    Unix { uid: u32, role: Role },
     /// A bearer token, by its name.
     Token { name: String, role: Role },
 }
@@ -28,7 +29,10 @@ pub enum Caller {
 impl std::fmt::Display for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Caller::Unix { uid } => write!(f, "uid:{uid}"),
+            Caller::Unix { uid, role } => match role {
+                Role::Admin if *uid != 0 => write!(f, "uid:{uid}(admin)"),
+                _ => write!(f, "uid:{uid}"),
+            },
             Caller::Token { name, role } => match role {
                 Role::Admin => write!(f, "token:{name}(admin)"),
                 Role::User => write!(f, "token:{name}"),
@@ -42,7 +46,7 @@ impl Caller {
     /// part of it).
     pub fn owner(&self) -> String {
         match self {
-            Caller::Unix { uid } => format!("uid:{uid}"),
+            Caller::Unix { uid, .. } => format!("uid:{uid}"),
             Caller::Token { name, .. } => format!("token:{name}"),
         }
     }
@@ -50,8 +54,7 @@ impl Caller {
     /// An admin token, or root on the unix socket: sees and manages every session.
     pub fn is_admin(&self) -> bool {
         match self {
-            Caller::Unix { uid } => *uid == 0,
-            Caller::Token { role, .. } => *role == Role::Admin,
+            Caller::Unix { role, .. } | Caller::Token { role, .. } => *role == Role::Admin,
         }
     }
 
@@ -60,21 +63,48 @@ impl Caller {
         self.is_admin() || self.owner() == owner
     }
 
-    /// The caller's token in the config (None: a unix peer).
-    fn token<'a>(&self, config: &'a ServerConfig) -> Option<&'a Token> {
+    /// The unix peer `uid`: root is an admin; another uid has the role its
+    /// `[[unix_peers]]` entry gives, else a user's.
+    pub fn unix(uid: u32, config: &ServerConfig) -> Caller {
+        let role = if uid == 0 {
+            Role::Admin
+        } else {
+            config
+                .unix_peers
+                .iter()
+                .find(|p| p.uid == uid)
+                .map_or(Role::User, |p| p.grant.role)
+        };
+        Caller::Unix { uid, role }
+    }
+
+    /// What the config grants this caller: its token's entry, its uid's `[[unix_peers]]`
+    /// entry, else `[unix_peers_default]` for a unix peer (None: a token no longer in the
+    /// config).
+    fn grant<'a>(&self, config: &'a ServerConfig) -> Option<&'a Grant> {
         match self {
-            Caller::Token { name, .. } => config.tokens.iter().find(|t| &t.name == name),
-            Caller::Unix { .. } => None,
+            Caller::Token { name, .. } => config
+                .tokens
+                .iter()
+                .find(|t| &t.name == name)
+                .map(|t| &t.grant),
+            Caller::Unix { uid, .. } => Some(
+                config
+                    .unix_peers
+                    .iter()
+                    .find(|p| p.uid == *uid)
+                    .map_or(&config.unix_peers_default.0, |p| &p.grant),
+            ),
         }
     }
 
-    /// The profile named is one this caller may use: its token's `profiles`, else the
+    /// The profile named is one this caller may use: its grant's `profiles`, else the
     /// built-in language profiles; an admin may use any. 403 otherwise.
     pub fn check_profile(&self, config: &ServerConfig, name: &str) -> Result<(), Error> {
         if self.is_admin() {
             return Ok(());
         }
-        let listed = self.token(config).and_then(|t| t.profiles.as_ref());
+        let listed = self.grant(config).and_then(|g| g.profiles.as_ref());
         let allowed: Vec<&str> = match listed {
             Some(list) => list.iter().map(String::as_str).collect(),
             None => DEFAULT_PROFILES.to_vec(),
@@ -91,7 +121,7 @@ impl Caller {
         ))
     }
 
-    /// The request's limits within the token's ceilings: a limit asked above a ceiling is
+    /// The request's limits within the grant's ceilings: a limit asked above a ceiling is
     /// refused (403); one not asked whose profile default is above the ceiling is lowered
     /// to it (a ceiling tightens, never loosens).
     pub fn within_ceilings(
@@ -103,10 +133,10 @@ impl Caller {
         if self.is_admin() {
             return Ok(());
         }
-        let Some(token) = self.token(config) else {
+        let Some(grant) = self.grant(config) else {
             return Ok(());
         };
-        for (knob, ceiling) in token.ceilings() {
+        for (knob, ceiling) in grant.ceilings() {
             match knobs.get(&knob) {
                 Some(asked) if *asked > ceiling => {
                     return Err(Error::new(
@@ -134,8 +164,7 @@ impl Caller {
         if self.is_admin() {
             return None;
         }
-        let token = self.token(config)?;
-        token
+        self.grant(config)?
             .ceilings()
             .into_iter()
             .find(|(k, _)| *k == knob)
@@ -145,14 +174,14 @@ impl Caller {
     /// The most sessions this caller may hold at once (None: only the server's cap).
     pub fn max_sessions(&self, config: &ServerConfig) -> Option<usize> {
         (!self.is_admin())
-            .then(|| self.token(config).and_then(|t| t.max_sessions))
+            .then(|| self.grant(config).and_then(|g| g.max_sessions))
             .flatten()
     }
 
     /// The most runs and calls this caller may have running at once.
     fn max_concurrent_runs(&self, config: &ServerConfig) -> Option<usize> {
         (!self.is_admin())
-            .then(|| self.token(config).and_then(|t| t.max_concurrent_runs))
+            .then(|| self.grant(config).and_then(|g| g.max_concurrent_runs))
             .flatten()
     }
 }
@@ -259,8 +288,8 @@ mod tests {
         assert!(b.check_profile(&c, "ci").is_ok());
         assert!(b.check_profile(&c, "python").is_err());
         assert!(admin.check_profile(&c, "ci").is_ok());
-        assert!(Caller::Unix { uid: 0 }.check_profile(&c, "ci").is_ok());
-        assert!(Caller::Unix { uid: 1000 }.check_profile(&c, "ci").is_err());
+        assert!(Caller::unix(0, &c).check_profile(&c, "ci").is_ok());
+        assert!(Caller::unix(1000, &c).check_profile(&c, "ci").is_err());
         assert!(a.may_use("token:a") && !a.may_use("token:b") && admin.may_use("token:a"));
     }
 
@@ -278,7 +307,7 @@ mod tests {
         let e = counts.admit(&a, &c).err().unwrap();
         assert_eq!((e.kind, e.retry_after), (Kind::Quota, Some(1)));
         // Another caller is not held to a's quota.
-        assert!(counts.admit(&Caller::Unix { uid: 5 }, &c).is_ok());
+        assert!(counts.admit(&Caller::unix(5, &c), &c).is_ok());
         drop(first);
         assert!(counts.admit(&a, &c).is_ok());
     }
@@ -303,6 +332,87 @@ mod tests {
         a.within_ceilings(&c, &profile, &mut asked).unwrap();
         assert_eq!(asked[&Knob::Memory], 128 << 20);
         assert_eq!(asked[&Knob::Timeout], 5_000);
+    }
+
+    #[test]
+    fn unix_peers_have_their_entry_or_the_default_and_root_is_admin() {
+        let c = config(
+            "[[unix_peers]]\nuid = 1000\nmax_sessions = 1\nmax_concurrent_runs = 2\nprofiles = [\"bash\"]\n\
+             [unix_peers.limits]\nmemory = \"128M\"\n\
+             [[unix_peers]]\nuid = 1001\nrole = \"admin\"\n",
+        );
+        let listed = Caller::unix(1000, &c);
+        let unlisted = Caller::unix(2000, &c);
+        let admin = Caller::unix(1001, &c);
+        let root = Caller::unix(0, &c);
+        assert_eq!(listed.owner(), "uid:1000");
+        assert_eq!(listed.to_string(), "uid:1000");
+        assert_eq!(admin.to_string(), "uid:1001(admin)");
+        assert_eq!(root.to_string(), "uid:0");
+        assert!(root.is_admin() && admin.is_admin() && !listed.is_admin());
+        assert!(!unlisted.is_admin() && !unlisted.may_use("uid:1000"));
+        // Its own list, not the default one.
+        assert!(listed.check_profile(&c, "bash").is_ok());
+        let e = listed.check_profile(&c, "python").unwrap_err();
+        assert_eq!(e.kind, Kind::Policy);
+        assert!(e.message.contains("it may use bash"), "{e}");
+        assert!(listed.check_profile(&c, "ci").is_err());
+        assert_eq!(listed.max_sessions(&c), Some(1));
+        assert_eq!(listed.ceiling(&c, Knob::Memory), Some(128 << 20));
+        // Unlisted: the built-in language profiles and the bounded default quotas.
+        assert!(unlisted.check_profile(&c, "python").is_ok());
+        assert!(unlisted.check_profile(&c, "ci").is_err());
+        assert_eq!(unlisted.max_sessions(&c), Some(16));
+        assert_eq!(unlisted.max_concurrent_runs(&c), Some(16));
+        assert_eq!(unlisted.ceiling(&c, Knob::Memory), None);
+        // Root and a listed admin: any profile, no quota.
+        assert!(root.check_profile(&c, "ci").is_ok() && admin.check_profile(&c, "ci").is_ok());
+        assert_eq!(
+            (root.max_sessions(&c), admin.max_sessions(&c)),
+            (None, None)
+        );
+        // Concurrent runs past the listed peer's quota are 429, as for a token.
+        let counts = RunCounts::default();
+        let _held = [
+            counts.admit(&listed, &c).unwrap(),
+            counts.admit(&listed, &c).unwrap(),
+        ];
+        let e = counts.admit(&listed, &c).err().unwrap();
+        assert_eq!((e.kind, e.retry_after), (Kind::Quota, Some(1)));
+        // Ceilings: above is refused, the profile's default lowered.
+        let profile = Profile::load_in("bash", std::path::Path::new("/nonexistent")).unwrap();
+        let mut asked = Values::new();
+        asked.insert(Knob::Memory, 512 << 20);
+        assert_eq!(
+            listed
+                .within_ceilings(&c, &profile, &mut asked)
+                .unwrap_err()
+                .kind,
+            Kind::Policy
+        );
+        let mut asked = Values::new();
+        listed.within_ceilings(&c, &profile, &mut asked).unwrap();
+        assert_eq!(asked[&Knob::Memory], 128 << 20);
+    }
+
+    #[test]
+    fn the_unlisted_peers_default_keeps_its_bounds_for_keys_not_given() {
+        let c = config(
+            "[unix_peers_default]\nprofiles = [\"python\"]\nmax_concurrent_runs = 3\n\
+             [unix_peers_default.limits]\ntimeout = \"10s\"\n",
+        );
+        let unlisted = Caller::unix(4242, &c);
+        assert!(unlisted.check_profile(&c, "python").is_ok());
+        assert!(unlisted.check_profile(&c, "bash").is_err());
+        assert_eq!(unlisted.max_sessions(&c), Some(16));
+        assert_eq!(unlisted.max_concurrent_runs(&c), Some(3));
+        assert_eq!(unlisted.ceiling(&c, Knob::Timeout), Some(10_000));
+        // Without a config file at all, an unlisted peer is bounded too.
+        let none = ServerConfig::default();
+        assert_eq!(Caller::unix(4242, &none).max_sessions(&none), Some(16));
+        assert!(Caller::unix(4242, &none)
+            .check_profile(&none, "ci")
+            .is_err());
     }
 
     #[test]

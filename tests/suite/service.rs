@@ -142,28 +142,10 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
         );
         // The built-in ci profile (8G, 4096 pids, 1 h) is not a default token's.
         for token in [USER1, USER2] {
-            let (status, out) = server.tcp_request(
-                token,
-                "POST",
-                "/v1/run",
-                Some(json!({"profile": "ci", "argv": ["true"]})),
+            ci_is_refused(
+                &|m, p, b| server.tcp_request(token, m, p, b),
+                "python, node",
             );
-            assert_eq!(
-                (status, out["error"].as_str()),
-                (403, Some("policy")),
-                "{out}"
-            );
-            assert!(
-                out["message"].as_str().unwrap().contains("python, node"),
-                "{out}"
-            );
-            let (status, out) = server.tcp_request(
-                token,
-                "POST",
-                "/v1/sessions",
-                Some(json!({"language": "python", "profile": "ci"})),
-            );
-            assert_eq!(status, 403, "{out}");
         }
         // The admin may.
         let (status, out) = server.tcp_request(
@@ -173,52 +155,13 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
             Some(json!({"profile": "ci", "argv": ["true"]})),
         );
         assert_eq!(status, 200, "{out}");
-        // Ceilings: above is 403; the profile's default is lowered to the ceiling.
-        let (status, out) = server.tcp_request(
-            USER2,
-            "POST",
-            "/v1/run",
-            Some(json!({"language": "bash", "code": "true", "memory": "512M"})),
-        );
-        assert_eq!(status, 403, "{out}");
-        assert!(out["message"].as_str().unwrap().contains("memory"), "{out}");
-        let (status, out) = server.tcp_request(
-            USER2,
-            "POST",
-            "/v1/run",
-            Some(json!({"language": "bash", "code": "grep MemTotal /proc/meminfo"})),
-        );
-        assert_eq!(status, 200, "{out}");
-        // MemTotal is the sandbox's memory limit.
-        assert!(
-            out["stdout"].as_str().unwrap().contains(" 131072 kB"),
-            "{out}"
-        );
+        memory_is_held_to_128m(&|m, p, b| server.tcp_request(USER2, m, p, b));
         // max_sessions = 1: the second is 429 with Retry-After; user1 is not held to it.
-        let (status, first) = server.tcp_request(
-            USER2,
-            "POST",
-            "/v1/sessions",
-            Some(json!({"language": "bash"})),
+        let first = one_session_then_429(
+            &|m, p, b| server.tcp_request(USER2, m, p, b),
+            &|args| server.tcp_curl(USER2, args),
+            &format!("http://{}/v1/sessions", server.tcp_address()),
         );
-        assert_eq!(status, 201, "{first}");
-        let url = format!("http://{}/v1/sessions", server.tcp_address());
-        let (status, head) = server.tcp_curl(
-            USER2,
-            &[
-                "-i",
-                "-X",
-                "POST",
-                &url,
-                "-H",
-                "Content-Type: application/json",
-                "-d",
-                r#"{"language":"bash"}"#,
-            ],
-        );
-        assert_eq!(status, 429, "{head}");
-        assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
-        assert!(head.contains("\"quota\""), "{head}");
         let (status, other) = server.tcp_request(
             USER1,
             "POST",
@@ -270,6 +213,79 @@ fn a_token_is_held_to_its_profiles_ceilings_and_quotas() {
         figures(&server, "profiles and quotas");
         server.stop();
     });
+}
+
+/// A caller's requests: (method, path, JSON body) to (status, JSON answer).
+type Requests<'a> = &'a dyn Fn(&str, &str, Option<Value>) -> (u16, Value);
+
+/// `ci` is refused to a caller without it in its profiles (403 policy, for a run and a
+/// session), and the words list the profiles it may use (`allowed`).
+fn ci_is_refused(request: Requests, allowed: &str) {
+    let (status, out) = request(
+        "POST",
+        "/v1/run",
+        Some(json!({"profile": "ci", "argv": ["true"]})),
+    );
+    assert_eq!(
+        (status, out["error"].as_str()),
+        (403, Some("policy")),
+        "{out}"
+    );
+    assert!(out["message"].as_str().unwrap().contains(allowed), "{out}");
+    let (status, out) = request(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"language": "python", "profile": "ci"})),
+    );
+    assert_eq!(status, 403, "{out}");
+}
+
+/// A caller whose memory ceiling is 128M: asking above it is 403, and the profile's
+/// default (above it) is lowered to it.
+fn memory_is_held_to_128m(request: Requests) {
+    let (status, out) = request(
+        "POST",
+        "/v1/run",
+        Some(json!({"language": "bash", "code": "true", "memory": "512M"})),
+    );
+    assert_eq!(status, 403, "{out}");
+    assert!(out["message"].as_str().unwrap().contains("memory"), "{out}");
+    let (status, out) = request(
+        "POST",
+        "/v1/run",
+        Some(json!({"language": "bash", "code": "grep MemTotal /proc/meminfo"})),
+    );
+    assert_eq!(status, 200, "{out}");
+    // MemTotal is the sandbox's memory limit.
+    assert!(
+        out["stdout"].as_str().unwrap().contains(" 131072 kB"),
+        "{out}"
+    );
+}
+
+/// A caller with `max_sessions = 1` opens one session (returned), and its second is 429
+/// with Retry-After (seen through `curl` with `-i` at `url`).
+fn one_session_then_429(
+    request: Requests,
+    curl: &dyn Fn(&[&str]) -> (u16, String),
+    url: &str,
+) -> Value {
+    let (status, first) = request("POST", "/v1/sessions", Some(json!({"language": "bash"})));
+    assert_eq!(status, 201, "{first}");
+    let (status, head) = curl(&[
+        "-i",
+        "-X",
+        "POST",
+        url,
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        r#"{"language":"bash"}"#,
+    ]);
+    assert_eq!(status, 429, "{head}");
+    assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
+    assert!(head.contains("\"quota\""), "{head}");
+    first
 }
 
 /// Finding 3: 1 100 TCP connections that send half a request head and no token, against
@@ -722,6 +738,178 @@ fn request_bodies_share_one_budget_mcp_included() {
         let (status, out) = server.curl(&["-X", "POST", url, "-d", body.as_str()]);
         assert_eq!(status, 200, "{out}");
         figures(&server, "body budget");
+        server.stop();
+    });
+}
+
+/// curl over `server`'s socket as the unprivileged `uid` (through `setpriv`: its uid and
+/// gid, no supplementary groups), with `args`; returns (HTTP status, body, or head and
+/// body with `-i`).
+fn curl_as(server: &Server, uid: u32, args: &[&str]) -> (u16, String) {
+    let id = uid.to_string();
+    let out = Command::new("setpriv")
+        .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+        .args(["curl", "-q", "-s", "-o", "-", "-w", "\n%{http_code}"])
+        .arg("--unix-socket")
+        .arg(server.socket_path())
+        .args(args)
+        .output()
+        .expect("setpriv curl");
+    assert!(out.status.success(), "setpriv curl as uid {uid}: {out:?}");
+    super::server::split_status(&out.stdout)
+}
+
+/// A JSON request over the socket as `uid`.
+fn request_as(
+    server: &Server,
+    uid: u32,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let url = format!("http://codecage{path}");
+    let text = body.map(|b| b.to_string());
+    let mut args = vec!["-X", method, url.as_str()];
+    if let Some(text) = &text {
+        args.extend(["-H", "Content-Type: application/json", "-d", text.as_str()]);
+    }
+    let (status, out) = curl_as(server, uid, &args);
+    (
+        status,
+        serde_json::from_str(&out).unwrap_or(Value::String(out)),
+    )
+}
+
+/// Local users of the unix socket are held like tokens: uid 1000, listed with
+/// `max_sessions = 1`, its own profiles and a memory ceiling, gets 429 on its second
+/// session, 403 for `ci` and above its ceiling; an unlisted uid gets `[unix_peers_default]`
+/// (the language profiles, its own session quota) and neither sees the other's sessions;
+/// root sees and uses them all, and the audit names each owner `uid:N`.
+#[test]
+fn unix_peers_are_held_to_their_entry_or_the_default() {
+    use std::os::unix::fs::PermissionsExt;
+    const LISTED: u32 = 1000;
+    const UNLISTED: u32 = 1001;
+    as_root(|| {
+        let server = Server::start(
+            "[[unix_peers]]\nuid = 1000\nmax_sessions = 1\nprofiles = [\"bash\", \"python\"]\n\
+             [unix_peers.limits]\nmemory = \"128M\"\n\
+             [unix_peers_default]\nmax_sessions = 2\n",
+            false,
+        );
+        // The socket is 0600 root's without a socket_group: open it to the test's uids.
+        std::fs::set_permissions(server.socket_path(), std::fs::Permissions::from_mode(0o666))
+            .unwrap();
+        let bash = json!({"language": "bash"});
+
+        // The listed uid: its first session, then 429 with Retry-After; not ci (nor any
+        // profile outside its list); its memory ceiling.
+        let as_listed = |m: &str, p: &str, b| request_as(&server, LISTED, m, p, b);
+        let mine = one_session_then_429(
+            &as_listed,
+            &|args| curl_as(&server, LISTED, args),
+            "http://codecage/v1/sessions",
+        );
+        let mine = mine["id"].as_str().unwrap().to_string();
+        ci_is_refused(&as_listed, "bash, python");
+        memory_is_held_to_128m(&as_listed);
+
+        // An unlisted uid: the default's quota (2) and the built-in language profiles; it
+        // neither sees nor touches the listed uid's session.
+        let (status, list) = request_as(&server, UNLISTED, "GET", "/v1/sessions", None);
+        assert_eq!((status, list.clone()), (200, json!([])), "{list}");
+        let (status, out) = request_as(
+            &server,
+            UNLISTED,
+            "GET",
+            &format!("/v1/sessions/{mine}"),
+            None,
+        );
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (404, Some("not_found")),
+            "{out}"
+        );
+        // Its quota (2): the third session is 429.
+        let mut theirs = Vec::new();
+        for n in 1..=3 {
+            let (status, out) = request_as(
+                &server,
+                UNLISTED,
+                "POST",
+                "/v1/sessions",
+                Some(bash.clone()),
+            );
+            if n <= 2 {
+                assert_eq!(status, 201, "{out}");
+                theirs.push(out["id"].as_str().unwrap().to_string());
+            } else {
+                assert_eq!(
+                    (status, out["error"].as_str()),
+                    (429, Some("quota")),
+                    "{out}"
+                );
+            }
+        }
+        ci_is_refused(
+            &|m, p, b| request_as(&server, UNLISTED, m, p, b),
+            "python, node, typescript, bash",
+        );
+
+        // Root sees all three and uses the listed uid's.
+        let (status, list) = server.request("GET", "/v1/sessions", None);
+        assert_eq!(
+            (status, list.as_array().map(Vec::len)),
+            (200, Some(3)),
+            "{list}"
+        );
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{mine}/execute"),
+            Some(json!({"code": "echo root-was-here"})),
+        );
+        assert_eq!(status, 200, "{out}");
+        // The audit: each uid's records under its owner, root's on uid 1000's session.
+        let (status, records) = server.request("GET", "/v1/audit?limit=200", None);
+        assert_eq!(status, 200, "{records}");
+        let records = records["records"].as_array().unwrap().clone();
+        for uid in [LISTED, UNLISTED] {
+            let owner = format!("uid:{uid}");
+            assert!(
+                records.iter().any(|r| r["caller"] == owner),
+                "{owner}: {records:?}"
+            );
+        }
+        assert!(
+            records.iter().any(|r| r["caller"] == "uid:0"
+                && r["session"] == mine.as_str()
+                && r["details"]["owner"] == "uid:1000"),
+            "{records:?}"
+        );
+        // Each closes its own; the quota's room is given back.
+        assert_eq!(
+            request_as(
+                &server,
+                LISTED,
+                "DELETE",
+                &format!("/v1/sessions/{mine}"),
+                None
+            )
+            .0,
+            204
+        );
+        let (status, again) = request_as(&server, LISTED, "POST", "/v1/sessions", Some(bash));
+        assert_eq!(status, 201, "{again}");
+        theirs.push(again["id"].as_str().unwrap().to_string());
+        for id in theirs {
+            assert_eq!(
+                server
+                    .request("DELETE", &format!("/v1/sessions/{id}"), None)
+                    .0,
+                204
+            );
+        }
+        figures(&server, "unix peers");
         server.stop();
     });
 }

@@ -100,9 +100,9 @@ struct ErrorInfo {
 pub struct ErrorBody {
     /// What went wrong, for a program: `invalid_request`, `unauthorized`, `policy`,
     /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `quota` (the caller
-    /// is past one of its token's quotas: 429), `capacity`, `setup`, `forbidden` (the
-    /// audit API without the admin role), `audit_unavailable` (the audit log cannot take
-    /// the request's record and its `on_full` is `refuse`).
+    /// is past one of its quotas, a token's or a uid's: 429), `capacity`, `setup`,
+    /// `forbidden` (the audit API without the admin role), `audit_unavailable` (the audit
+    /// log cannot take the request's record and its `on_full` is `refuse`).
     pub error: String,
     /// What went wrong and what to do, for a person or an agent.
     pub message: String,

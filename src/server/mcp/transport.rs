@@ -67,7 +67,10 @@ pub fn http_service(
         move || {
             Ok(CodecageMcp::new(
                 state.clone(),
-                Caller::Unix { uid: u32::MAX },
+                Caller::Unix {
+                    uid: u32::MAX,
+                    role: crate::server::config::Role::User,
+                },
                 false,
             ))
         },
