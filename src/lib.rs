@@ -36,7 +36,9 @@ pub mod spec;
 mod sys;
 pub mod units;
 
-pub use launcher::{run, run_cancellable, run_with, session, Canceller, Sandbox, Stream};
+pub use launcher::{
+    processes, run, run_cancellable, run_with, session, Canceller, Sandbox, Stream,
+};
 pub use outcome::{ErrorKind, Outcome};
 pub use sandbox::dispatch_init;
 pub use spec::{Exec, Rootfs, SandboxSpec, Spec};
