@@ -1076,6 +1076,76 @@ fn a_sessions_processes_are_its_owners_and_take_stdin_and_signals() {
         assert_eq!(status, 400, "{out}");
         let (status, _) = server.tcp_request(USER1, "GET", &format!("{base}/999"), None);
         assert_eq!(status, 404);
+        // A process's own time limit kills it.
+        let limited = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "sleep 100", "timeout": "1s", "background": true}),
+        )["process_id"]
+            .as_u64()
+            .unwrap();
+        let mut last = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                last = poll_process(&server, USER1, &id, limited, (0, 0));
+                last["status"] == "exited"
+            }),
+            "{last}"
+        );
+        assert_eq!(
+            (last["timed_out"].as_bool(), last["signal"].as_i64()),
+            (Some(true), Some(9)),
+            "{last}"
+        );
+        // And no more than the profile allows.
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &base,
+            Some(json!({"command": "true", "timeout": "48h"})),
+        );
+        assert!(status == 400 || status == 403, "{status} {out}");
+        server.stop();
+    });
+}
+
+/// A running background process keeps its session from idling out (the `brief` profile's
+/// idle limit is 1 s); once it has ended, the session idles out as before.
+#[test]
+fn a_running_process_keeps_its_session_alive() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "profile": "brief"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"command": "sleep 4", "background": true})),
+        );
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("running")),
+            "{out}"
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        let (status, out) = server.request("GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(
+            status, 200,
+            "the session idled out under a running process: {out}"
+        );
+        assert!(
+            wait_for(Duration::from_secs(15), || {
+                server.request("GET", &format!("/v1/sessions/{id}"), None).1["error"]
+                    == "session_expired"
+            }),
+            "the session did not idle out once its process ended"
+        );
         server.stop();
     });
 }
