@@ -200,7 +200,7 @@ pub struct Sandbox {
     cpu_base: Duration,
     /// Takes the reports of a session's background processes as they are read (whoever
     /// reads the channel), so no one else drops them; true: taken.
-    background: Option<Box<dyn FnMut(&Report) -> bool + Send>>,
+    background: Option<requests::ReportSink>,
 }
 
 impl Sandbox {

@@ -45,6 +45,9 @@ pub(crate) struct CallProcess {
     pub ignores_hangup: bool,
 }
 
+/// Takes the reports of a session's background processes (true: taken).
+pub(crate) type ReportSink = Box<dyn FnMut(&Report) -> bool + Send>;
+
 /// A message of the init as a report, if it is one.
 pub(crate) fn report_of(message: &FromSandbox) -> Option<Report> {
     Some(match message {
@@ -179,7 +182,7 @@ impl Sandbox {
 
     /// Gives the reports of background processes to `sink` as the channel is read
     /// (whoever reads it: a call, a request, a poll); those it takes (true) are not queued.
-    pub(crate) fn set_background_sink(&mut self, sink: Box<dyn FnMut(&Report) -> bool + Send>) {
+    pub(crate) fn set_background_sink(&mut self, sink: ReportSink) {
         self.background = Some(sink);
     }
 
