@@ -89,7 +89,7 @@ pub struct Snapshot {
     pub signal: Option<i32>,
     /// Killed at its time limit.
     pub timed_out: bool,
-    /// Why it never started (a cwd that does not exist, ...).
+    /// Why it never started (a cwd that does not exist, ...), or that its sandbox ended.
     pub error: Option<String>,
     pub started: SystemTime,
     /// From start to exit, or to now.
@@ -383,6 +383,22 @@ impl Processes {
             state.error = Some(error);
         }
         true
+    }
+
+    /// The sandbox is gone, and every process with it (its pid namespace): those not yet
+    /// reported are marked killed.
+    pub(crate) fn sandbox_gone(&self) {
+        let procs: Vec<Arc<Proc>> = self.inner().procs.values().cloned().collect();
+        for proc in procs {
+            let mut state = proc.state();
+            if state.exit.is_none() {
+                state.exit = Some((None, Some(libc::SIGKILL)));
+                state.exited_at = Some(Instant::now());
+                state
+                    .error
+                    .get_or_insert_with(|| "the session's sandbox ended".to_string());
+            }
+        }
     }
 
     /// Whether process `id` has ended with all its output read (or its pipes stayed open

@@ -334,6 +334,10 @@ impl Session {
         if self.lost.is_none() {
             self.sandbox.read_channel();
         }
+        if self.lost.is_some() || self.sandbox.init_exited() {
+            // No report can come any more: the pid namespace took them all.
+            self.processes.sandbox_gone();
+        }
         self.processes_due()
     }
 

@@ -846,6 +846,25 @@ fn a_long_command_goes_to_the_background_and_is_polled_with_no_gap_and_no_repeat
             "{done}"
         );
         assert_eq!(done["stderr"], "oops\n", "{done}");
+        // A cwd that is not there: it never starts, and says why.
+        let nowhere = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "true", "cwd": "nope"}),
+        );
+        assert_eq!(
+            (nowhere["status"].as_str(), nowhere["exit_code"].as_i64()),
+            (Some("exited"), Some(125)),
+            "{nowhere}"
+        );
+        assert!(
+            nowhere["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("chdir nope"),
+            "{nowhere}"
+        );
         // PATH and loader variables are refused, as for the session itself.
         let (status, out) = server.tcp_request(
             USER1,
@@ -860,7 +879,7 @@ fn a_long_command_goes_to_the_background_and_is_polled_with_no_gap_and_no_repeat
         );
         let (_, list) =
             server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}/processes"), None);
-        assert_eq!(list.as_array().map(Vec::len), Some(2), "{list}");
+        assert_eq!(list.as_array().map(Vec::len), Some(3), "{list}");
         eprintln!("figures: {polls} polls, first answer in {answered:?}");
         server.stop();
     });
@@ -1146,6 +1165,61 @@ fn a_running_process_keeps_its_session_alive() {
             }),
             "the session did not idle out once its process ended"
         );
+        server.stop();
+    });
+}
+
+/// While a call runs, a process is still polled (its output read all along), and a
+/// signal reaches it (the call's supervision sends it).
+#[test]
+fn a_process_is_polled_and_signalled_while_a_call_runs() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let ticker = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "while :; do echo tick; sleep 0.1; done", "background": true}),
+        );
+        let pid = ticker["process_id"].as_u64().unwrap();
+        std::thread::scope(|scope| {
+            let call = scope.spawn(|| {
+                server.tcp_request(
+                    USER1,
+                    "POST",
+                    &format!("/v1/sessions/{id}/execute"),
+                    Some(json!({"code": "sleep 3; echo slept"})),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(1000));
+            let during = poll_process(&server, USER1, &id, pid, (0, 0));
+            assert_eq!(during["status"], "running", "{during}");
+            let cursor = during["stdout_cursor"].as_u64().unwrap();
+            assert!(cursor >= 5 * 5, "{during}");
+            let (status, out) = server.tcp_request(
+                USER1,
+                "POST",
+                &format!("/v1/sessions/{id}/processes/{pid}/signal"),
+                Some(json!({"signal": "TERM"})),
+            );
+            assert_eq!(status, 204, "{out}");
+            let mut last = Value::Null;
+            assert!(
+                wait_for(Duration::from_millis(1500), || {
+                    last = poll_process(&server, USER1, &id, pid, (cursor, 0));
+                    last["status"] == "exited"
+                }),
+                "the signal did not reach the process during the call: {last}"
+            );
+            assert_eq!(last["signal"].as_i64(), Some(15), "{last}");
+            let (status, out) = call.join().unwrap();
+            assert_eq!(
+                (status, out["stdout"].as_str()),
+                (200, Some("slept\n")),
+                "{out}"
+            );
+        });
         server.stop();
     });
 }

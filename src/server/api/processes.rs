@@ -29,7 +29,7 @@ pub struct ProcessSchema {
     signal: Option<i32>,
     /// Killed at its time limit.
     timed_out: bool,
-    /// Why it never started (present only then).
+    /// Why it never started, or that the session's sandbox ended (present only then).
     error: Option<String>,
     started_at: String,
     duration_ms: u64,
