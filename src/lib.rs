@@ -38,7 +38,9 @@ pub mod units;
 
 /// Where the sandboxes' cgroups go: at the hierarchy's root or under a delegated cgroup.
 pub use cgroup::delegation;
-pub use launcher::{run, run_cancellable, run_with, session, Canceller, Sandbox, Stream};
+pub use launcher::{
+    processes, run, run_cancellable, run_with, session, Canceller, Sandbox, Stream,
+};
 pub use outcome::{ErrorKind, Outcome};
 pub use sandbox::dispatch_init;
 pub use spec::{Exec, Rootfs, SandboxSpec, Spec};

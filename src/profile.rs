@@ -546,7 +546,7 @@ pub fn names_in(dir: &Path) -> Vec<String> {
 }
 
 /// Variables no profile or request may set: they would change which code runs.
-fn check_env_name(key: &str) -> Result<(), String> {
+pub fn check_env_name(key: &str) -> Result<(), String> {
     if key.is_empty() || key.contains('=') || key.contains('\0') {
         return Err(format!("{key:?} is not a valid variable name"));
     }

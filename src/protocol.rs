@@ -422,6 +422,9 @@ pub enum ToSandbox {
         last: bool,
         /// For a `last` payload: the output files to send back before the init exits.
         outputs: Option<crate::files::OutputRules>,
+        /// Where the payload starts, under /work if relative (default: /work).
+        #[serde(default)]
+        cwd: Option<String>,
     },
     /// Write files into /work; answered by `FilesWritten` or `FileError`.
     WriteFiles { files: Vec<crate::files::InputFile> },

@@ -20,6 +20,7 @@
 mod clone;
 mod link;
 mod prepared;
+pub mod processes;
 mod requests;
 pub mod session;
 mod supervise;
@@ -197,6 +198,9 @@ pub struct Sandbox {
     /// CPU time spent before the request (a pre-started interpreter's preload), which the
     /// outcome does not count.
     cpu_base: Duration,
+    /// Takes the reports of a session's background processes as they are read (whoever
+    /// reads the channel), so no one else drops them; true: taken.
+    background: Option<requests::ReportSink>,
 }
 
 impl Sandbox {
@@ -280,6 +284,7 @@ impl Sandbox {
             reaped: None,
             network: None,
             cpu_base: Duration::ZERO,
+            background: None,
         };
         if let (Some(gateway), Some(tun)) = (gateway, tun) {
             // On failure the sandbox is dropped: its init killed and reaped.
@@ -319,6 +324,18 @@ impl Sandbox {
         driver: Option<BorrowedFd<'_>>,
         last: bool,
     ) -> Result<u64, SpawnError> {
+        self.spawn_in(exec, stdio, driver, last, None)
+    }
+
+    /// [`Sandbox::spawn`] starting in `cwd` (relative to /work) rather than /work.
+    pub(crate) fn spawn_in(
+        &mut self,
+        exec: &Exec,
+        stdio: &[BorrowedFd<'_>; 3],
+        driver: Option<BorrowedFd<'_>>,
+        last: bool,
+        cwd: Option<String>,
+    ) -> Result<u64, SpawnError> {
         let id = self.next_id;
         self.next_id += 1;
         let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
@@ -331,6 +348,7 @@ impl Sandbox {
             fds: fds.len() as u8,
             last,
             outputs: if last { exec.outputs.clone() } else { None },
+            cwd,
         };
         match self.send(&message, &fds) {
             Ok(()) => Ok(id),
@@ -442,7 +460,15 @@ impl Sandbox {
         while let Some(message) = self.frames.next_message() {
             match message {
                 Ok(FromSandbox::Mark { phase, at_ns }) => self.marks.push((phase, at_ns)),
-                Ok(message) => self.inbox.push_back(message),
+                Ok(message) => {
+                    let taken = match (&mut self.background, requests::report_of(&message)) {
+                        (Some(sink), Some(report)) => sink(&report),
+                        _ => false,
+                    };
+                    if !taken {
+                        self.inbox.push_back(message)
+                    }
+                }
                 Err(e) => {
                     self.protocol_error = Some(e);
                     self.channel_open = false;

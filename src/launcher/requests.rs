@@ -45,6 +45,26 @@ pub(crate) struct CallProcess {
     pub ignores_hangup: bool,
 }
 
+/// Takes the reports of a session's background processes (true: taken).
+pub(crate) type ReportSink = Box<dyn FnMut(&Report) -> bool + Send>;
+
+/// A message of the init as a report, if it is one.
+pub(crate) fn report_of(message: &FromSandbox) -> Option<Report> {
+    Some(match message {
+        FromSandbox::Exited { id, code, signal } => Report::Exited {
+            id: *id,
+            code: *code,
+            signal: *signal,
+        },
+        FromSandbox::SetupFailed { id, error } => Report::SetupFailed {
+            id: *id,
+            error: error.to_string(),
+        },
+        FromSandbox::AllKilled => Report::AllKilled,
+        _ => return None,
+    })
+}
+
 impl Sandbox {
     /// Writes `files` into /work.
     pub(crate) fn write_files(&mut self, files: &[InputFile]) -> Result<(), String> {
@@ -154,17 +174,16 @@ impl Sandbox {
     /// [`Sandbox::read_channel`]); the messages that are not reports are dropped.
     pub(crate) fn next_report(&mut self) -> Option<Report> {
         loop {
-            let report = match self.next_message()? {
-                FromSandbox::Exited { id, code, signal } => Report::Exited { id, code, signal },
-                FromSandbox::SetupFailed { id, error } => Report::SetupFailed {
-                    id,
-                    error: error.to_string(),
-                },
-                FromSandbox::AllKilled => Report::AllKilled,
-                _ => continue,
-            };
-            return Some(report);
+            if let Some(report) = report_of(&self.next_message()?) {
+                return Some(report);
+            }
         }
+    }
+
+    /// Gives the reports of background processes to `sink` as the channel is read
+    /// (whoever reads it: a call, a request, a poll); those it takes (true) are not queued.
+    pub(crate) fn set_background_sink(&mut self, sink: ReportSink) {
+        self.background = Some(sink);
     }
 
     /// Waits until the channel is readable or the init ends, up to `end`, and reads it.

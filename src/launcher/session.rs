@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
+use super::processes::{self, Processes};
 use super::{CallProcess, ExecStreams, OutputPipes, Report, Sandbox, StartError, Stream};
 use crate::cgroup::Usage;
 use crate::files::{DirEntry, InputFile, OutputRules};
@@ -179,6 +180,8 @@ pub struct Session {
     /// The sandbox itself is gone (its init died): no call can run any more.
     lost: Option<String>,
     last_usage: Option<Usage>,
+    /// Its background processes (src/launcher/processes.rs).
+    processes: Processes,
 }
 
 /// The driver process of a session, as the launcher holds it.
@@ -215,7 +218,13 @@ impl Session {
     /// Starts the sandbox and its driver, and waits until the driver is ready.
     pub fn start(mut spec: SessionSpec) -> Result<Session, StartError> {
         spec.sandbox.drivers = true;
-        let sandbox = Sandbox::start(&spec.sandbox)?;
+        let mut sandbox = Sandbox::start(&spec.sandbox)?;
+        let processes = Processes::new().map_err(|message| StartError {
+            kind: ErrorKind::Setup,
+            message,
+        })?;
+        let table = processes.clone();
+        sandbox.set_background_sink(Box::new(move |report| table.take_report(report)));
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
                 .map_err(|e| StartError {
@@ -230,6 +239,7 @@ impl Session {
             interrupter: Interrupter(Arc::new(write)),
             lost: None,
             last_usage: None,
+            processes,
         };
         session
             .start_driver()
@@ -250,6 +260,94 @@ impl Session {
     /// A handle that interrupts the running call from another thread.
     pub fn interrupter(&self) -> Interrupter {
         self.interrupter.clone()
+    }
+
+    /// The session's background processes: poll them, write their stdin, queue signals
+    /// (from any thread, while a call runs too).
+    pub fn processes(&self) -> Processes {
+        self.processes.clone()
+    }
+
+    /// Starts a background process in the sandbox, beside the interpreter: the session's
+    /// environment plus `start.env` and `CODECAGE_SHELL=exec`. Returns its id.
+    pub fn start_process(&mut self, start: &processes::Start) -> Result<u64, String> {
+        if let Some(why) = &self.lost {
+            return Err(why.clone());
+        }
+        self.tend_processes();
+        let mut exec = Exec::new(start.argv.clone());
+        for (key, value) in self.spec.env.iter().chain(&start.env) {
+            exec.set_env(key, value);
+        }
+        exec.set_env("CODECAGE_SHELL", "exec");
+        let pipes = processes::Pipes::open(start.stdin)?;
+        let [stdin, stdout, stderr] = &pipes.child;
+        let payload = self
+            .sandbox
+            .spawn_in(
+                &exec,
+                &[stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
+                None,
+                false,
+                start.cwd.clone(),
+            )
+            .map_err(|e| e.describe("cannot start the process"))?;
+        let processes::Pipes {
+            child,
+            stdin,
+            stdout,
+            stderr,
+        } = pipes;
+        // The payload's ends go now, or the reader would never see the pipes' end.
+        drop(child);
+        let id = self.processes.add(start, payload, stdin, stdout, stderr);
+        if id.is_err() {
+            let _ = self.sandbox.signal(payload, libc::SIGKILL);
+        }
+        id
+    }
+
+    /// Waits until process `id` has ended and its output is read, or `until`; whether it
+    /// has. The session's owner waits here (it reads the sandbox's reports meanwhile).
+    pub fn wait_process(&mut self, id: u64, until: Instant) -> Result<bool, String> {
+        loop {
+            self.tend_processes();
+            match self.processes.finished(id) {
+                None => return Err(format!("there is no process {id} in this session")),
+                Some(true) => return Ok(true),
+                Some(false) => {}
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Ok(false);
+            }
+            if let Some(why) = &self.lost {
+                return Err(why.clone());
+            }
+            let _ = self.wait_channel((now + Duration::from_millis(20)).min(until));
+        }
+    }
+
+    /// Reads the sandbox's reports (the processes' exits), sends the signals queued for
+    /// the processes and kills those past their time limit; the soonest deadline left.
+    pub fn tend_processes(&mut self) -> Option<Instant> {
+        if self.lost.is_none() {
+            self.sandbox.read_channel();
+        }
+        if self.lost.is_some() || self.sandbox.init_exited() {
+            // No report can come any more: the pid namespace took them all.
+            self.processes.sandbox_gone();
+        }
+        self.processes_due()
+    }
+
+    /// Sends the processes' queued signals and deadline kills; the soonest deadline left.
+    fn processes_due(&mut self) -> Option<Instant> {
+        let (due, next) = self.processes.due();
+        for (payload, signal) in due {
+            let _ = self.sandbox.signal(payload, signal);
+        }
+        next
     }
 
     /// Whether the sandbox is gone for good (its init died).
@@ -421,6 +519,8 @@ impl Session {
                 Some(at) => at + GRACE,
                 None => run.deadline,
             };
+            let next_process = self.processes_due();
+            let wake = next_process.map_or(wake, |p| p.min(wake));
             let Some(driver) = self.driver.as_mut() else {
                 run.end = Some(End::DriverGone);
                 break;
@@ -442,6 +542,7 @@ impl Session {
                 PollFd::new(self.sandbox.channel_fd(), PollFlags::POLLIN),
                 PollFd::new(self.sandbox.pidfd(), PollFlags::POLLIN),
                 PollFd::new(self.interrupts.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.processes.wake_fd(), PollFlags::POLLIN),
             ];
             if let Err(e) = poll(&mut fds, timeout) {
                 if e != nix::errno::Errno::EINTR {

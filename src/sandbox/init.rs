@@ -158,6 +158,7 @@ impl Init<'_> {
                 files,
                 last,
                 outputs,
+                cwd,
                 ..
             } => {
                 if let Err(error) = super::write_work_files(&files) {
@@ -167,6 +168,7 @@ impl Init<'_> {
                     id,
                     argv: &argv,
                     env: &env,
+                    cwd: cwd.as_deref(),
                     fds,
                 };
                 match sys::fork_in_init() {

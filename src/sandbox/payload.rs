@@ -45,6 +45,8 @@ pub struct Launch<'a> {
     pub id: u64,
     pub argv: &'a [String],
     pub env: &'a [(String, String)],
+    /// Where it starts, relative to /work (default: /work itself).
+    pub cwd: Option<&'a str>,
     pub fds: Vec<std::os::fd::OwnedFd>,
 }
 
@@ -89,6 +91,10 @@ fn prepare(
     check_no_capabilities()?;
     // (The umask, 022, is the init's, set before it forked us.)
     chdir("/work").map_err(|e| SetupError::errno(Step::EnterWorkdir, e, "chdir /work"))?;
+    if let Some(cwd) = launch.cwd {
+        // As the sandbox's user, before landlock: it may enter what it could read anyway.
+        chdir(cwd).map_err(|e| SetupError::errno(Step::EnterWorkdir, e, format!("chdir {cwd}")))?;
+    }
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| SetupError::errno(Step::SetNoNewPrivs, e, "PR_SET_NO_NEW_PRIVS"))?;
     let landlock = landlock::restrict(spec.landlock, &spec.network)?;

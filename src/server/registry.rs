@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::OwnedSemaphorePermit;
 
+use codecage::processes::Processes;
 use codecage::runner::Lang;
 use codecage::session::{Interrupter, Session};
 
@@ -49,6 +50,8 @@ pub struct Entry {
     /// The session; None once it is closed.
     pub session: Mutex<Option<Session>>,
     pub interrupter: Interrupter,
+    /// Its background processes (shared with the session: reachable while a call runs).
+    pub processes: Processes,
     busy: AtomicBool,
     pub executions: AtomicU64,
     pub caps: Caps,
@@ -82,6 +85,7 @@ impl Entry {
             max_duration,
             last_used: Mutex::new(Instant::now()),
             interrupter: session.interrupter(),
+            processes: session.processes(),
             session: Mutex::new(Some(session)),
             busy: AtomicBool::new(false),
             executions: AtomicU64::new(0),
@@ -120,8 +124,11 @@ impl Entry {
         SystemTime::now() + end.saturating_duration_since(now)
     }
 
+    /// Past its maximum lifetime, or idle past its idle limit: no call and no running
+    /// background process since.
     fn expired(&self, now: Instant) -> bool {
-        now >= self.last_used() + self.idle_timeout || now >= self.created_at + self.max_duration
+        let idle = now >= self.last_used() + self.idle_timeout && self.processes.running() == 0;
+        idle || now >= self.created_at + self.max_duration
     }
 }
 
@@ -314,9 +321,12 @@ pub async fn reap_forever(state: Shared) {
     loop {
         tick.tick().await;
         let now = Instant::now();
-        let due: Vec<String> = state
-            .sessions
-            .list()
+        let sessions = state.sessions.list();
+        // The processes' exits and time limits, in sessions no call holds.
+        for entry in sessions.iter().filter(|e| !e.is_busy()) {
+            crate::service::processes::tend(entry);
+        }
+        let due: Vec<String> = sessions
             .into_iter()
             .filter(|e| !e.is_busy() && e.expired(now))
             .map(|e| e.id.clone())

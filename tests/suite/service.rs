@@ -913,3 +913,511 @@ fn unix_peers_are_held_to_their_entry_or_the_default() {
         server.stop();
     });
 }
+
+// Background processes in a session (issue 24, first slice).
+
+/// Starts a process in session `id` as `token`; the answer.
+fn start_process(server: &Server, token: &str, id: &str, body: Value) -> Value {
+    let (status, out) = server.tcp_request(
+        token,
+        "POST",
+        &format!("/v1/sessions/{id}/processes"),
+        Some(body),
+    );
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+/// Polls process `pid` from the cursors given.
+fn poll_process(server: &Server, token: &str, id: &str, pid: u64, from: (u64, u64)) -> Value {
+    let (status, out) = server.tcp_request(
+        token,
+        "GET",
+        &format!(
+            "/v1/sessions/{id}/processes/{pid}?stdout_from={}&stderr_from={}",
+            from.0, from.1
+        ),
+        None,
+    );
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+fn new_session(server: &Server, token: &str, language: &str) -> String {
+    let (status, created) = server.tcp_request(
+        token,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"language": language})),
+    );
+    assert_eq!(status, 201, "{created}");
+    created["id"].as_str().unwrap().to_string()
+}
+
+/// A build-like command goes to the background after yield_ms and is polled to its end:
+/// every line exactly once across the polls, and a poll repeated from an old cursor gives
+/// the same bytes again (a client that reconnects resumes with no gap and no repeat).
+#[test]
+fn a_long_command_goes_to_the_background_and_is_polled_with_no_gap_and_no_repeat() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let started = Instant::now();
+        let first = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "for i in $(seq 30); do echo $i; sleep 0.2; done", "yield_ms": 1000}),
+        );
+        let answered = started.elapsed();
+        assert_eq!(first["status"], "running", "{first}");
+        assert!(
+            answered < Duration::from_secs(4 * slowdown()),
+            "{answered:?}"
+        );
+        let pid = first["process_id"].as_u64().unwrap();
+        let mut text = first["stdout"].as_str().unwrap().to_string();
+        let mut cursor = first["stdout_cursor"].as_u64().unwrap();
+        assert_eq!(cursor, text.len() as u64);
+        let mut polls = 0;
+        let mut last = first.clone();
+        let mut old = None;
+        while last["status"] == "running" {
+            assert!(polls < 60, "the command did not end: {last}");
+            std::thread::sleep(Duration::from_millis(1800));
+            let before = cursor;
+            last = poll_process(&server, USER1, &id, pid, (cursor, 0));
+            polls += 1;
+            assert_eq!(last["stdout_from"].as_u64(), Some(before), "{last}");
+            assert_eq!(last["stdout_dropped"], 0, "{last}");
+            let chunk = last["stdout"].as_str().unwrap().to_string();
+            old.get_or_insert((before, chunk.clone()));
+            text.push_str(&chunk);
+            cursor = last["stdout_cursor"].as_u64().unwrap();
+        }
+        let expected: String = (1..=30).map(|i| format!("{i}\n")).collect();
+        assert_eq!(text, expected);
+        assert!(polls >= 2, "{polls} polls");
+        assert_eq!(
+            (last["exit_code"].as_i64(), &last["signal"]),
+            (Some(0), &Value::Null),
+            "{last}"
+        );
+        // The reconnecting client: the same cursor gives the same bytes.
+        let (from, chunk) = old.unwrap();
+        let again = poll_process(&server, USER1, &id, pid, (from, 0));
+        assert!(
+            again["stdout"].as_str().unwrap().starts_with(&chunk),
+            "{again}"
+        );
+        // From the end: nothing new (and the round trip of a poll, curl included).
+        let timed = Instant::now();
+        for _ in 0..10 {
+            let end = poll_process(&server, USER1, &id, pid, (cursor, 0));
+            assert_eq!(end["stdout"], "", "{end}");
+        }
+        let poll_ms = timed.elapsed().as_secs_f64() * 100.0;
+        // A short one is the whole result at once, with the session's layers and env.
+        server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "mkdir -p sub"})),
+        );
+        let done = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "echo $CODECAGE_SHELL; pwd; id -u; grep CapEff /proc/self/status; \
+                    grep Seccomp: /proc/self/status; echo oops >&2; exit 3", "cwd": "sub"}),
+        );
+        assert_eq!(done["status"], "exited", "{done}");
+        assert_eq!(done["exit_code"], 3, "{done}");
+        assert_eq!(
+            done["stdout"], "exec\n/work/sub\n1000\nCapEff:\t0000000000000000\nSeccomp:\t2\n",
+            "{done}"
+        );
+        assert_eq!(done["stderr"], "oops\n", "{done}");
+        // A cwd that is not there: it never starts, and says why.
+        let nowhere = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "true", "cwd": "nope"}),
+        );
+        assert_eq!(
+            (nowhere["status"].as_str(), nowhere["exit_code"].as_i64()),
+            (Some("exited"), Some(125)),
+            "{nowhere}"
+        );
+        assert!(
+            nowhere["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("chdir nope"),
+            "{nowhere}"
+        );
+        // PATH and loader variables are refused, as for the session itself.
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"command": "true", "env": {"LD_PRELOAD": "/x.so"}})),
+        );
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (403, Some("policy")),
+            "{out}"
+        );
+        let (_, list) =
+            server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}/processes"), None);
+        assert_eq!(list.as_array().map(Vec::len), Some(3), "{list}");
+        eprintln!(
+            "figures: {polls} polls, first answer in {answered:?}, a poll {poll_ms:.1} ms (curl)"
+        );
+        server.stop();
+    });
+}
+
+/// A server started in the background answers a client started by a later call of the
+/// same session; closing the session kills it and leaves no process and no cgroup.
+#[test]
+fn a_background_server_answers_a_later_call_and_dies_with_the_session() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "python");
+        let port = 18000 + (std::process::id() % 1000);
+        let argv = [
+            "python3",
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ];
+        let started = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": argv, "background": true}),
+        );
+        assert_eq!(started["status"], "running", "{started}");
+        let pid = started["process_id"].as_u64().unwrap();
+        let code = format!(
+            "import time, urllib.request\n\
+             for _ in range(100):\n\
+             \x20   try:\n\
+             \x20       r = urllib.request.urlopen('http://127.0.0.1:{port}/'); break\n\
+             \x20   except OSError:\n\
+             \x20       time.sleep(0.1)\n\
+             print(r.status, b'Directory listing' in r.read())"
+        );
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": code})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("200 True\n")),
+            "{out}"
+        );
+        // The server logged the request, on its stderr, read while the call ran.
+        assert!(wait_for(Duration::from_secs(5), || {
+            let p = poll_process(&server, USER1, &id, pid, (0, 0));
+            p["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("\"GET / HTTP/1.1\" 200")
+        }));
+        let needle = format!("python3\0-m\0http.server\0{port}");
+        assert_eq!(
+            host_pids_with(&needle).len(),
+            1,
+            "the server runs on the host"
+        );
+        let server_pid = server.pid();
+        let mine = || {
+            run_cgroups()
+                .into_iter()
+                .filter(|(pid, _)| *pid == server_pid)
+                .count()
+        };
+        // One run cgroup per hierarchy (one on v2, one per controller on v1).
+        assert!(mine() > 0);
+        let (status, _) = server.tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        assert!(
+            host_pids_with(&needle).is_empty(),
+            "the process outlived its session"
+        );
+        assert_eq!(mine(), 0, "the session's cgroup was left");
+        server.stop();
+    });
+}
+
+/// 50 MB of output: the last 1 MiB is kept, and the poll says how much was dropped.
+#[test]
+fn fifty_megabytes_of_output_keep_the_last_mebibyte_and_count_the_rest() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let total: u64 = 50_000_000;
+        let out = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": format!("yes 0123456789 | head -c {total}; printf END"), "yield_ms": 60000}),
+        );
+        assert_eq!(out["status"], "exited", "{}", out["status"]);
+        let kept = 1u64 << 20;
+        let stdout = out["stdout"].as_str().unwrap();
+        assert_eq!(stdout.len() as u64, kept);
+        assert!(
+            stdout.ends_with("789\n012345END"),
+            "{}",
+            &stdout[stdout.len() - 20..]
+        );
+        assert_eq!(out["stdout_cursor"].as_u64(), Some(total + 3));
+        assert_eq!(out["stdout_from"].as_u64(), Some(total + 3 - kept));
+        assert_eq!(out["stdout_dropped"].as_u64(), Some(total + 3 - kept));
+        figures(&server, "50 MB of process output");
+        server.stop();
+    });
+}
+
+/// Only the session's owner reaches its processes (404 to another token, as for a
+/// session that never was); the owner feeds stdin, signals and kills them.
+#[test]
+fn a_sessions_processes_are_its_owners_and_take_stdin_and_signals() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let cat = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["cat"], "stdin": true, "background": true}),
+        );
+        let cat_pid = cat["process_id"].as_u64().unwrap();
+        let base = format!("/v1/sessions/{id}/processes");
+        let one = format!("{base}/{cat_pid}");
+        let tries: Vec<(&str, String, Option<Value>)> = vec![
+            ("GET", base.clone(), None),
+            ("POST", base.clone(), Some(json!({"command": "true"}))),
+            ("GET", one.clone(), None),
+            ("POST", format!("{one}/stdin"), Some(json!({"data": "x"}))),
+            (
+                "POST",
+                format!("{one}/signal"),
+                Some(json!({"signal": "TERM"})),
+            ),
+            ("DELETE", one.clone(), None),
+        ];
+        for (method, path, body) in tries {
+            let (status, out) = server.tcp_request(USER2, method, &path, body);
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (404, Some("not_found")),
+                "{method} {path}: {out}"
+            );
+        }
+        // The owner's stdin, then EOF: cat echoes it and ends.
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("{one}/stdin"),
+            Some(json!({"data": "hello\n", "close": true})),
+        );
+        assert_eq!((status, out["written"].as_u64()), (200, Some(6)), "{out}");
+        let mut last = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                last = poll_process(&server, USER1, &id, cat_pid, (0, 0));
+                last["status"] == "exited"
+            }),
+            "{last}"
+        );
+        assert_eq!(
+            (last["stdout"].as_str(), last["exit_code"].as_i64()),
+            (Some("hello\n"), Some(0))
+        );
+        // A signal by name, then a kill.
+        let sleeper = |server: &Server| {
+            start_process(
+                server,
+                USER1,
+                &id,
+                json!({"command": "sleep 100", "background": true}),
+            )["process_id"]
+                .as_u64()
+                .unwrap()
+        };
+        let a = sleeper(&server);
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("{base}/{a}/signal"),
+            Some(json!({"signal": "SIGTERM"})),
+        );
+        assert_eq!(status, 204, "{out}");
+        let b = sleeper(&server);
+        assert_eq!(
+            server
+                .tcp_request(USER1, "DELETE", &format!("{base}/{b}"), None)
+                .0,
+            204
+        );
+        for (pid, signal) in [(a, 15), (b, 9)] {
+            let mut last = Value::Null;
+            assert!(
+                wait_for(Duration::from_secs(10), || {
+                    last = poll_process(&server, USER1, &id, pid, (0, 0));
+                    last["status"] == "exited"
+                }),
+                "{last}"
+            );
+            assert_eq!(last["signal"].as_i64(), Some(signal), "{last}");
+        }
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("{base}/{a}/signal"),
+            Some(json!({"signal": "BOGUS"})),
+        );
+        assert_eq!(status, 400, "{out}");
+        let (status, _) = server.tcp_request(USER1, "GET", &format!("{base}/999"), None);
+        assert_eq!(status, 404);
+        // A process's own time limit kills it.
+        let limited = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "sleep 100", "timeout": "1s", "background": true}),
+        )["process_id"]
+            .as_u64()
+            .unwrap();
+        let mut last = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                last = poll_process(&server, USER1, &id, limited, (0, 0));
+                last["status"] == "exited"
+            }),
+            "{last}"
+        );
+        assert_eq!(
+            (last["timed_out"].as_bool(), last["signal"].as_i64()),
+            (Some(true), Some(9)),
+            "{last}"
+        );
+        // And no more than the profile allows.
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &base,
+            Some(json!({"command": "true", "timeout": "1h"})),
+        );
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (403, Some("policy")),
+            "{out}"
+        );
+        server.stop();
+    });
+}
+
+/// A running background process keeps its session from idling out (the `brief` profile's
+/// idle limit is 1 s); once it has ended, the session idles out as before.
+#[test]
+fn a_running_process_keeps_its_session_alive() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "profile": "brief"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"command": "sleep 4", "background": true})),
+        );
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("running")),
+            "{out}"
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        let (status, out) = server.request("GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(
+            status, 200,
+            "the session idled out under a running process: {out}"
+        );
+        assert!(
+            wait_for(Duration::from_secs(15), || {
+                server.request("GET", &format!("/v1/sessions/{id}"), None).1["error"]
+                    == "session_expired"
+            }),
+            "the session did not idle out once its process ended"
+        );
+        server.stop();
+    });
+}
+
+/// While a call runs, a process is still polled (its output read all along), and a
+/// signal reaches it (the call's supervision sends it).
+#[test]
+fn a_process_is_polled_and_signalled_while_a_call_runs() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let ticker = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "while :; do echo tick; sleep 0.1; done", "background": true}),
+        );
+        let pid = ticker["process_id"].as_u64().unwrap();
+        std::thread::scope(|scope| {
+            let call = scope.spawn(|| {
+                server.tcp_request(
+                    USER1,
+                    "POST",
+                    &format!("/v1/sessions/{id}/execute"),
+                    Some(json!({"code": "sleep 3; echo slept"})),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(1000));
+            let during = poll_process(&server, USER1, &id, pid, (0, 0));
+            assert_eq!(during["status"], "running", "{during}");
+            let cursor = during["stdout_cursor"].as_u64().unwrap();
+            assert!(cursor >= 5 * 5, "{during}");
+            let (status, out) = server.tcp_request(
+                USER1,
+                "POST",
+                &format!("/v1/sessions/{id}/processes/{pid}/signal"),
+                Some(json!({"signal": "TERM"})),
+            );
+            assert_eq!(status, 204, "{out}");
+            let mut last = Value::Null;
+            assert!(
+                wait_for(Duration::from_millis(1500), || {
+                    last = poll_process(&server, USER1, &id, pid, (cursor, 0));
+                    last["status"] == "exited"
+                }),
+                "the signal did not reach the process during the call: {last}"
+            );
+            assert_eq!(last["signal"].as_i64(), Some(15), "{last}");
+            let (status, out) = call.join().unwrap();
+            assert_eq!(
+                (status, out["stdout"].as_str()),
+                (200, Some("slept\n")),
+                "{out}"
+            );
+        });
+        server.stop();
+    });
+}

@@ -26,6 +26,7 @@ use codecage::Stream;
 
 pub(crate) mod audit_api;
 mod body;
+pub(crate) mod processes;
 mod stream;
 
 use super::registry::Entry;
@@ -57,6 +58,22 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/sessions/{id}/execute", post(execute))
         .route("/v1/sessions/{id}/reset", post(reset))
         .route("/v1/sessions/{id}/interrupt", post(interrupt))
+        .route(
+            "/v1/sessions/{id}/processes",
+            post(processes::start).get(processes::list),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}",
+            get(processes::poll).delete(processes::kill),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/stdin",
+            post(processes::stdin),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/signal",
+            post(processes::signal),
+        )
         .route("/v1/sessions/{id}/files", get(list_files))
         .route("/v1/sessions/{id}/files/{*path}", get(download).put(upload))
         .route("/v1/audit", get(audit_list))

@@ -1,0 +1,571 @@
+//! A session's background processes: commands started beside its interpreter, in the
+//! same sandbox (the same /work, network and limits), each a payload of the init as the
+//! driver is (its own session and process group, every layer: landlock, seccomp, no
+//! capabilities, uid 1000).
+//!
+//! Output is never lost to a slow or absent client: a thread per process reads its two
+//! pipes from start to end, into a bounded buffer per stream. Past the buffer the oldest
+//! bytes go; offsets stay absolute (byte N of stdout is byte N however much was dropped),
+//! so a client that polls from a cursor resumes with no gap and no repeat, and learns how
+//! many bytes it missed.
+//!
+//! How a process ended comes from the init's `Exited` report, on the sandbox's channel.
+//! Whoever reads that channel (a call's supervision, a request, a poll) hands the reports
+//! of background processes to the table here ([`super::Sandbox::set_background_sink`]), so
+//! none is dropped by a reader that waits for something else. The table is shared
+//! ([`Processes`]): a poll, stdin and a signal reach it without the session, even while a
+//! call runs; a signal is queued and the session's owner sends it (a call's supervision
+//! wakes for it).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::fcntl::OFlag;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::unistd::pipe2;
+
+use super::Report;
+
+/// How much of each stream a process keeps, unless asked otherwise.
+pub const DEFAULT_BUFFER: usize = 1 << 20;
+/// How many processes (running or ended) a session remembers; the oldest ended ones are
+/// forgotten past it. Running ones are bounded by the sandbox's pids limit.
+pub const MAX_REMEMBERED: usize = 256;
+/// After its exit, how long a process's output pipes may stay open (a child it left
+/// holding them) before its result is given without waiting for their end.
+pub const AFTER_EXIT: Duration = Duration::from_millis(200);
+
+/// A process to start.
+#[derive(Debug, Clone)]
+pub struct Start {
+    /// The program and its arguments (a command is `["bash", "-c", COMMAND]`).
+    pub argv: Vec<String>,
+    /// What the client gave: the command line, or the argv joined (for listings).
+    pub command: String,
+    /// Where it starts, relative to /work or absolute (default /work).
+    pub cwd: Option<String>,
+    /// Variables added to the session's environment.
+    pub env: Vec<(String, String)>,
+    /// Keep its stdin open for [`Processes::write_stdin`] (else it reads /dev/null).
+    pub stdin: bool,
+    /// Killed (SIGKILL to its process group) when this runs out.
+    pub timeout: Duration,
+    /// The bytes kept per stream.
+    pub buffer: usize,
+}
+
+/// Whether a process still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Status {
+    Running,
+    Exited,
+}
+
+/// A window of one stream: the bytes from `from` to `cursor` (absolute offsets).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Window {
+    pub bytes: Vec<u8>,
+    /// The offset of the first byte given.
+    pub from: u64,
+    /// The offset to ask from next time (every byte written so far).
+    pub cursor: u64,
+    /// Bytes between the cursor asked from and `from` that the buffer no longer holds.
+    pub dropped: u64,
+}
+
+/// A process as a poll sees it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub id: u64,
+    pub command: String,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Killed at its time limit.
+    pub timed_out: bool,
+    /// Why it never started (a cwd that does not exist, ...), or that its sandbox ended.
+    pub error: Option<String>,
+    pub started: SystemTime,
+    /// From start to exit, or to now.
+    pub duration: Duration,
+    pub stdout: Window,
+    pub stderr: Window,
+}
+
+/// The table of a session's processes; cheap to clone, shared with the session's owner.
+#[derive(Clone)]
+pub struct Processes {
+    table: Arc<Table>,
+}
+
+struct Table {
+    inner: Mutex<Inner>,
+    /// A byte here wakes the session's supervision: a signal is queued.
+    wake_read: OwnedFd,
+    wake_write: OwnedFd,
+}
+
+#[derive(Default)]
+struct Inner {
+    procs: BTreeMap<u64, Arc<Proc>>,
+    next: u64,
+    /// Signals for the session to send: (payload id, signal).
+    signals: Vec<(u64, i32)>,
+}
+
+struct Proc {
+    id: u64,
+    /// Its payload id in the sandbox.
+    payload: u64,
+    command: String,
+    started: SystemTime,
+    started_at: Instant,
+    deadline: Instant,
+    state: Mutex<State>,
+    stdin: Mutex<Option<File>>,
+}
+
+struct State {
+    out: [Ring; 2],
+    exit: Option<(Option<i32>, Option<i32>)>,
+    exited_at: Option<Instant>,
+    error: Option<String>,
+    /// Both pipes reached their end: every byte is in the buffers.
+    drained: bool,
+    timed_out: bool,
+    /// A SIGKILL for its deadline is on its way.
+    killing: bool,
+}
+
+/// The last `cap` bytes of a stream, and how many were written in all.
+struct Ring {
+    bytes: VecDeque<u8>,
+    cap: usize,
+    total: u64,
+}
+
+impl Ring {
+    fn new(cap: usize) -> Ring {
+        Ring {
+            bytes: VecDeque::new(),
+            cap,
+            total: 0,
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        self.total += data.len() as u64;
+        let data = &data[data.len().saturating_sub(self.cap)..];
+        let over = (self.bytes.len() + data.len()).saturating_sub(self.cap);
+        self.bytes.drain(..over);
+        self.bytes.extend(data);
+    }
+
+    /// The bytes from `cursor` on (or from the oldest kept, saying how many are gone).
+    fn window(&self, cursor: u64) -> Window {
+        let start = self.total - self.bytes.len() as u64;
+        let cursor = cursor.min(self.total);
+        let from = cursor.max(start);
+        let skip = (from - start) as usize;
+        Window {
+            bytes: self.bytes.range(skip..).copied().collect(),
+            from,
+            cursor: self.total,
+            dropped: from - cursor,
+        }
+    }
+}
+
+impl Proc {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn snapshot(&self, stdout_from: Option<u64>, stderr_from: Option<u64>) -> Snapshot {
+        let state = self.state();
+        let window = |i: usize, from: Option<u64>| match from {
+            Some(from) => state.out[i].window(from),
+            None => Window {
+                cursor: state.out[i].total,
+                from: state.out[i].total,
+                ..Window::default()
+            },
+        };
+        let end = state.exited_at.unwrap_or_else(Instant::now);
+        Snapshot {
+            id: self.id,
+            command: self.command.clone(),
+            status: match state.exit {
+                Some(_) => Status::Exited,
+                None => Status::Running,
+            },
+            exit_code: state.exit.and_then(|e| e.0),
+            signal: state.exit.and_then(|e| e.1),
+            timed_out: state.timed_out,
+            error: state.error.clone(),
+            started: self.started,
+            duration: end.saturating_duration_since(self.started_at),
+            stdout: window(0, stdout_from),
+            stderr: window(1, stderr_from),
+        }
+    }
+}
+
+impl Processes {
+    pub(crate) fn new() -> Result<Processes, String> {
+        let (wake_read, wake_write) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .map_err(|e| format!("cannot create the processes' wake pipe: {e}"))?;
+        Ok(Processes {
+            table: Arc::new(Table {
+                inner: Mutex::new(Inner {
+                    next: 1,
+                    ..Inner::default()
+                }),
+                wake_read,
+                wake_write,
+            }),
+        })
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.table.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<Proc>> {
+        self.inner().procs.get(&id).cloned()
+    }
+
+    /// Every process, oldest first, without output (the cursors say how much there is).
+    pub fn list(&self) -> Vec<Snapshot> {
+        let procs: Vec<Arc<Proc>> = self.inner().procs.values().cloned().collect();
+        procs.iter().map(|p| p.snapshot(None, None)).collect()
+    }
+
+    /// Process `id` with its output from the cursors given; None if there is no such one.
+    pub fn poll(&self, id: u64, stdout_from: u64, stderr_from: u64) -> Option<Snapshot> {
+        self.get(id)
+            .map(|p| p.snapshot(Some(stdout_from), Some(stderr_from)))
+    }
+
+    /// How many still run.
+    pub fn running(&self) -> usize {
+        let procs: Vec<Arc<Proc>> = self.inner().procs.values().cloned().collect();
+        procs.iter().filter(|p| p.state().exit.is_none()).count()
+    }
+
+    /// Writes `data` to process `id`'s stdin (waiting up to 5 s for it to take it all),
+    /// then closes it if `close`. Returns the bytes written.
+    pub fn write_stdin(&self, id: u64, data: &[u8], close: bool) -> Result<usize, String> {
+        let proc = self
+            .get(id)
+            .ok_or_else(|| format!("there is no process {id} in this session"))?;
+        let mut stdin = proc.stdin.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pipe) = stdin.as_mut() else {
+            return Err(format!(
+                "process {id}'s stdin is closed (or was never open: start it with `stdin: true`)"
+            ));
+        };
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut written = 0;
+        while written < data.len() {
+            match pipe.write(&data[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let left = end.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(format!(
+                            "process {id} did not read its stdin: {written} of {} bytes were written \
+                             in 5 s",
+                            data.len()
+                        ));
+                    }
+                    let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLOUT)];
+                    let wait = PollTimeout::try_from(left.as_millis().min(100) as i32)
+                        .unwrap_or(PollTimeout::ZERO);
+                    let _ = poll(&mut fds, wait);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    *stdin = None;
+                    return Err(format!(
+                        "process {id} closed its stdin (or exited): {written} of {} bytes were written",
+                        data.len()
+                    ));
+                }
+                Err(e) => return Err(format!("cannot write to process {id}'s stdin: {e}")),
+            }
+        }
+        if close {
+            *stdin = None;
+        }
+        Ok(written)
+    }
+
+    /// Queues `signal` for process `id`'s process group; the session sends it (at once
+    /// when idle, else as its call's supervision wakes).
+    pub fn queue_signal(&self, id: u64, signal: i32) -> Result<(), String> {
+        let mut inner = self.inner();
+        let proc = inner
+            .procs
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| format!("there is no process {id} in this session"))?;
+        if proc.state().exit.is_some() {
+            return Err(format!("process {id} has already exited"));
+        }
+        inner.signals.push((proc.payload, signal));
+        drop(inner);
+        let _ = nix::unistd::write(&self.table.wake_write, b"!");
+        Ok(())
+    }
+
+    /// The fd that is readable when a signal is queued.
+    pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.table.wake_read.as_fd()
+    }
+
+    /// The signals to send now: those queued, and SIGKILL for every process past its
+    /// deadline. The soonest deadline of those still running, to wake for.
+    pub(crate) fn due(&self) -> (Vec<(u64, i32)>, Option<Instant>) {
+        let mut drained = [0u8; 64];
+        while matches!(nix::unistd::read(&self.table.wake_read, &mut drained), Ok(n) if n > 0) {}
+        let mut inner = self.inner();
+        let mut due = std::mem::take(&mut inner.signals);
+        let now = Instant::now();
+        let mut next = None::<Instant>;
+        for proc in inner.procs.values() {
+            let mut state = proc.state();
+            if state.exit.is_some() {
+                continue;
+            }
+            if now >= proc.deadline && !state.killing {
+                state.killing = true;
+                state.timed_out = true;
+                due.push((proc.payload, libc::SIGKILL));
+            } else if !state.killing {
+                next = Some(next.map_or(proc.deadline, |n| n.min(proc.deadline)));
+            }
+        }
+        (due, next)
+    }
+
+    /// Takes a report of the init if it is about one of these processes.
+    pub(crate) fn take_report(&self, report: &Report) -> bool {
+        let (id, exit, error) = match report {
+            Report::Exited { id, code, signal } => (*id, Some((*code, *signal)), None),
+            Report::SetupFailed {
+                id: Some(id),
+                error,
+            } => (*id, None, Some(error.clone())),
+            _ => return false,
+        };
+        let Some(proc) = self
+            .inner()
+            .procs
+            .values()
+            .find(|p| p.payload == id)
+            .cloned()
+        else {
+            return false;
+        };
+        let mut state = proc.state();
+        if let Some(exit) = exit {
+            state.exit.get_or_insert(exit);
+            state.exited_at.get_or_insert_with(Instant::now);
+        }
+        if let Some(error) = error {
+            state.error = Some(error);
+        }
+        true
+    }
+
+    /// The sandbox is gone, and every process with it (its pid namespace): those not yet
+    /// reported are marked killed.
+    pub(crate) fn sandbox_gone(&self) {
+        let procs: Vec<Arc<Proc>> = self.inner().procs.values().cloned().collect();
+        for proc in procs {
+            let mut state = proc.state();
+            if state.exit.is_none() {
+                state.exit = Some((None, Some(libc::SIGKILL)));
+                state.exited_at = Some(Instant::now());
+                state
+                    .error
+                    .get_or_insert_with(|| "the session's sandbox ended".to_string());
+            }
+        }
+    }
+
+    /// Whether process `id` has ended with all its output read (or its pipes stayed open
+    /// [`AFTER_EXIT`] past its exit). None: no such process.
+    pub(crate) fn finished(&self, id: u64) -> Option<bool> {
+        let proc = self.get(id)?;
+        let state = proc.state();
+        Some(match state.exited_at {
+            Some(at) => state.drained || at.elapsed() >= AFTER_EXIT,
+            None => false,
+        })
+    }
+
+    /// Registers a process that was just spawned as payload `payload`, and starts the
+    /// thread that reads its output. Returns its id.
+    pub(crate) fn add(
+        &self,
+        start: &Start,
+        payload: u64,
+        stdin: Option<File>,
+        stdout: File,
+        stderr: File,
+    ) -> Result<u64, String> {
+        let mut inner = self.inner();
+        let id = inner.next;
+        inner.next += 1;
+        let now = Instant::now();
+        let proc = Arc::new(Proc {
+            id,
+            payload,
+            command: start.command.clone(),
+            started: SystemTime::now(),
+            started_at: now,
+            deadline: now + start.timeout,
+            state: Mutex::new(State {
+                out: [Ring::new(start.buffer), Ring::new(start.buffer)],
+                exit: None,
+                exited_at: None,
+                error: None,
+                drained: false,
+                timed_out: false,
+                killing: false,
+            }),
+            stdin: Mutex::new(stdin),
+        });
+        let reader = proc.clone();
+        std::thread::Builder::new()
+            .name(format!("codecage-proc-{id}"))
+            .spawn(move || drain(&reader, stdout, stderr))
+            .map_err(|e| {
+                format!("cannot start the thread that reads process {id}'s output: {e}")
+            })?;
+        inner.procs.insert(id, proc);
+        // Forget the oldest ended ones past the cap.
+        while inner.procs.len() > MAX_REMEMBERED {
+            let oldest = inner
+                .procs
+                .iter()
+                .find(|(_, p)| p.state().exit.is_some())
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(old) => inner.procs.remove(&old),
+                None => break,
+            };
+        }
+        Ok(id)
+    }
+}
+
+/// Reads both pipes until both end (every process holding them has exited), into the
+/// process's buffers.
+fn drain(proc: &Proc, mut stdout: File, mut stderr: File) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut open = [true, true];
+    while open[0] || open[1] {
+        let which: Vec<usize> = (0..2).filter(|&i| open[i]).collect();
+        let mut fds: Vec<PollFd> = which
+            .iter()
+            .map(|&i| {
+                let pipe = if i == 0 { &stdout } else { &stderr };
+                PollFd::new(pipe.as_fd(), PollFlags::POLLIN)
+            })
+            .collect();
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        let ready: Vec<usize> = which
+            .iter()
+            .zip(&fds)
+            .filter(|(_, p)| p.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(i, _)| *i)
+            .collect();
+        drop(fds);
+        for i in ready {
+            let pipe = if i == 0 { &mut stdout } else { &mut stderr };
+            match pipe.read(&mut buf) {
+                Ok(0) => open[i] = false,
+                Ok(n) => proc.state().out[i].push(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => open[i] = false,
+            }
+        }
+    }
+    proc.state().drained = true;
+}
+
+/// The pipes of a process to start: stdin (a pipe the launcher writes, or /dev/null),
+/// stdout and stderr. The payload's ends go to the init; the launcher keeps the others.
+pub(crate) struct Pipes {
+    pub child: [OwnedFd; 3],
+    pub stdin: Option<File>,
+    pub stdout: File,
+    pub stderr: File,
+}
+
+impl Pipes {
+    pub(crate) fn open(stdin: bool) -> Result<Pipes, String> {
+        let (stdout, stdout_w) =
+            pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stdout pipe: {e}"))?;
+        let (stderr, stderr_w) =
+            pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the stderr pipe: {e}"))?;
+        let (stdin_r, stdin_w) = if stdin {
+            let (read, write) = pipe2(OFlag::O_CLOEXEC)
+                .map_err(|e| format!("cannot create the stdin pipe: {e}"))?;
+            super::set_nonblocking(write.as_fd())
+                .map_err(|e| format!("cannot make the stdin pipe non-blocking: {e}"))?;
+            (read, Some(File::from(write)))
+        } else {
+            let null = nix::fcntl::open(
+                "/dev/null",
+                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open /dev/null for stdin: {e}"))?;
+            (null, None)
+        };
+        Ok(Pipes {
+            child: [stdin_r, stdout_w, stderr_w],
+            stdin: stdin_w,
+            stdout: File::from(stdout),
+            stderr: File::from(stderr),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_keeps_the_last_bytes_with_absolute_offsets() {
+        let mut ring = Ring::new(4);
+        ring.push(b"abc");
+        assert_eq!(ring.window(0).bytes, b"abc");
+        ring.push(b"defg");
+        let w = ring.window(0);
+        assert_eq!(
+            (w.bytes.as_slice(), w.from, w.cursor, w.dropped),
+            (&b"defg"[..], 3, 7, 3)
+        );
+        let w = ring.window(5);
+        assert_eq!((w.bytes.as_slice(), w.from, w.dropped), (&b"fg"[..], 5, 0));
+        assert_eq!(ring.window(99).bytes, b"");
+        ring.push(&[b'x'; 10]);
+        assert_eq!(ring.window(0).bytes, b"xxxx");
+        assert_eq!(ring.window(0).dropped, 13);
+    }
+}

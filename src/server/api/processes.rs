@@ -1,0 +1,187 @@
+//! `/v1/sessions/{id}/processes`: a session's background processes (src/service/processes.rs
+//! decides; this translates).
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use serde::Deserialize;
+
+use super::ApiError;
+use crate::server::openapi::{CallRefusals, Missing, Unauthenticated};
+use crate::server::{Caller, Shared};
+use crate::service::processes::{
+    self as procs, ProcessRequest, ProcessView, SignalRequest, StdinRequest,
+};
+
+/// A process as the API gives it (the OpenAPI schema of the JSON object the handlers
+/// build).
+#[derive(utoipa::ToSchema)]
+#[schema(as = Process)]
+#[allow(dead_code)]
+pub struct ProcessSchema {
+    process_id: u64,
+    /// What was started: the command line, or the argv joined.
+    command: String,
+    /// `running` or `exited`.
+    status: String,
+    exit_code: Option<i32>,
+    /// The signal that ended it.
+    signal: Option<i32>,
+    /// Killed at its time limit.
+    timed_out: bool,
+    /// Why it never started, or that the session's sandbox ended (present only then).
+    error: Option<String>,
+    started_at: String,
+    duration_ms: u64,
+    /// Its output from the cursor asked (text, or base64 with `stdout_encoding`).
+    stdout: String,
+    /// `base64` when the bytes are not UTF-8 (absent otherwise).
+    stdout_encoding: Option<String>,
+    /// The offset of the first byte given.
+    stdout_from: u64,
+    /// The offset to poll from next: every byte written so far.
+    stdout_cursor: u64,
+    /// Bytes between the cursor asked and `stdout_from` that the buffer (1 MiB) no
+    /// longer held.
+    stdout_dropped: u64,
+    stderr: String,
+    stderr_encoding: Option<String>,
+    stderr_from: u64,
+    stderr_cursor: u64,
+    stderr_dropped: u64,
+}
+
+/// `GET .../processes/{pid}?stdout_from=N&stderr_from=M`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PollQuery {
+    /// Give stdout from this byte offset (the last answer's `stdout_cursor`; default 0).
+    #[serde(default)]
+    #[param(required = false)]
+    stdout_from: u64,
+    /// Give stderr from this byte offset (default 0).
+    #[serde(default)]
+    #[param(required = false)]
+    stderr_from: u64,
+}
+
+/// What `POST .../stdin` answers.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct StdinWritten {
+    pub written: usize,
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes", operation_id = "start_process", tag = "processes",
+    summary = "Start a process in the session (a command for bash -c, or an argv)",
+    description = "It runs beside the interpreter, in the same sandbox and /work, with every layer, \
+        `CODECAGE_SHELL=exec` in its environment. The answer waits up to `yield_ms` (default 10000): if \
+        it ended, its whole result; else `status: running` with its output so far, and it goes on (poll \
+        it). `background: true` answers at once. Its output is read as it comes, whoever polls, into a \
+        buffer of 1 MiB a stream. Closing the session kills it.",
+    params(("id" = String, Path, description = "the session's id")),
+    request_body = ProcessRequest,
+    security(("bearer" = [])),
+    responses((status = 200, description = "the process", body = ProcessSchema), CallRefusals, Unauthenticated))]
+pub(crate) async fn start(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    super::JsonBody(body): super::JsonBody<ProcessRequest>,
+) -> Result<Json<ProcessView>, ApiError> {
+    Ok(Json(
+        procs::start_process(&state, &caller, &id, body).await?,
+    ))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes", operation_id = "list_processes", tag = "processes",
+    summary = "The session's processes, oldest first (without output: the cursors say how much there is)",
+    params(("id" = String, Path, description = "the session's id")),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the processes", body = Vec<ProcessSchema>), Missing, Unauthenticated))]
+pub(crate) async fn list(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<ProcessView>>, ApiError> {
+    Ok(Json(procs::list_processes(&state, &caller, &id)?))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}", operation_id = "poll_process", tag = "processes",
+    summary = "A process: its status and its output from byte cursors",
+    description = "Give the last answer's `stdout_cursor` and `stderr_cursor` as `stdout_from` and \
+        `stderr_from`: the answer holds every byte since, once (a client that reconnects resumes with \
+        no gap and no repeat). Bytes the buffer no longer holds are counted in `stdout_dropped`.",
+    params(("id" = String, Path, description = "the session's id"),
+        ("pid" = u64, Path, description = "the process's id (`process_id`)"), PollQuery),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the process", body = ProcessSchema), Missing, Unauthenticated))]
+pub(crate) async fn poll(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, pid)): Path<(String, u64)>,
+    Query(query): Query<PollQuery>,
+) -> Result<Json<ProcessView>, ApiError> {
+    Ok(Json(procs::poll_process(
+        &state,
+        &caller,
+        &id,
+        pid,
+        query.stdout_from,
+        query.stderr_from,
+    )?))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/stdin", operation_id = "process_stdin", tag = "processes",
+    summary = "Write to a process's stdin (started with `stdin: true`), and close it if asked",
+    params(("id" = String, Path, description = "the session's id"),
+        ("pid" = u64, Path, description = "the process's id")),
+    request_body = StdinRequest,
+    security(("bearer" = [])),
+    responses((status = 200, description = "the bytes written", body = StdinWritten),
+        (status = 400, description = "its stdin is closed, or it did not read within 5 s", body = super::ErrorBody),
+        Missing, Unauthenticated))]
+pub(crate) async fn stdin(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, pid)): Path<(String, u64)>,
+    super::JsonBody(body): super::JsonBody<StdinRequest>,
+) -> Result<Json<StdinWritten>, ApiError> {
+    let written = procs::write_stdin(&state, &caller, &id, pid, body).await?;
+    Ok(Json(StdinWritten { written }))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/signal", operation_id = "signal_process", tag = "processes",
+    summary = "Send a signal to a process's process group",
+    params(("id" = String, Path, description = "the session's id"),
+        ("pid" = u64, Path, description = "the process's id")),
+    request_body = SignalRequest,
+    security(("bearer" = [])),
+    responses((status = 204, description = "sent"),
+        (status = 400, description = "not a signal allowed, or the process has exited", body = super::ErrorBody),
+        Missing, Unauthenticated))]
+pub(crate) async fn signal(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, pid)): Path<(String, u64)>,
+    super::JsonBody(body): super::JsonBody<SignalRequest>,
+) -> Result<StatusCode, ApiError> {
+    procs::signal_process(&state, &caller, &id, pid, &body.signal)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}/processes/{pid}", operation_id = "kill_process", tag = "processes",
+    summary = "Kill a process (SIGKILL to its process group); its record and output stay for polls",
+    params(("id" = String, Path, description = "the session's id"),
+        ("pid" = u64, Path, description = "the process's id")),
+    security(("bearer" = [])),
+    responses((status = 204, description = "killed"),
+        (status = 400, description = "it has already exited", body = super::ErrorBody),
+        Missing, Unauthenticated))]
+pub(crate) async fn kill(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, pid)): Path<(String, u64)>,
+) -> Result<StatusCode, ApiError> {
+    procs::signal_process(&state, &caller, &id, pid, &procs::kill_signal())?;
+    Ok(StatusCode::NO_CONTENT)
+}

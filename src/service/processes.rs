@@ -1,0 +1,403 @@
+//! A session's background processes (issue 24's first slice): started beside the
+//! interpreter, in the foreground up to `yield_ms` and then in the background; listed,
+//! polled from byte cursors, fed stdin, signalled, killed. Only the session's owner (or an
+//! admin) reaches them: [`lookup`] answers 404 to anyone else.
+//!
+//! A poll, stdin and a signal do not need the session to be free: the process table is
+//! shared (`codecage::processes::Processes`), so they work while a call runs; starting a
+//! process claims the session as a call does (409 while one runs).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+use codecage::knobs::{Knob, Raw};
+use codecage::processes::{Snapshot, Start, Status, Window, DEFAULT_BUFFER};
+use codecage::units::format_duration;
+
+use super::{lookup, with_session, Caller, Error, Kind};
+use crate::server::registry::Entry;
+use crate::server::Shared;
+
+/// A process's time limit unless the request names one (lowered to the profile's maximum).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+/// How long a start waits in the foreground unless the request says.
+pub const DEFAULT_YIELD: Duration = Duration::from_millis(10_000);
+/// The longest a start may wait in the foreground.
+pub const MAX_YIELD: Duration = Duration::from_secs(600);
+/// At most this many bytes of stdin in one request.
+pub const MAX_STDIN: usize = 1 << 20;
+
+/// `POST /v1/sessions/{id}/processes`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ProcessRequest {
+    /// A command line, run by `bash -c` (give this or `argv`).
+    pub command: Option<String>,
+    /// A program and its arguments (searched in PATH), instead of `command`.
+    pub argv: Option<Vec<String>>,
+    /// Where it starts: relative to /work, or absolute (default /work).
+    pub cwd: Option<String>,
+    /// Variables added to the session's environment (not PATH or LD_*).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Keep stdin open for `POST .../stdin` (default: it reads /dev/null).
+    #[serde(default)]
+    pub stdin: bool,
+    /// Answer at once with `status: running` rather than waiting up to `yield_ms`.
+    #[serde(default)]
+    pub background: bool,
+    /// How long to wait for it to end before answering `running` (default 10000).
+    pub yield_ms: Option<u64>,
+    /// Its time limit (default 1800 s, at most the profile's maximum): then it is killed.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub timeout: Option<Raw>,
+}
+
+/// `POST /v1/sessions/{id}/processes/{pid}/stdin`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StdinRequest {
+    /// Text to write.
+    #[serde(default)]
+    pub data: String,
+    /// Close stdin after writing (the program then reads EOF).
+    #[serde(default)]
+    pub close: bool,
+}
+
+/// `POST /v1/sessions/{id}/processes/{pid}/signal`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SignalRequest {
+    /// A signal's name (`TERM`, `SIGINT`, ...) or number.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub signal: serde_json::Value,
+}
+
+/// A process as the API gives it (a JSON object): `process_id`, `command`, `status`
+/// (`running` or `exited`), `exit_code`, `signal`, `timed_out`, `error` (why it never
+/// started), `started_at`, `duration_ms`, and for each stream (stdout, stderr) its window:
+/// `stdout` (text, or base64 with `stdout_encoding: "base64"`), `stdout_from` (the offset
+/// of its first byte), `stdout_cursor` (where to poll from next: every byte so far) and
+/// `stdout_dropped` (bytes between the cursor asked and `stdout_from` that the buffer no
+/// longer held).
+pub type ProcessView = serde_json::Value;
+
+/// A snapshot as JSON (see [`ProcessView`]).
+pub fn view(s: Snapshot) -> ProcessView {
+    let running = s.status == Status::Running;
+    let mut object = serde_json::json!({
+        "process_id": s.id,
+        "command": s.command,
+        "status": s.status,
+        "exit_code": s.exit_code,
+        "signal": s.signal,
+        "timed_out": s.timed_out,
+        "started_at": humantime::format_rfc3339_seconds(s.started).to_string(),
+        "duration_ms": s.duration.as_millis() as u64,
+    });
+    let map = object.as_object_mut().expect("an object");
+    if let Some(error) = s.error {
+        map.insert("error".into(), error.into());
+    }
+    for (name, window) in [("stdout", s.stdout), ("stderr", s.stderr)] {
+        stream_fields(map, name, window, running);
+    }
+    object
+}
+
+/// One stream's window as JSON carries it: text when it is UTF-8 (a character cut at the
+/// end of a running process's output waits for the next poll), else base64 of the bytes.
+fn stream_fields(
+    map: &mut serde_json::Map<String, serde_json::Value>,
+    name: &str,
+    mut window: Window,
+    running: bool,
+) {
+    let encoded = match std::str::from_utf8(&window.bytes) {
+        Ok(_) => None,
+        Err(e) if running && e.error_len().is_none() => {
+            let valid = e.valid_up_to();
+            window.cursor = window.from + valid as u64;
+            window.bytes.truncate(valid);
+            None
+        }
+        Err(_) => Some(base64::engine::general_purpose::STANDARD.encode(&window.bytes)),
+    };
+    match encoded {
+        Some(text) => {
+            map.insert(name.into(), text.into());
+            map.insert(format!("{name}_encoding"), "base64".into());
+        }
+        None => {
+            let text = String::from_utf8(window.bytes).unwrap_or_default();
+            map.insert(name.into(), text.into());
+        }
+    }
+    map.insert(format!("{name}_from"), window.from.into());
+    map.insert(format!("{name}_cursor"), window.cursor.into());
+    map.insert(format!("{name}_dropped"), window.dropped.into());
+}
+
+/// The request checked and made a [`Start`]: one of command and argv, names of variables
+/// allowed, the time limit within the profile's maximum. With the foreground wait.
+fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Duration>), Error> {
+    let (argv, command) = match (body.command, body.argv) {
+        (Some(command), None) => (
+            vec!["bash".to_string(), "-c".to_string(), command.clone()],
+            command,
+        ),
+        (None, Some(argv)) if !argv.is_empty() => {
+            let command = argv.join(" ");
+            (argv, command)
+        }
+        (None, Some(_)) => return Err(Error::invalid("field `argv`: it is empty")),
+        _ => return Err(Error::invalid(
+            "give exactly one of `command` (a command line for bash -c) and `argv` (a program and \
+                 its arguments)",
+        )),
+    };
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(Error::invalid(
+            "field `command`/`argv`: a NUL byte cannot be in a program's arguments",
+        ));
+    }
+    for key in body.env.keys() {
+        codecage::profile::check_env_name(key)
+            .map_err(|e| Error::new(Kind::Policy, format!("field `env`: {e}")))?;
+    }
+    if let Some(cwd) = &body.cwd {
+        if cwd.is_empty() || cwd.contains('\0') {
+            return Err(Error::invalid(
+                "field `cwd`: a directory, relative to /work or absolute",
+            ));
+        }
+    }
+    let max = entry.caps.max_timeout;
+    let timeout = match &body.timeout {
+        None => DEFAULT_TIMEOUT.min(max),
+        Some(raw) => {
+            let asked = Knob::Timeout
+                .from_raw(raw)
+                .map(Duration::from_millis)
+                .map_err(|e| Error::invalid(format!("field `timeout`: {e}")))?;
+            if asked > max {
+                return Err(Error::new(
+                    Kind::Policy,
+                    format!(
+                        "a timeout of {} is more than the session's profile {} allows (at most {}); ask \
+                         for less",
+                        format_duration(asked),
+                        entry.profile,
+                        format_duration(max)
+                    ),
+                ));
+            }
+            asked
+        }
+    };
+    let wait = match (body.background, body.yield_ms) {
+        (true, _) => None,
+        (false, Some(ms)) if Duration::from_millis(ms) > MAX_YIELD => {
+            return Err(Error::invalid(format!(
+                "field `yield_ms`: at most {} ms (give `background: true` to answer at once)",
+                MAX_YIELD.as_millis()
+            )))
+        }
+        (false, ms) => Some(ms.map_or(DEFAULT_YIELD, Duration::from_millis)),
+    };
+    Ok((
+        Start {
+            argv,
+            command,
+            cwd: body.cwd,
+            env: body.env.into_iter().collect(),
+            stdin: body.stdin,
+            timeout,
+            buffer: DEFAULT_BUFFER,
+        },
+        wait,
+    ))
+}
+
+/// Starts a process in session `id`; waits for its end up to `yield_ms` (unless
+/// `background`): its whole result if it ended, else its output so far, `running`.
+pub async fn start_process(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    body: ProcessRequest,
+) -> Result<ProcessView, Error> {
+    let entry = lookup(state, caller, id)?;
+    let (start, wait) = start_of(&entry, body)?;
+    let command = start.command.clone();
+    let process = with_session(state, caller, id, move |session, _| {
+        let process = session.start_process(&start)?;
+        if let Some(wait) = wait {
+            session.wait_process(process, Instant::now() + wait)?;
+        }
+        Ok(process)
+    })
+    .await?;
+    tracing::info!(caller = %caller, session = %id, process, command = %command, "process started");
+    entry.touch();
+    poll(&entry, process, 0, 0)
+}
+
+/// The processes of session `id`, oldest first (their cursors say how much output each
+/// has).
+pub fn list_processes(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+) -> Result<Vec<ProcessView>, Error> {
+    let entry = lookup(state, caller, id)?;
+    tend(&entry);
+    Ok(entry.processes.list().into_iter().map(view).collect())
+}
+
+/// Process `process` of session `id`, with its output from the cursors given.
+pub fn poll_process(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    process: u64,
+    stdout_from: u64,
+    stderr_from: u64,
+) -> Result<ProcessView, Error> {
+    let entry = lookup(state, caller, id)?;
+    tend(&entry);
+    entry.touch();
+    poll(&entry, process, stdout_from, stderr_from)
+}
+
+/// Writes to a process's stdin, and closes it if asked; the bytes written.
+pub async fn write_stdin(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    process: u64,
+    body: StdinRequest,
+) -> Result<usize, Error> {
+    let entry = lookup(state, caller, id)?;
+    if body.data.len() > MAX_STDIN {
+        return Err(Error::invalid(format!(
+            "field `data`: at most {MAX_STDIN} bytes a request"
+        )));
+    }
+    entry.touch();
+    let processes = entry.processes.clone();
+    tokio::task::spawn_blocking(move || {
+        processes.write_stdin(process, body.data.as_bytes(), body.close)
+    })
+    .await
+    .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
+    .map_err(|e| missing_or(e, Kind::InvalidRequest))
+}
+
+/// Sends a signal to a process's process group (`DELETE` sends SIGKILL).
+pub fn signal_process(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    process: u64,
+    signal: &serde_json::Value,
+) -> Result<(), Error> {
+    let entry = lookup(state, caller, id)?;
+    let signal = signal_of(signal)?;
+    entry
+        .processes
+        .queue_signal(process, signal)
+        .map_err(|e| missing_or(e, Kind::InvalidRequest))?;
+    entry.touch();
+    tend(&entry);
+    Ok(())
+}
+
+/// The signals a client may send, by name.
+const SIGNALS: &[(&str, i32)] = &[
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("KILL", libc::SIGKILL),
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("CONT", libc::SIGCONT),
+    ("STOP", libc::SIGSTOP),
+    ("TSTP", libc::SIGTSTP),
+    ("WINCH", libc::SIGWINCH),
+];
+
+fn signal_of(value: &serde_json::Value) -> Result<i32, Error> {
+    let found = match value {
+        serde_json::Value::String(name) => {
+            let name = name.to_ascii_uppercase();
+            let name = name.strip_prefix("SIG").unwrap_or(&name);
+            SIGNALS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+        }
+        serde_json::Value::Number(n) => n
+            .as_i64()
+            .and_then(|n| SIGNALS.iter().find(|(_, s)| i64::from(*s) == n))
+            .map(|(_, s)| *s),
+        _ => None,
+    };
+    found.ok_or_else(|| {
+        let names: Vec<&str> = SIGNALS.iter().map(|(n, _)| *n).collect();
+        Error::invalid(format!(
+            "field `signal`: {value} is not a signal a process may be sent; give one of {} (or its \
+             number)",
+            names.join(", ")
+        ))
+    })
+}
+
+pub fn kill_signal() -> serde_json::Value {
+    serde_json::Value::String("KILL".into())
+}
+
+fn poll(
+    entry: &Entry,
+    process: u64,
+    stdout_from: u64,
+    stderr_from: u64,
+) -> Result<ProcessView, Error> {
+    entry
+        .processes
+        .poll(process, stdout_from, stderr_from)
+        .map(view)
+        .ok_or_else(|| no_process(process))
+}
+
+fn no_process(process: u64) -> Error {
+    Error::new(
+        Kind::NotFound,
+        format!("there is no process {process} in this session"),
+    )
+}
+
+fn missing_or(message: String, kind: Kind) -> Error {
+    if message.starts_with("there is no process") {
+        Error::new(Kind::NotFound, message)
+    } else {
+        Error::new(kind, message)
+    }
+}
+
+/// Reads the session's reports and sends queued signals, if no call holds the session
+/// (a running call's supervision does it then).
+pub fn tend(entry: &Arc<Entry>) {
+    if let Ok(mut guard) = entry.session.try_lock() {
+        if let Some(session) = guard.as_mut() {
+            session.tend_processes();
+        }
+    }
+}
