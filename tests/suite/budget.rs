@@ -165,8 +165,14 @@ fn a_true_run_stays_within_the_start_up_budget() {
             over.is_empty(),
             "over the start-up budget in tests/budget.toml: {over:?}. If the change is worth \
              it, raise the budget in the same commit and say why in the commit message; \
-             the calls by name:\n{:?}",
-            by_name(&calls)
+             the calls by name:\n{:?}\nthe launcher's opens:\n{}",
+            by_name(&calls),
+            calls
+                .iter()
+                .filter(|c| OPENS.contains(&c.name.as_str()) && launcher.contains(&c.pid))
+                .map(|c| c.args.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     });
 }

@@ -10,10 +10,13 @@ fn ps_sees_only_the_sandbox_and_pid_1_is_codecage_init() {
         let run = bash(&[], "ps -eo pid=,comm=,args=; true");
         let lines: Vec<&str> = run.stdout().lines().collect();
         // pid, name (comm) and command line (/proc/1/cmdline): the same on every kernel.
+        // The init's argument carries the build's fingerprint (16 hex digits).
         let init: Vec<&str> = lines[0].split_whitespace().collect();
-        assert_eq!(
-            init,
-            ["1", "codecage", "codecage", "__sandbox-init"],
+        assert_eq!(init[..3], ["1", "codecage", "codecage"], "{lines:?}");
+        let build = init.get(3).and_then(|a| a.strip_prefix("__sandbox-init:"));
+        assert!(
+            init.len() == 4
+                && build.is_some_and(|b| b.len() == 16 && b.bytes().all(|c| c.is_ascii_hexdigit())),
             "{lines:?}"
         );
         // init, bash, ps: nothing of the host.
