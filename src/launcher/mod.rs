@@ -674,7 +674,7 @@ impl Sandbox {
         }
         // A reaped init leaves an empty cgroup: removed now, as a one-shot run always did
         // (its time is the phases' cleanup).
-        if let (Some(_), Some(cgroup)) = (reaped_ns, self.cgroup.take()) {
+        if let Some(cgroup) = reaped_ns.and_then(|_| self.cgroup.take()) {
             if let Err(e) = cgroup.remove() {
                 note_cgroup_left(outcome, &e.to_string());
             }

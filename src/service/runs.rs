@@ -96,7 +96,6 @@ pub async fn run_request(
     // its place under the sandbox cap (the permit) is given back only once it is gone.
     let (answer, answered) = tokio::sync::oneshot::channel();
     tokio::task::spawn_blocking(move || {
-        let _permit = permit;
         let warm = pooled.is_some();
         let pending = slot.map(|slot| {
             let mut start = start
@@ -126,6 +125,9 @@ pub async fn run_request(
         if let Some(Err(e)) = teardown.map(Teardown::finish) {
             tracing::warn!("a pooled run's sandbox was not wholly removed: {e}");
         }
+        // Held here, not by the request's future: a client that goes away does not give
+        // back the place of a sandbox still running.
+        drop(permit);
         if let Some((pending, end, (stdout, stderr))) = record {
             pending.finish_with_output(end, &stdout, &stderr);
         }
