@@ -71,11 +71,13 @@ pub struct Outcome {
     pub message: Option<String>,
     /// Output was cut at the output limit.
     pub truncated: bool,
-    /// Wall time from launch to the end of the last sandbox process.
+    /// Wall time from launch to the end of the last sandbox process (for a pooled run, the
+    /// last but its init, which exits after the answer).
     #[serde(rename = "duration_ms", serialize_with = "millis")]
     #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub duration: Duration,
-    /// CPU time (user + system) of every process of the sandbox.
+    /// CPU time (user + system) of every process of the sandbox (for a pooled run, up to
+    /// the end of the code's processes: the init's exit after the answer is not counted).
     #[serde(rename = "cpu_ms", serialize_with = "millis")]
     #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub cpu: Duration,

@@ -48,6 +48,7 @@ use crate::protocol::{self, FrameReader, FromSandbox, Phase, ToSandbox};
 use crate::spec::{Exec, LayerMode, Limits, SandboxSpec, Spec};
 use crate::sys;
 use crate::units::format_size;
+use supervise::End;
 
 /// Which output stream a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,12 +139,27 @@ fn run_full(
 
 /// Runs `spec.exec` as the last payload of `sandbox` and supervises it to its end.
 fn execute(
-    mut sandbox: Sandbox,
+    sandbox: Sandbox,
     spec: &Spec,
     start: Instant,
     sink: &mut dyn FnMut(Stream, &[u8]),
     stops: supervise::Stops,
 ) -> Outcome {
+    let (mut outcome, teardown) = execute_to(sandbox, spec, start, sink, stops, End::Reaped);
+    teardown.finish_into(&mut outcome);
+    outcome
+}
+
+/// [`execute`], ending as `end` says: with [`End::Reported`], the Outcome comes as soon as
+/// the payload's end is reported and the sandbox is left to the [`Teardown`].
+fn execute_to(
+    mut sandbox: Sandbox,
+    spec: &Spec,
+    start: Instant,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+    stops: supervise::Stops,
+    end: End,
+) -> (Outcome, Teardown) {
     let streams = match ExecStreams::open(&spec.exec) {
         Ok(streams) => streams,
         Err(message) => return sandbox.failed_before_running(message, start),
@@ -152,10 +168,54 @@ fn execute(
         return sandbox.failed_before_running(e.describe("cannot start the payload"), start);
     }
     let streams = streams.into_parent();
-    let (mut outcome, reaped_ns) =
-        supervise::supervise(&mut sandbox, streams, &spec.exec, start, sink, stops);
-    sandbox.finish_run(&mut outcome, reaped_ns);
-    outcome
+    sandbox.supervise_to(streams, &spec.exec, start, sink, stops, end)
+}
+
+/// What is left of a sandbox after its run's Outcome: the init reaped or still exiting,
+/// the cgroup, the host id slot. [`Teardown::finish`] kills what is left, reaps the init
+/// and removes the cgroup; dropping it does the same. A server answers first and finishes
+/// after, and holds the sandbox's place under its cap until then.
+#[must_use = "the sandbox is torn down when this is finished or dropped"]
+pub struct Teardown(Option<Sandbox>);
+
+impl Teardown {
+    fn of(sandbox: Sandbox) -> Teardown {
+        Teardown(Some(sandbox))
+    }
+
+    /// Tears the sandbox down: its init killed (it is already exiting) and reaped, the
+    /// cgroup removed, the id slot released. Bounded: the init has nothing left to wait
+    /// for, and the cgroup's removal waits at most 2 s for the kernel.
+    pub fn finish(mut self) -> Result<(), String> {
+        match self.0.take() {
+            Some(sandbox) => sandbox.tear_down(),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Teardown::finish`], with its failure noted in `outcome`'s message.
+    pub fn finish_into(self, outcome: &mut Outcome) {
+        if let Err(e) = self.finish() {
+            note_cgroup_left(outcome, &e);
+        }
+    }
+}
+
+/// Notes in `outcome`'s message that the run's cgroup could not be removed.
+fn note_cgroup_left(outcome: &mut Outcome, error: &str) {
+    let note = format!("codecage could not remove the run's cgroup: {error}");
+    outcome.message = Some(match outcome.message.take() {
+        Some(message) => format!("{message}; {note}"),
+        None => note,
+    });
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if let Some(sandbox) = self.0.take() {
+            let _ = sandbox.tear_down();
+        }
+    }
 }
 
 /// Why a sandbox could not be started: the spec was invalid, or the host could not build it.
@@ -571,37 +631,81 @@ impl Sandbox {
         }
     }
 
+    /// The end of a sandbox whose run is over: its init killed (if it has not exited yet)
+    /// and reaped, its cgroup removed. Nothing of the sandbox is left afterwards.
+    fn tear_down(mut self) -> Result<(), String> {
+        self.kill();
+        self.reap();
+        match self.cgroup.take() {
+            Some(cgroup) => cgroup.remove().map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
     /// A one-shot run that failed before its payload started: the sandbox is torn down and
     /// the Outcome says why.
-    fn failed_before_running(mut self, message: String, start: Instant) -> Outcome {
+    fn failed_before_running(mut self, message: String, start: Instant) -> (Outcome, Teardown) {
         self.kill();
         self.reap();
         let mut outcome =
             Outcome::failed(ErrorKind::Setup, format!("{message}; the code did not run"));
         outcome.duration = start.elapsed();
-        outcome
+        (outcome, Teardown::of(self))
     }
 
-    /// The end of a one-shot run: the init is reaped, the cgroup's figures go into the
-    /// Outcome, the cgroup is removed, and the phases are computed.
-    fn finish_run(&mut self, outcome: &mut Outcome, reaped_ns: u64) {
+    /// Whether the init reported the end of a payload (`Exited`, still in the inbox).
+    fn payload_reported(&self) -> bool {
+        self.inbox
+            .iter()
+            .any(|m| matches!(m, FromSandbox::Exited { .. }))
+    }
+
+    /// Supervises the sandbox's last payload (already spawned, its output on `pipes`) to
+    /// its end and makes the Outcome; the [`Teardown`] removes the rest. With
+    /// [`End::Reported`] the Outcome comes as soon as the init reports the payload's end
+    /// (every other process of the sandbox killed and reaped, the output files sent), if
+    /// the cgroup keeps the memory peak the init's rusage would otherwise give.
+    fn supervise_to(
+        mut self,
+        pipes: OutputPipes,
+        exec: &Exec,
+        start: Instant,
+        sink: &mut dyn FnMut(Stream, &[u8]),
+        stops: supervise::Stops,
+        end: End,
+    ) -> (Outcome, Teardown) {
+        let end = match end {
+            End::Reported if self.usage().is_some_and(|u| u.peak_memory.is_some()) => End::Reported,
+            _ => End::Reaped,
+        };
+        let (mut outcome, reaped_ns) =
+            supervise::supervise(&mut self, pipes, exec, start, sink, stops, end);
+        self.finish_run(&mut outcome, reaped_ns);
+        (outcome, Teardown::of(self))
+    }
+
+    /// The end of a one-shot run, the init reaped (`reaped_ns`) or reaping nothing more
+    /// (None: it reported the payload's end, every other process was reaped): the
+    /// cgroup's figures go into the Outcome, and the phases are computed. The cgroup stays
+    /// for the [`Teardown`] to remove.
+    fn finish_run(&mut self, outcome: &mut Outcome, reaped_ns: Option<u64>) {
         outcome
             .skipped_layers
             .splice(0..0, self.skipped.iter().cloned());
         let payload_started = self.marks.iter().any(|(p, _)| *p == Phase::PayloadReady);
-        if let (Some(cgroup), Some(limits)) = (self.cgroup.take(), self.spec.limits) {
+        if let (Some(cgroup), Some(limits)) = (&self.cgroup, self.spec.limits) {
             let mut usage = cgroup.usage();
             usage.cpu = usage.cpu.map(|c| c.saturating_sub(self.cpu_base));
             account(outcome, usage, &limits, payload_started);
+        }
+        // A reaped init leaves an empty cgroup: removed now, as a one-shot run always did
+        // (its time is the phases' cleanup).
+        if let Some(cgroup) = reaped_ns.and_then(|_| self.cgroup.take()) {
             if let Err(e) = cgroup.remove() {
-                let note = format!("codecage could not remove the run's cgroup: {e}");
-                outcome.message = Some(match outcome.message.take() {
-                    Some(message) => format!("{message}; {note}"),
-                    None => note,
-                });
+                note_cgroup_left(outcome, &e.to_string());
             }
         }
-        outcome.phases = Some(self.phases(reaped_ns));
+        outcome.phases = Some(self.phases(reaped_ns.unwrap_or_else(sys::monotonic_ns)));
         outcome.network = self.take_network();
     }
 

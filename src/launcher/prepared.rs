@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 
-use super::supervise::{self, Stops};
-use super::{Canceller, OutputPipes, Sandbox, StartError, Stream};
+use super::supervise::{End, Stops};
+use super::{Canceller, OutputPipes, Sandbox, StartError, Stream, Teardown};
 use crate::outcome::{ErrorKind, Outcome};
 use crate::spec::{Exec, Spec};
 
@@ -101,10 +101,32 @@ impl Prepared {
         interrupt: Option<&nix::sys::signalfd::SignalFd>,
         cancel: Option<&Canceller>,
     ) -> Outcome {
-        Outcome {
-            warm: true,
-            ..self.run_prepared(spec, sink, interrupt, cancel)
-        }
+        let (mut outcome, teardown) = self.answer(spec, sink, interrupt, cancel);
+        teardown.finish_into(&mut outcome);
+        outcome
+    }
+
+    /// Runs `spec` (which [`Prepared::fits`]) and returns its Outcome as soon as the
+    /// payload's end is known: its exit reported by the init once every other process of
+    /// the sandbox is killed and reaped, its output read to the end, its output files
+    /// received, the cgroup's figures read (final then: only the exiting init is left).
+    /// The sandbox is not gone yet: the [`Teardown`] reaps the init and removes the cgroup,
+    /// and the sandbox counts until it is finished (or dropped).
+    pub fn answer(
+        self,
+        spec: &Spec,
+        sink: &mut dyn FnMut(Stream, &[u8]),
+        interrupt: Option<&nix::sys::signalfd::SignalFd>,
+        cancel: Option<&Canceller>,
+    ) -> (Outcome, Teardown) {
+        let (outcome, teardown) = self.run_prepared(spec, sink, interrupt, cancel);
+        (
+            Outcome {
+                warm: true,
+                ..outcome
+            },
+            teardown,
+        )
     }
 
     fn run_prepared(
@@ -113,10 +135,13 @@ impl Prepared {
         sink: &mut dyn FnMut(Stream, &[u8]),
         interrupt: Option<&nix::sys::signalfd::SignalFd>,
         cancel: Option<&Canceller>,
-    ) -> Outcome {
+    ) -> (Outcome, Teardown) {
         let start = Instant::now();
         if let Err(message) = spec.validate() {
-            return Outcome::failed(ErrorKind::InvalidRequest, message);
+            return (
+                Outcome::failed(ErrorKind::InvalidRequest, message),
+                Teardown::of(self.sandbox),
+            );
         }
         let Prepared {
             mut sandbox,
@@ -125,7 +150,7 @@ impl Prepared {
         } = self;
         let stops = Stops { interrupt, cancel };
         let Some(runner) = runner else {
-            return super::execute(sandbox, spec, start, sink, stops);
+            return super::execute_to(sandbox, spec, start, sink, stops, End::Reported);
         };
         // What the preload cost is not the request's: its CPU time is not counted, and the
         // memory it holds is added to the limit, so the code gets the whole of its limit
@@ -171,12 +196,11 @@ impl Prepared {
             })),
             None => drop(stdin),
         }
-        let (mut outcome, reaped_ns) =
-            supervise::supervise(&mut sandbox, pipes, &spec.exec, start, sink, stops);
-        sandbox.finish_run(&mut outcome, reaped_ns);
+        let (mut outcome, teardown) =
+            sandbox.supervise_to(pipes, &spec.exec, start, sink, stops, End::Reported);
         // The phases of a sandbox built before its request say nothing about it.
         outcome.phases = None;
-        outcome
+        (outcome, teardown)
     }
 }
 

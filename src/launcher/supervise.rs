@@ -109,9 +109,22 @@ impl Output<'_> {
     }
 }
 
-/// Supervises the sandbox's one payload until its init is reaped and returns the Outcome
-/// and when the reap happened. `start` is when the launch began; the timeout counts from
-/// there.
+/// How a supervised run ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum End {
+    /// When the init has exited: it is reaped, and its rusage is in the Outcome.
+    Reaped,
+    /// As soon as the init reports the payload's end (its `Exited`, sent once every other
+    /// process of the sandbox is killed and reaped and the output files are sent): the
+    /// init is left exiting, for [`super::Teardown`]. Only for a sandbox whose cgroup keeps
+    /// the figures the init's rusage would give (its memory peak); if the init ends
+    /// without that report, the run ends as with `Reaped`.
+    Reported,
+}
+
+/// Supervises the sandbox's one payload until its end (see [`End`]) and returns the
+/// Outcome and when the init was reaped (None: it was not, the run ended at the init's
+/// report). `start` is when the launch began; the timeout counts from there.
 pub(super) fn supervise(
     sandbox: &mut Sandbox,
     mut pipes: OutputPipes,
@@ -119,7 +132,8 @@ pub(super) fn supervise(
     start: Instant,
     sink: &mut dyn FnMut(Stream, &[u8]),
     stops: Stops,
-) -> (Outcome, u64) {
+    end: End,
+) -> (Outcome, Option<u64>) {
     let interrupt = stops.interrupt;
     let deadline = start + exec.timeout;
     for fd in [pipes.stdout.as_fd(), pipes.stderr.as_fd()] {
@@ -139,6 +153,8 @@ pub(super) fn supervise(
     };
     let mut killed_for: Option<ErrorKind> = None;
     let mut exited_at: Option<Instant> = None;
+    // The payload's end was reported (with `End::Reported`) before the init exited.
+    let mut reported = false;
     let mut buf = vec![0u8; READ_CHUNK];
     let mut poll_error = None;
 
@@ -197,6 +213,10 @@ pub(super) fn supervise(
         }
         if ready(Slot::Channel) && open.channel {
             open.channel = sandbox.read_channel();
+            if end == End::Reported && exited_at.is_none() && sandbox.payload_reported() {
+                exited_at = Some(Instant::now());
+                reported = true;
+            }
         }
         if ready(Slot::Pidfd) && exited_at.is_none() {
             exited_at = Some(Instant::now());
@@ -215,12 +235,18 @@ pub(super) fn supervise(
         }
     }
 
-    let reaped = sandbox.reap();
-    let (status, rusage) = match reaped {
-        Ok((status, rusage)) => (Some(*status), Some(*rusage)),
-        Err(_) => (None, None),
+    let (status, rusage, reaped_ns) = match reported {
+        // The init is exiting (nothing else of the sandbox is left): its status says
+        // nothing the report did not, and the cgroup has what its rusage would give.
+        true => (None, None, None),
+        false => {
+            let (status, rusage) = match sandbox.reap() {
+                Ok((status, rusage)) => (Some(*status), Some(*rusage)),
+                Err(_) => (None, None),
+            };
+            (status, rusage, Some(sys::monotonic_ns()))
+        }
     };
-    let reaped_ns = sys::monotonic_ns();
     // The init wrote its last report before exiting; collect what is still buffered. One
     // pass: a copy of its end held elsewhere must not keep us reading.
     sandbox.read_channel();

@@ -272,10 +272,13 @@ impl Init<'_> {
             if let Some((id, last, outputs)) = self.payloads.remove(&pid) {
                 if last {
                     // From pid 1, kill(-1) reaches every other process of the namespace:
-                    // nothing the payload started outlives it, double-forked or not. The
-                    // output files are taken after, from a /work nothing writes to any more.
-                    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+                    // nothing the payload started outlives it, double-forked or not. Each
+                    // is reaped before the end is reported: the output files are taken from
+                    // a /work nothing writes to any more, and when `Exited` arrives the
+                    // cgroup's figures are final (the launcher of a pooled run answers
+                    // with them before this init has exited).
                     protocol::mark(self.channel, Phase::PayloadExited);
+                    self.kill_all();
                     if let Some(rules) = &outputs {
                         self.send_outputs(rules, None);
                     }

@@ -2,6 +2,7 @@
 //! on a pooled or a new sandbox, recorded in the audit log.
 
 use codecage::knobs::Knob;
+use codecage::launcher::Teardown;
 use codecage::outcome::Outcome;
 use codecage::profile::Request as PolicyRequest;
 use codecage::Canceller;
@@ -71,7 +72,7 @@ pub async fn run_request(
         Ok(ticket) => ticket,
         Err(e) => return Err(refused(state, start, e).await),
     };
-    let (pooled, _permit) = match state
+    let (pooled, permit) = match state
         .pool
         .take_run(&start.profile.clone().unwrap_or_default(), &spec)
     {
@@ -93,7 +94,9 @@ pub async fn run_request(
         stopper.cancel();
     });
     // The outcome comes back as soon as the run ends; its record is completed after, on
-    // the same thread (hashing a large output takes milliseconds).
+    // the same thread (hashing a large output takes milliseconds). A pooled sandbox
+    // answers as soon as its payload's end is known and is torn down after the answer;
+    // its place under the sandbox cap (the permit) is given back only once it is gone.
     let (answer, answered) = tokio::sync::oneshot::channel();
     tokio::task::spawn_blocking(move || {
         let warm = pooled.is_some();
@@ -102,22 +105,32 @@ pub async fn run_request(
             start.details = serde_json::json!({ "warm": warm });
             slot.begin(start)
         });
-        let outcome = match pooled {
-            Some(prepared) => prepared.run(&spec, &mut sink, None, Some(&canceller)),
-            None => codecage::run_cancellable(&spec, &mut sink, &canceller),
+        let (outcome, teardown) = match pooled {
+            Some(prepared) => {
+                let (outcome, teardown) = prepared.answer(&spec, &mut sink, None, Some(&canceller));
+                (outcome, Some(teardown))
+            }
+            None => (
+                codecage::run_cancellable(&spec, &mut sink, &canceller),
+                None,
+            ),
         };
         drop(opened);
         drop(ticket);
-        match pending {
-            Some(pending) => {
-                let end = pending.end_of(&outcome);
-                let (stdout, stderr) = (outcome.stdout.clone(), outcome.stderr.clone());
-                let _ = answer.send(outcome);
-                pending.finish_with_output(end, &stdout, &stderr);
-            }
-            None => {
-                let _ = answer.send(outcome);
-            }
+        let record = pending.map(|pending| {
+            let end = pending.end_of(&outcome);
+            let output = (outcome.stdout.clone(), outcome.stderr.clone());
+            (pending, end, output)
+        });
+        let _ = answer.send(outcome);
+        if let Some(Err(e)) = teardown.map(Teardown::finish) {
+            tracing::warn!("a pooled run's sandbox was not wholly removed: {e}");
+        }
+        // Held here, not by the request's future: a client that goes away does not give
+        // back the place of a sandbox still running.
+        drop(permit);
+        if let Some((pending, end, (stdout, stderr))) = record {
+            pending.finish_with_output(end, &stdout, &stderr);
         }
     });
     let answered = answered.await;

@@ -191,3 +191,74 @@ fn sigkill_of_the_server_leaves_no_pooled_sandbox_behind() {
         next.stop();
     });
 }
+
+/// A pooled run is answered as soon as its payload's end is known, and its sandbox is torn
+/// down after the answer: the answer is exact all the same (the cgroup's figures are read
+/// once every process of the sandbox is killed and reaped), and the sandbox is gone soon
+/// after it (the check after the test finds none of its processes or cgroups either).
+#[test]
+fn a_pooled_run_is_answered_exactly_and_its_sandbox_torn_down_after() {
+    image_test(|_| {
+        let server = Server::start(&pool_config(1, 0), false);
+        wait_ready(&server, 1, 0);
+        let pid = server.pid();
+        let pooled = pooled_interpreters(pid);
+        assert_eq!(pooled.len(), 1, "{pooled:?}");
+        let cgroups: Vec<_> = run_cgroups()
+            .into_iter()
+            .filter(|(launcher, _)| *launcher == pid)
+            .map(|(_, dir)| dir)
+            .collect();
+        assert!(!cgroups.is_empty(), "no cgroup of the pooled sandbox");
+        // The code holds 64 MiB, writes an output file, and leaves a child behind that
+        // would sleep on: it is killed and reaped before the figures are read.
+        let mark = marker("pool-leftover");
+        let code = format!(
+            "import subprocess, sys\n\
+             x = bytearray(64 << 20)\n\
+             for i in range(0, len(x), 4096): x[i] = 1\n\
+             import os; os.makedirs('/work/out')\n\
+             open('/work/out/result.txt', 'w').write('forty-two')\n\
+             subprocess.Popen(['bash', '-c', 'exec -a {mark} sleep 600'])\n\
+             print('done')\n\
+             sys.exit(3)"
+        );
+        let out = run(&server, python(&code));
+        let left = host_pids_with(&mark);
+        assert_eq!(out["warm"], json!(true), "{out}");
+        assert_eq!(out["stdout"], "done\n", "{out}");
+        assert_eq!(out["exit_code"], json!(3), "{out}");
+        assert_eq!(out["error"], Value::Null, "{out}");
+        let peak = out["peak_memory_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            peak >= 64 << 20,
+            "peak memory {peak} below the 64 MiB held: {out}"
+        );
+        assert!(out["cpu_ms"].as_f64().unwrap_or(0.0) > 0.0, "{out}");
+        let file = out["files"]
+            .as_array()
+            .and_then(|files| files.iter().find(|f| f["path"] == "result.txt"))
+            .unwrap_or_else(|| panic!("no result.txt among the output files: {out}"));
+        assert_eq!(file["size"], json!(9), "{out}");
+        // The payload's child was gone before the answer was made.
+        assert!(
+            left.is_empty(),
+            "the payload's child outlived the answer: {left:?}"
+        );
+        // The rest of the sandbox (its init, its cgroup) is gone shortly after.
+        let gone = wait_for(Duration::from_secs(10 * slowdown()), || {
+            cgroups.iter().all(|dir| !dir.exists())
+                && pooled
+                    .iter()
+                    .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        });
+        assert!(
+            gone,
+            "the pooled sandbox outlived its answer: {cgroups:?} {pooled:?}"
+        );
+        // A second request still runs (on the refilled pool, or cold).
+        let next = run(&server, python("print(6 * 7)"));
+        assert_eq!(next["stdout"], "42\n", "{next}");
+        server.stop();
+    });
+}
