@@ -122,7 +122,10 @@ const PHASES: [(&str, &str); 8] = [
         "clone",
         "clone3 into six new namespaces, the child moves into its cgroups, id maps, \"go\"",
     ),
-    ("init_exec", "the exec of codecage as the sandbox's pid 1"),
+    (
+        "init_exec",
+        "the exec of codecage-init as the sandbox's pid 1",
+    ),
     (
         "sandbox",
         "cgroup namespace, mounts, pivot_root, host name, loopback",
