@@ -73,7 +73,9 @@ fn a_thousand_runs_through_the_api_give_a_thousand_complete_records() {
                 let mut cmd = Command::new("curl");
                 cmd.args(["-s", "--unix-socket"])
                     .arg(server.socket_path())
-                    .args(["-H", "Content-Type: application/json", "-d", &body]);
+                    .args(["-H", "Content-Type: application/json", "-d", &body])
+                    // After each answer its status, or what curl met instead.
+                    .args(["-w", "\n@@%{http_code} %{errormsg}\n"]);
                 for _ in 0..250 {
                     cmd.arg("http://codecage/v1/run");
                 }
@@ -86,12 +88,19 @@ fn a_thousand_runs_through_the_api_give_a_thousand_complete_records() {
             let out = client.wait_with_output().unwrap();
             let text = String::from_utf8_lossy(&out.stdout).to_string();
             answered += text.matches("\"exit_code\":0").count();
-            // curl prints the answers back to back: `}{` separates two.
-            others.extend(
-                text.split("}{")
-                    .filter(|a| !a.contains("\"exit_code\":0"))
-                    .map(str::to_string),
-            );
+            let mut answer = String::new();
+            for line in text.lines() {
+                match line.strip_prefix("@@") {
+                    Some(status)
+                        if !(status.starts_with("200") && answer.contains("\"exit_code\":0")) =>
+                    {
+                        others.push(format!("{status}: {answer}"));
+                        answer.clear();
+                    }
+                    Some(_) => answer.clear(),
+                    None => answer.push_str(line),
+                }
+            }
         }
         assert_eq!(answered, 1000, "the other answers: {others:?}");
         let runs = wait_for_records(
