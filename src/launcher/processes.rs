@@ -198,15 +198,20 @@ impl Proc {
             },
         };
         let end = state.exited_at.unwrap_or_else(Instant::now);
+        // `exited` only with every byte read (or its pipes left open past AFTER_EXIT by
+        // a child): a client that polls until `exited` then has all of the output.
+        let exit = state.exit.filter(|_| {
+            state.drained || state.exited_at.is_some_and(|at| at.elapsed() >= AFTER_EXIT)
+        });
         Snapshot {
             id: self.id,
             command: self.command.clone(),
-            status: match state.exit {
+            status: match exit {
                 Some(_) => Status::Exited,
                 None => Status::Running,
             },
-            exit_code: state.exit.and_then(|e| e.0),
-            signal: state.exit.and_then(|e| e.1),
+            exit_code: exit.and_then(|e| e.0),
+            signal: exit.and_then(|e| e.1),
             timed_out: state.timed_out,
             error: state.error.clone(),
             started: self.started,

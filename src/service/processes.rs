@@ -235,6 +235,17 @@ pub async fn start_process(
     id: &str,
     body: ProcessRequest,
 ) -> Result<ProcessView, Error> {
+    start(state, caller, id, body).await.map(view)
+}
+
+/// [`start_process`]'s answer as a [`Snapshot`] (its output from offset 0), for front
+/// ends that render it themselves (MCP).
+pub async fn start(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    body: ProcessRequest,
+) -> Result<Snapshot, Error> {
     let entry = lookup(state, caller, id)?;
     let (start, wait) = start_of(&entry, body)?;
     let command = start.command.clone();
@@ -248,7 +259,7 @@ pub async fn start_process(
     .await?;
     tracing::info!(caller = %caller, session = %id, process, command = %command, "process started");
     entry.touch();
-    poll(&entry, process, 0, 0)
+    snapshot(&entry, process, 0, 0)
 }
 
 /// The processes of session `id`, oldest first (their cursors say how much output each
@@ -258,9 +269,14 @@ pub fn list_processes(
     caller: &Caller,
     id: &str,
 ) -> Result<Vec<ProcessView>, Error> {
+    Ok(list(state, caller, id)?.into_iter().map(view).collect())
+}
+
+/// [`list_processes`] as [`Snapshot`]s.
+pub fn list(state: &Shared, caller: &Caller, id: &str) -> Result<Vec<Snapshot>, Error> {
     let entry = lookup(state, caller, id)?;
     tend(&entry);
-    Ok(entry.processes.list().into_iter().map(view).collect())
+    Ok(entry.processes.list())
 }
 
 /// Process `process` of session `id`, with its output from the cursors given.
@@ -272,10 +288,22 @@ pub fn poll_process(
     stdout_from: u64,
     stderr_from: u64,
 ) -> Result<ProcessView, Error> {
+    poll(state, caller, id, process, stdout_from, stderr_from).map(view)
+}
+
+/// [`poll_process`] as a [`Snapshot`].
+pub fn poll(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    process: u64,
+    stdout_from: u64,
+    stderr_from: u64,
+) -> Result<Snapshot, Error> {
     let entry = lookup(state, caller, id)?;
     tend(&entry);
     entry.touch();
-    poll(&entry, process, stdout_from, stderr_from)
+    snapshot(&entry, process, stdout_from, stderr_from)
 }
 
 /// Writes to a process's stdin, and closes it if asked; the bytes written.
@@ -364,16 +392,23 @@ pub fn kill_signal() -> serde_json::Value {
     serde_json::Value::String("KILL".into())
 }
 
-fn poll(
+/// A signal's name (`SIGKILL`), or its number when it is not one a client may send.
+pub fn signal_name(signal: i32) -> String {
+    SIGNALS
+        .iter()
+        .find(|(_, s)| *s == signal)
+        .map_or_else(|| signal.to_string(), |(n, _)| format!("SIG{n}"))
+}
+
+fn snapshot(
     entry: &Entry,
     process: u64,
     stdout_from: u64,
     stderr_from: u64,
-) -> Result<ProcessView, Error> {
+) -> Result<Snapshot, Error> {
     entry
         .processes
         .poll(process, stdout_from, stderr_from)
-        .map(view)
         .ok_or_else(|| no_process(process))
 }
 

@@ -818,3 +818,201 @@ fn a_result_formatted_for_a_chat_channel_through_the_http_api_and_mcp() {
         assert_eq!(results[1]["isError"], true, "{}", results[1]);
     });
 }
+
+/// The output lines of an `exec`/`process` answer: its text without the bracketed notes.
+fn output_lines(result: &Value) -> String {
+    text(result)
+        .lines()
+        .filter(|l| !l.starts_with('[') && *l != "(no new output)")
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// `exec` and `process` (issue 24) driven by the SDK client over stdio: a build-like
+/// command goes to the background after yieldMs and is polled to its end with every line
+/// exactly once (and again from a cursor, as a client that reconnects); `write` feeds
+/// `cat`; `kill` ends `sleep 100`; a server started in the background answers a client
+/// started by a later exec; the connection's exec and execute_shell share one sandbox.
+#[test]
+fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
+    mcp_test(|python| {
+        let port = 19000 + (std::process::id() % 1000);
+        let poll = |id: u64| {
+            tool(
+                "process",
+                json!({"action": "poll", "sessionId": id.to_string()}),
+            )
+        };
+        let repeat = |id: u64, until: &str| {
+            json!({"repeat": {"tool": "process", "args": {"action": "poll", "sessionId": id}},
+                   "until": until, "every": 1.5, "max": 40})
+        };
+        let client = format!(
+            "python3 -c \"import time, urllib.request\nfor _ in range(100):\n    try:\n        \
+             r = urllib.request.urlopen('http://127.0.0.1:{port}/'); break\n    except OSError:\n        \
+             time.sleep(0.1)\nprint(r.status, b'Directory listing' in r.read())\""
+        );
+        let steps = json!([
+            {"list_tools": true},
+            tool("exec", json!({"command": "for i in $(seq 30); do echo $i; sleep 0.2; done", "yieldMs": 1000})),
+            repeat(1, "exited"),
+            tool("process", json!({"action": "poll", "sessionId": 1, "cursor": "6:0"})),
+            tool("process", json!({"action": "log", "sessionId": 1, "limit": 5})),
+            tool("exec", json!({"command": "cat", "background": true})),
+            tool("process", json!({"action": "write", "sessionId": 2, "data": "hello\n"})),
+            repeat(2, "hello"),
+            tool("process", json!({"action": "write", "sessionId": 2, "data": "bye\n", "eof": true})),
+            repeat(2, "exited"),
+            tool("exec", json!({"command": "sleep 100", "background": true})),
+            tool("process", json!({"action": "kill", "sessionId": 3})),
+            tool("exec", json!({"command": format!("python3 -m http.server {port} --bind 127.0.0.1"), "background": true})),
+            tool("exec", json!({"command": client, "yieldMs": 30000})),
+            tool("process", json!({"action": "kill", "sessionId": 4, "signal": "TERM"})),
+            tool("process", json!({"action": "list"})),
+            tool("exec", json!({"command": "echo made > shared.txt; pwd; exit 3", "workdir": "/work"})),
+            tool("execute_shell", json!({"command": "cat /work/shared.txt"})),
+            poll(99),
+            tool("exec", json!({"command": "true", "pty": true})),
+            tool("process", json!({"action": "send-keys", "sessionId": 1, "keys": ["Enter"]})),
+            tool("exec", json!({"command": "true", "env": {"LD_PRELOAD": "/x.so"}})),
+        ]);
+        let results = drive(python, mcp_stdio(&[]), steps);
+        // The schemas: the seeds' names, and nothing that does not work yet.
+        let tools = results[0]["tools"].as_array().unwrap();
+        let exec = tools.iter().find(|t| t["name"] == "exec").unwrap();
+        let properties = exec["inputSchema"]["properties"].as_object().unwrap();
+        for name in [
+            "command",
+            "workdir",
+            "env",
+            "yieldMs",
+            "background",
+            "timeout",
+        ] {
+            assert!(properties.contains_key(name), "{name}: {exec}");
+        }
+        assert!(!properties.contains_key("pty"), "{exec}");
+        assert_eq!(exec["inputSchema"]["required"], json!(["command"]));
+        let process = tools.iter().find(|t| t["name"] == "process").unwrap();
+        let schema = process["inputSchema"].to_string();
+        assert!(
+            schema.contains("sessionId") && schema.contains("\"poll\""),
+            "{schema}"
+        );
+        assert!(
+            !schema.contains("send-keys") && !schema.contains("paste"),
+            "{schema}"
+        );
+        // The build-like command: running after about a second, then polled to its end.
+        let first = &results[1];
+        assert!(!is_error(first), "{first}");
+        assert!(
+            text(first).contains("sessionId 1") && text(first).contains("running"),
+            "{first}"
+        );
+        let polls = results[2]["results"].as_array().unwrap();
+        assert!(polls.len() >= 2, "{}", results[2]);
+        let last = polls.last().unwrap();
+        assert!(
+            text(last).contains("exited with status 0"),
+            "{}",
+            results[2]
+        );
+        let mut all = output_lines(first);
+        for p in polls {
+            all.push_str(&output_lines(p));
+        }
+        let expected: String = (1..=30).map(|i| format!("{i}\n")).collect();
+        assert_eq!(all, expected, "every line exactly once: {}", results[2]);
+        assert!(text(last).contains("[cursor 81:0]"), "{last}");
+        // From a cursor given back (a client that reconnects): from there, once.
+        let expected_from_4: String = (4..=30).map(|i| format!("{i}\n")).collect();
+        assert_eq!(output_lines(&results[3]), expected_from_4, "{}", results[3]);
+        // The log: the last five lines.
+        let log = text(&results[4]);
+        assert!(log.contains("lines 25-29 of the 30 kept"), "{log}");
+        assert_eq!(output_lines(&results[4]), "26\n27\n28\n29\n30\n", "{log}");
+        // cat echoes what is written, and ends at the end of its stdin.
+        assert!(text(&results[5]).contains("sessionId 2"), "{}", results[5]);
+        assert!(
+            text(&results[6]).contains("wrote 6 bytes"),
+            "{}",
+            results[6]
+        );
+        let echoed = results[7]["results"].as_array().unwrap();
+        assert!(
+            text(echoed.last().unwrap()).starts_with("hello\n"),
+            "{}",
+            results[7]
+        );
+        assert!(text(&results[8]).contains("closed it"), "{}", results[8]);
+        let ended = results[9]["results"].as_array().unwrap();
+        let ended = ended.last().unwrap();
+        assert!(text(ended).starts_with("bye\n"), "{ended}");
+        assert!(text(ended).contains("exited with status 0"), "{ended}");
+        // kill: sleep 100 ends at once.
+        assert!(
+            text(&results[10]).contains("sessionId 3"),
+            "{}",
+            results[10]
+        );
+        assert!(
+            text(&results[11]).contains("was killed by SIGKILL"),
+            "{}",
+            results[11]
+        );
+        // A server in the background answers a client from a later exec.
+        assert!(
+            text(&results[12]).contains("sessionId 4"),
+            "{}",
+            results[12]
+        );
+        assert!(!is_error(&results[13]), "{}", results[13]);
+        assert!(
+            text(&results[13]).starts_with("200 True\n"),
+            "{}",
+            results[13]
+        );
+        assert!(
+            text(&results[14]).contains("was killed by SIGTERM"),
+            "{}",
+            results[14]
+        );
+        let list = text(&results[15]);
+        assert_eq!(list.lines().count(), 5, "{list}");
+        assert!(
+            list.contains("sessionId 3: was killed by SIGKILL"),
+            "{list}"
+        );
+        // A failing command is an error with its status; exec and execute_shell share /work.
+        assert!(is_error(&results[16]), "{}", results[16]);
+        assert!(
+            text(&results[16]).starts_with("/work\n")
+                && text(&results[16]).contains("exited with status 3"),
+            "{}",
+            results[16]
+        );
+        assert_eq!(text(&results[17]), "made\n", "{}", results[17]);
+        // Refusals that say what was wrong.
+        assert!(
+            is_error(&results[18]) && text(&results[18]).contains("no process 99"),
+            "{}",
+            results[18]
+        );
+        assert!(
+            is_error(&results[19]) && text(&results[19]).contains("pty"),
+            "{}",
+            results[19]
+        );
+        let keys = &results[20];
+        assert!(
+            keys.get("exception").is_some() || is_error(keys),
+            "send-keys is not offered: {keys}"
+        );
+        assert!(
+            is_error(&results[21]) && text(&results[21]).contains("[policy]"),
+            "{}",
+            results[21]
+        );
+    });
+}

@@ -110,6 +110,30 @@ impl CodecageMcp {
         Ok(Some(entry))
     }
 
+    /// The session the `exec` and `process` tools use (the one place that decides it):
+    /// `session_id`'s, else (stdio) the connection's shell session, made on first use when
+    /// `create`. Over HTTP without an id, or (stdio) with none made yet and not `create`,
+    /// the error to return.
+    pub(super) async fn exec_session(
+        &self,
+        session_id: Option<&str>,
+        caller: &Caller,
+        create: bool,
+    ) -> Result<Arc<Entry>, CallToolResult> {
+        match self
+            .session(Language::Shell, session_id, caller, create)
+            .await?
+        {
+            Some(entry) => Ok(entry),
+            None if self.connection.is_some() => Err(tool_error(
+                "no command has run on this connection yet: exec starts one (process then reaches it)",
+            )),
+            None => Err(tool_error(
+                "exec and process need a session_id from create_session: over HTTP there is no connection                  session, and a process lives in a session",
+            )),
+        }
+    }
+
     pub(super) async fn files_session(
         &self,
         language: Language,

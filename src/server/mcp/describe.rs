@@ -90,6 +90,41 @@ impl CodecageMcp {
                 ),
             ),
             (
+                "exec",
+                format!(
+                    "Run a command line with bash -c (builds, test runs, servers, git). It runs in the foreground \
+                     up to yieldMs (default 10000 ms): if it ends by then, the answer is its output and exit status \
+                     (a non-zero status marks it an error); else it goes on in the background and the answer says \
+                     `running`, with its output so far and its sessionId for the process tool. background: true \
+                     answers at once. Its output is kept as it comes, whoever polls (the last 1 MiB of each \
+                     stream; the answers say how many bytes were dropped before it). Its stdin stays open for \
+                     process action=write. timeout: seconds before it is killed (default 1800, at most the \
+                     profile's). {} No terminal (pty) yet.",
+                    if self.connection.is_some() {
+                        "It runs in this connection's shell sandbox (execute_shell's: the same /work and files), or in \
+                         session_id's session."
+                    } else {
+                        "Needs the session_id of a session from create_session; it runs in that sandbox."
+                    }
+                ),
+            ),
+            (
+                "process",
+                format!(
+                    "Manage the commands exec started, by the sessionId exec gave (a process id, not the \
+                     session_id). action: list (every process, its status and output size); poll (its status and \
+                     the output since your last poll of it, every byte once; each answer ends with [cursor \
+                     STDOUT:STDERR]: give it back as cursor to resume from there, e.g. after reconnecting); log \
+                     (the output kept, as lines: offset and limit, by default the last 200); write (data to its \
+                     stdin; eof: true closes it); kill (signal, KILL by default: TERM, INT, HUP, ...). {}",
+                    if self.connection.is_some() {
+                        "session_id: optional, as for exec."
+                    } else {
+                        "Needs exec's session_id."
+                    }
+                ),
+            ),
+            (
                 "reset_repl",
                 format!(
                     "Restart an interpreter: its variables, imports and functions are gone; files in /work are \

@@ -1,7 +1,7 @@
 //! The MCP server: the tools agents know (`execute_python`, `execute_node`,
-//! `execute_shell`, `reset_repl`), files (`list_files`, `read_file`, `write_file`) and
-//! explicit sessions (`create_session`, `close_session`), on rmcp, over the same sessions
-//! and policy as the HTTP API.
+//! `execute_shell`, `reset_repl`), commands in the background (`exec`, `process`), files
+//! (`list_files`, `read_file`, `write_file`) and explicit sessions (`create_session`,
+//! `close_session`), on rmcp, over the same sessions and policy as the HTTP API.
 //!
 //! Two ways in. `codecage mcp` serves one client over stdio: the connection holds one
 //! session per language, made on first use and closed when the connection ends. `/mcp` on
@@ -18,8 +18,9 @@
 
 //!
 //! By concern: [`tools`] (the tools and their arguments), [`calls`] (an execute tool's
-//! call: session or one-shot, progress, cancellation), [`connection`] (the caller and the
-//! session a call uses), [`results`] (outcomes as content blocks), [`describe`] (the
+//! call: session or one-shot, progress, cancellation), [`processes`] (`exec` and
+//! `process`: background processes, polled from cursors), [`connection`] (the caller and
+//! the session a call uses), [`results`] (outcomes as content blocks), [`describe`] (the
 //! tools' descriptions), [`resources`] (the handler: info and resources), [`store`] (kept
 //! outputs), [`transport`] (stdio and `/mcp`) and [`size`] (requests over
 //! `mcp.max_request`).
@@ -27,6 +28,7 @@
 mod calls;
 mod connection;
 mod describe;
+mod processes;
 mod resources;
 mod results;
 pub(super) mod size;

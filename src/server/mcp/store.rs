@@ -1,7 +1,8 @@
 //! Full outputs of recent calls whose text block was cut, behind
-//! `codecage://outputs/KEY/stdout|stderr`.
+//! `codecage://outputs/KEY/stdout|stderr`; and where each client's last `process` poll
+//! ended.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use crate::server::Caller;
@@ -9,12 +10,24 @@ use crate::service::tenancy::new_id;
 
 /// How many calls' full output is kept for `codecage://outputs/...` (the oldest go first).
 pub(super) const KEPT_OUTPUTS: usize = 16;
+/// How many (client, session, process) poll cursors are kept (the least recently used go
+/// first; a client that lost its cursor gives it back with `cursor`).
+pub(super) const KEPT_CURSORS: usize = 4096;
 
 /// Full outputs of recent calls, for resource links when the text block was cut. Each is
 /// its caller's, as a session is: to anyone else its key is unknown.
 #[derive(Default)]
 pub struct McpStore {
     outputs: Mutex<VecDeque<Kept>>,
+    cursors: Mutex<Cursors>,
+}
+
+/// The byte offsets (stdout, stderr) each client's polls reached, by (owner, session,
+/// process), with when each was last used.
+#[derive(Default)]
+struct Cursors {
+    map: HashMap<(String, String, u64), ((u64, u64), u64)>,
+    clock: u64,
 }
 
 struct Kept {
@@ -40,6 +53,41 @@ impl McpStore {
             stderr,
         });
         Some(key)
+    }
+
+    /// Where `caller`'s last poll of process `process` of session `session` ended ((0, 0):
+    /// none yet).
+    pub(super) fn cursor(&self, caller: &Caller, session: &str, process: u64) -> (u64, u64) {
+        let cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        cursors
+            .map
+            .get(&(caller.owner(), session.to_string(), process))
+            .map_or((0, 0), |(c, _)| *c)
+    }
+
+    /// Records where `caller`'s poll of the process ended.
+    pub(super) fn set_cursor(
+        &self,
+        caller: &Caller,
+        session: &str,
+        process: u64,
+        cursor: (u64, u64),
+    ) {
+        let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        cursors.clock += 1;
+        let now = cursors.clock;
+        let key = (caller.owner(), session.to_string(), process);
+        if cursors.map.len() >= KEPT_CURSORS && !cursors.map.contains_key(&key) {
+            let oldest = cursors
+                .map
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                cursors.map.remove(&oldest);
+            }
+        }
+        cursors.map.insert(key, (cursor, now));
     }
 
     /// A kept stream, if `caller` may see it (its owner, or an admin).
@@ -80,5 +128,29 @@ mod tests {
             store.keep(&one, String::new(), String::new()).unwrap();
         }
         assert_eq!(store.get(&one, &key, "stdout"), None, "the oldest go first");
+    }
+
+    #[test]
+    fn poll_cursors_are_each_clients_and_bounded() {
+        let store = McpStore::default();
+        let token = |name: &str| Caller::Token {
+            name: name.into(),
+            role: Role::User,
+        };
+        let (one, two) = (token("one"), token("two"));
+        assert_eq!(store.cursor(&one, "s", 1), (0, 0));
+        store.set_cursor(&one, "s", 1, (10, 2));
+        assert_eq!(store.cursor(&one, "s", 1), (10, 2));
+        assert_eq!(store.cursor(&two, "s", 1), (0, 0));
+        assert_eq!(store.cursor(&one, "s", 2), (0, 0));
+        for i in 0..KEPT_CURSORS as u64 {
+            store.set_cursor(&two, "t", i, (i, 0));
+        }
+        assert_eq!(
+            store.cursor(&one, "s", 1),
+            (0, 0),
+            "the least recently used go"
+        );
+        assert_eq!(store.cursor(&two, "t", 5), (5, 0));
     }
 }

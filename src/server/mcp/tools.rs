@@ -1,4 +1,5 @@
-//! The tools: `execute_python`, `execute_node`, `execute_shell`, `reset_repl`, the files
+//! The tools: `execute_python`, `execute_node`, `execute_shell`, `reset_repl`, `exec` and
+//! `process` (their arguments in [`super::processes`]), the files
 //! (`list_files`, `read_file`, `write_file`) and explicit sessions (`create_session`,
 //! `close_session`): their arguments, and each tool's translation to the service.
 
@@ -10,6 +11,7 @@ use rmcp::{tool, tool_router, ErrorData, RoleServer};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::processes::{ExecArgs, ProcessArgs};
 use super::results::{api_error, as_text, b64, check_png, file_uri, tool_error};
 use super::{CodecageMcp, Language};
 use crate::audit::Via;
@@ -162,6 +164,32 @@ impl CodecageMcp {
                 ctx,
             )
             .await)
+    }
+
+    #[tool(
+        name = "exec",
+        description = "Run a command, in the background if it takes long."
+    )]
+    async fn exec(
+        &self,
+        Parameters(args): Parameters<ExecArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller_of(&ctx);
+        Ok(self.run_exec(args, &caller).await)
+    }
+
+    #[tool(
+        name = "process",
+        description = "List, poll, read, feed and kill the commands exec started."
+    )]
+    async fn process(
+        &self,
+        Parameters(args): Parameters<ProcessArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller_of(&ctx);
+        Ok(self.run_process(args, &caller).await)
     }
 
     #[tool(name = "reset_repl", description = "Restart an interpreter.")]

@@ -8,6 +8,9 @@ The plan: {"transport": {"stdio": [argv...]} or {"http": URL, "token": TOKEN or 
   {"tool": NAME, "args": {...}, "progress": bool, "cancel_after": SECONDS}
   {"read_resource": URI}
   {"timed": {"tool": NAME, "args": {...}}, "times": N}   (round trips, in ms)
+  {"repeat": {"tool": NAME, "args": {...}}, "until": TEXT, "every": SECONDS, "max": N}
+      (the call again every SECONDS until its text holds TEXT, at most N times:
+      {"results": [...]})
 Prints one JSON object per step on stdout, in order. A step that raises prints
 {"exception": "..."} and the plan goes on.
 """
@@ -40,6 +43,17 @@ async def run_steps(session, steps):
             elif "read_resource" in step:
                 result = await session.read_resource(step["read_resource"])
                 print(json.dumps(dump(result)), flush=True)
+            elif "repeat" in step:
+                call = step["repeat"]
+                results = []
+                for _ in range(step.get("max", 50)):
+                    await anyio.sleep(step.get("every", 1.0))
+                    result = dump(await session.call_tool(call["tool"], call.get("args", {})))
+                    results.append(result)
+                    text = "".join(b.get("text", "") for b in result.get("content", []))
+                    if step["until"] in text:
+                        break
+                print(json.dumps({"results": results}), flush=True)
             elif "timed" in step:
                 call = step["timed"]
                 times = []
