@@ -33,26 +33,75 @@ enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Run code in a session and print its output (exit status 1 on an exception).
+    /// Run code in a session's interpreter (-c CODE) and print its output (exit status 1 on
+    /// an exception); or run a command beside it (-- CMD...): its output, and its exit
+    /// status when it ends within --yield-ms, else it goes on in the background (its
+    /// process id is said; see ps, logs, kill).
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["code", "command"])))]
     Exec {
         id: String,
-        #[arg(short = 'c', value_name = "CODE")]
-        code: String,
-        /// This call's time limit (30, 30s, 500ms).
+        #[arg(short = 'c', value_name = "CODE",
+              conflicts_with_all = ["command", "background", "yield_ms", "cwd", "env"])]
+        code: Option<String>,
+        /// This call's (or the command's) time limit (30, 30s, 500ms).
         #[arg(long, value_name = "DURATION")]
         timeout: Option<String>,
         /// Text the code reads on stdin.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "command")]
         stdin: Option<String>,
         /// Place the host file SRC at /work/DEST before the code runs. Repeatable.
-        #[arg(long = "file", value_name = "DEST=SRC")]
+        #[arg(long = "file", value_name = "DEST=SRC", conflicts_with = "command")]
         files: Vec<String>,
         /// Write the call's output files (new or changed under the profile's outputs.dir)
         /// under DIR.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
         out_dir: Option<std::path::PathBuf>,
+        /// The command goes to the background at once: print its process id.
+        #[arg(long)]
+        background: bool,
+        /// How long to wait for the command before it goes on in the background, in ms
+        /// (default 10000).
+        #[arg(long, value_name = "MS")]
+        yield_ms: Option<u64>,
+        /// Where the command starts: relative to /work, or absolute (default /work).
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// A variable for the command's environment. Repeatable.
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
         #[arg(long)]
         json: bool,
+        /// The command: one word is a command line for bash -c (quote it), several are a
+        /// program and its arguments.
+        #[arg(last = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// List the session's processes (the commands `exec -- CMD` started).
+    Ps {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a process's output (what its buffer keeps, or from --from); with --follow, until
+    /// it ends, then exit with its status.
+    Logs {
+        id: String,
+        pid: u64,
+        /// Poll for more until the process ends: every byte once, in order.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Start at these byte offsets (STDOUT:STDERR, as `exec` says when a command goes to
+        /// the background).
+        #[arg(long, value_name = "STDOUT:STDERR")]
+        from: Option<String>,
+    },
+    /// Kill a process (SIGKILL to its process group), or send it --signal.
+    Kill {
+        id: String,
+        pid: u64,
+        /// A signal's name (TERM, INT, HUP, ...) instead of KILL.
+        #[arg(long, value_name = "NAME")]
+        signal: Option<String>,
     },
     /// Upload the host file SRC to /work/DEST in the session (DEST defaults to SRC's name).
     Put {
@@ -152,8 +201,56 @@ pub fn main(args: SessionArgs) -> i32 {
             stdin,
             files,
             out_dir,
+            background,
+            yield_ms,
+            cwd,
+            env,
             json,
+            command,
         } => {
+            let Some(code) = code else {
+                let mut body = match command.as_slice() {
+                    [line] => json!({ "command": line }),
+                    argv => json!({ "argv": argv }),
+                };
+                body["background"] = json!(background);
+                if let Some(ms) = yield_ms {
+                    body["yield_ms"] = json!(ms);
+                }
+                if let Some(t) = timeout {
+                    body["timeout"] = json!(t);
+                }
+                if let Some(dir) = cwd {
+                    body["cwd"] = json!(dir);
+                }
+                let mut vars = serde_json::Map::new();
+                for item in &env {
+                    match item.split_once('=') {
+                        Some((name, value)) if !name.is_empty() => {
+                            vars.insert(name.into(), json!(value));
+                        }
+                        _ => {
+                            eprintln!("codecage: --env {item:?}: give NAME=VALUE");
+                            return 125;
+                        }
+                    }
+                }
+                body["env"] = Value::Object(vars);
+                return report(
+                    call("POST", format!("/v1/sessions/{id}/processes"), Some(body)).map(
+                        |answer| {
+                            ok_or_report(answer.status, &answer.body, |v| {
+                                if json {
+                                    println!("{v}");
+                                } else if !(background && v["status"] == "running") {
+                                    print_streams(v);
+                                }
+                                process_status(&id, v, background && !json)
+                            })
+                        },
+                    ),
+                );
+            };
             let mut body = json!({ "code": code });
             if let Some(t) = timeout {
                 body["timeout"] = json!(t);
@@ -191,6 +288,100 @@ pub fn main(args: SessionArgs) -> i32 {
                     exit_status(&v)
                 })
             })
+        }
+        SessionCommand::Ps { id, json } => {
+            call("GET", format!("/v1/sessions/{id}/processes"), None).map(|answer| {
+                ok_or_report(answer.status, &answer.body, |v| {
+                    if json {
+                        println!("{v}");
+                        return 0;
+                    }
+                    println!(
+                        "{:>5}  {:<22} {:>9} {:>10}  COMMAND",
+                        "PID", "STATUS", "TIME", "OUTPUT"
+                    );
+                    for p in v.as_array().into_iter().flatten() {
+                        let seconds = p["duration_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
+                        let output = p["stdout_cursor"].as_u64().unwrap_or(0)
+                            + p["stderr_cursor"].as_u64().unwrap_or(0);
+                        println!(
+                            "{:>5}  {:<22} {:>8.1}s {:>10}  {}",
+                            p["process_id"].as_u64().unwrap_or(0),
+                            status_words(p),
+                            seconds,
+                            codecage::units::format_size(output),
+                            p["command"].as_str().unwrap_or("").replace('\n', "\\n")
+                        );
+                    }
+                    0
+                })
+            })
+        }
+        SessionCommand::Logs {
+            id,
+            pid,
+            follow,
+            from,
+        } => {
+            let mut cursor = match from.as_deref().map(parse_cursor) {
+                None => (0, 0),
+                Some(Ok(c)) => c,
+                Some(Err(e)) => {
+                    eprintln!("codecage: --from {e}");
+                    return 125;
+                }
+            };
+            loop {
+                let path = format!(
+                    "/v1/sessions/{id}/processes/{pid}?stdout_from={}&stderr_from={}",
+                    cursor.0, cursor.1
+                );
+                let answer = match call("GET", path, None) {
+                    Ok(a) => a,
+                    Err(e) => break Err(e),
+                };
+                let mut done = None;
+                let status = ok_or_report(answer.status, &answer.body, |v| {
+                    print_streams(v);
+                    for stream in ["stdout", "stderr"] {
+                        let dropped = v[format!("{stream}_dropped")].as_u64().unwrap_or(0);
+                        if dropped > 0 {
+                            eprintln!(
+                                "codecage: {dropped} bytes of {stream} were dropped before this (the \
+                                 buffer keeps the last 1 MiB)"
+                            );
+                        }
+                    }
+                    cursor = (
+                        v["stdout_cursor"].as_u64().unwrap_or(cursor.0),
+                        v["stderr_cursor"].as_u64().unwrap_or(cursor.1),
+                    );
+                    if v["status"] != "running" {
+                        done = Some(process_status(&id, v, false));
+                    }
+                    0
+                });
+                if status != 0 {
+                    break Ok(status);
+                }
+                match (follow, done) {
+                    (true, Some(status)) => break Ok(status),
+                    (true, None) => std::thread::sleep(std::time::Duration::from_millis(250)),
+                    (false, _) => break Ok(0),
+                }
+            }
+        }
+        SessionCommand::Kill { id, pid, signal } => {
+            let path = format!("/v1/sessions/{id}/processes/{pid}");
+            let sent = match signal {
+                None => call("DELETE", path, None),
+                Some(name) => call(
+                    "POST",
+                    format!("{path}/signal"),
+                    Some(json!({ "signal": name })),
+                ),
+            };
+            sent.map(|a| ok_or_report(a.status, &a.body, |_| 0))
         }
         SessionCommand::Put { id, src, dest } => {
             let dest =
@@ -298,12 +489,99 @@ pub fn main(args: SessionArgs) -> i32 {
             })
         }),
     };
+    report(result)
+}
+
+fn report(result: Result<i32, String>) -> i32 {
     match result {
         Ok(status) => status,
         Err(e) => {
             eprintln!("codecage: {e}");
             125
         }
+    }
+}
+
+/// "STDOUT:STDERR" byte offsets.
+fn parse_cursor(text: &str) -> Result<(u64, u64), String> {
+    text.split_once(':')
+        .and_then(|(o, e)| Some((o.trim().parse().ok()?, e.trim().parse().ok()?)))
+        .ok_or_else(|| format!("{text:?}: give STDOUT:STDERR, two byte offsets (e.g. 120:0)"))
+}
+
+/// How a process (the API's object) stands, in words.
+fn status_words(p: &Value) -> String {
+    let mut words = match (
+        p["status"].as_str(),
+        p["exit_code"].as_i64(),
+        p["signal"].as_i64(),
+    ) {
+        (Some("running"), _, _) => "running".to_string(),
+        (_, Some(code), _) => format!("exited {code}"),
+        (_, None, Some(signal)) => format!("killed by signal {signal}"),
+        _ => "exited".to_string(),
+    };
+    if p["timed_out"] == true {
+        words.push_str(" (timeout)");
+    }
+    words
+}
+
+/// A process's answer as an exit status: its own when it ended (124 at its time limit,
+/// 128 + the signal that killed it), 0 while it runs (after saying how to follow it; with
+/// `print_id`, its id alone on stdout).
+fn process_status(session: &str, v: &Value, print_id: bool) -> i32 {
+    let pid = v["process_id"].as_u64().unwrap_or(0);
+    if v["status"] == "running" {
+        if print_id {
+            println!("{pid}");
+        }
+        eprintln!(
+            "codecage: process {pid} goes on in the background; follow it with: codecage session logs \
+             {session} {pid} --follow{}",
+            if print_id {
+                String::new()
+            } else {
+                format!(
+                    " --from {}:{}",
+                    v["stdout_cursor"].as_u64().unwrap_or(0),
+                    v["stderr_cursor"].as_u64().unwrap_or(0)
+                )
+            }
+        );
+        return 0;
+    }
+    if let Some(error) = v["error"].as_str() {
+        eprintln!("codecage: process {pid}: {error}");
+    }
+    if v["timed_out"] == true {
+        eprintln!("codecage: process {pid} was killed at its time limit");
+        return 124;
+    }
+    match (v["exit_code"].as_i64(), v["signal"].as_i64()) {
+        (Some(code), _) => code as i32,
+        (None, Some(signal)) => 128 + signal as i32,
+        _ => 0,
+    }
+}
+
+/// The stdout and stderr of an answer (a call's or a process's), to ours.
+fn print_streams(v: &Value) {
+    use base64::Engine as _;
+    for (field, mut out) in [
+        ("stdout", Box::new(std::io::stdout()) as Box<dyn Write>),
+        ("stderr", Box::new(std::io::stderr())),
+    ] {
+        let text = v[field].as_str().unwrap_or_default();
+        let bytes = if v[format!("{field}_encoding")] == "base64" {
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .unwrap_or_default()
+        } else {
+            text.as_bytes().to_vec()
+        };
+        let _ = out.write_all(&bytes);
+        let _ = out.flush();
     }
 }
 
@@ -378,22 +656,7 @@ fn ok_or_report(status: u16, body: &[u8], then: impl FnOnce(&Value) -> i32) -> i
 }
 
 fn print_call(v: &Value) {
-    use base64::Engine as _;
-    for (field, mut out) in [
-        ("stdout", Box::new(std::io::stdout()) as Box<dyn Write>),
-        ("stderr", Box::new(std::io::stderr())),
-    ] {
-        let text = v[field].as_str().unwrap_or_default();
-        let bytes = if v[format!("{field}_encoding")] == "base64" {
-            base64::engine::general_purpose::STANDARD
-                .decode(text)
-                .unwrap_or_default()
-        } else {
-            text.as_bytes().to_vec()
-        };
-        let _ = out.write_all(&bytes);
-        let _ = out.flush();
-    }
+    print_streams(v);
     if let Some(result) = v["result"]["text/plain"].as_str() {
         println!("{result}");
     }

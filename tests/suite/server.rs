@@ -670,6 +670,89 @@ fn sessions_from_the_shell() {
     });
 }
 
+/// Commands beside a session's interpreter from the shell (issue 24): `exec --background`
+/// then `logs --follow` gives a build-like command's every line exactly once and exits with
+/// its status; `ps` lists it; a command that ends is its output and status; one that goes
+/// on after --yield-ms says how to follow it; `kill` ends it, with or without --signal.
+#[test]
+fn commands_in_the_background_from_the_shell() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, out, err) = server.session_cli(&["create", "--lang", "bash"]);
+        assert_eq!(status, 0, "{err}");
+        let id = out.lines().last().unwrap().to_string();
+        let build = "for i in $(seq 30); do echo $i; sleep 0.2; done";
+        let (status, out, err) = server.session_cli(&["exec", &id, "--background", "--", build]);
+        assert_eq!((status, out.as_str()), (0, "1\n"), "{err}");
+        assert!(
+            err.contains(&format!("codecage session logs {id} 1 --follow")),
+            "{err}"
+        );
+        let (status, ps, err) = server.session_cli(&["ps", &id]);
+        assert_eq!(status, 0, "{err}");
+        let row = ps.lines().nth(1).unwrap_or_default().to_string();
+        assert!(row.contains("running") && row.contains("seq 30"), "{ps}");
+        let started = Instant::now();
+        let (status, out, err) = server.session_cli(&["logs", &id, "1", "--follow"]);
+        let expected: String = (1..=30).map(|i| format!("{i}\n")).collect();
+        assert_eq!((status, out.as_str()), (0, expected.as_str()), "{err}");
+        assert!(started.elapsed() > Duration::from_secs(2), "it followed");
+        let (_, ps, _) = server.session_cli(&["ps", &id]);
+        assert!(ps.contains("exited 0"), "{ps}");
+        // An argv that ends: its output and its status.
+        let (status, out, err) = server.session_cli(&[
+            "exec",
+            &id,
+            "--cwd",
+            "/tmp",
+            "--env",
+            "WHO=me",
+            "--",
+            "sh",
+            "-c",
+            "pwd; echo $WHO; echo oops >&2; exit 3",
+        ]);
+        assert_eq!((status, out.as_str()), (3, "/tmp\nme\n"), "{err}");
+        assert!(err.contains("oops"), "{err}");
+        // One that goes on: its output so far, and where to follow it from.
+        let (status, out, err) = server.session_cli(&[
+            "exec",
+            &id,
+            "--yield-ms",
+            "500",
+            "--",
+            "echo first; sleep 100",
+        ]);
+        assert_eq!((status, out.as_str()), (0, "first\n"), "{err}");
+        assert!(
+            err.contains(&format!("logs {id} 3 --follow --from 6:0")),
+            "{err}"
+        );
+        assert_eq!(server.session_cli(&["kill", &id, "3"]).0, 0);
+        let (status, out, _) = server.session_cli(&["logs", &id, "3", "--follow", "--from", "6:0"]);
+        assert_eq!((status, out.as_str()), (128 + 9, ""));
+        let (status, out, err) =
+            server.session_cli(&["exec", &id, "--background", "--", "sleep 100"]);
+        assert_eq!((status, out.as_str()), (0, "4\n"), "{err}");
+        let (status, _, err) = server.session_cli(&["kill", &id, "4", "--signal", "TERM"]);
+        assert_eq!(status, 0, "{err}");
+        let (status, _, _) = server.session_cli(&["logs", &id, "4", "--follow"]);
+        assert_eq!(status, 128 + 15);
+        // What was wrong, said.
+        let (status, _, err) = server.session_cli(&["kill", &id, "99"]);
+        assert_eq!(status, 1, "{err}");
+        assert!(err.contains("no process 99"), "{err}");
+        let (status, _, err) = server.session_cli(&["kill", &id, "1", "--signal", "BOGUS"]);
+        assert_eq!(status, 125, "{err}");
+        assert!(err.contains("TERM"), "{err}");
+        let (status, _, err) = server.session_cli(&["exec", &id, "--cwd", "nope", "--", "true"]);
+        assert_eq!(status, 125, "{err}");
+        assert!(err.contains("chdir nope"), "{err}");
+        assert_eq!(server.session_cli(&["close", &id]).0, 0);
+        server.stop();
+    });
+}
+
 /// SIGTERM while a call and a run are in flight: both end, every session is closed, and
 /// nothing is left (the harness checks processes, cgroups and mounts after the test).
 #[test]
