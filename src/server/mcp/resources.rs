@@ -25,7 +25,9 @@ impl ServerHandler for CodecageMcp {
         .with_server_info(Implementation::new("codecage", env!("CARGO_PKG_VERSION")))
         .with_instructions(
             "codecage runs code in a sandbox: Python (execute_python), Node.js/TypeScript (execute_node) and \
-             bash (execute_shell), each a persistent interpreter with its own /work directory. Files: \
+             bash (execute_shell), each a persistent interpreter with its own /work directory. Long \
+             commands (builds, servers): exec, which goes to the background after yieldMs, and process to \
+             poll, read, feed and kill them. Files: \
              write_file, list_files, read_file; files the code writes under /work/out come back with the \
              result. The sandbox has no access to the host and limited resources; each tool's description \
              gives them.",

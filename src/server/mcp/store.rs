@@ -26,9 +26,12 @@ pub struct McpStore {
 /// process), with when each was last used.
 #[derive(Default)]
 struct Cursors {
-    map: HashMap<(String, String, u64), ((u64, u64), u64)>,
+    map: HashMap<CursorKey, ((u64, u64), u64)>,
     clock: u64,
 }
+
+/// (owner, session, process).
+type CursorKey = (String, String, u64);
 
 struct Kept {
     key: String,
