@@ -1016,3 +1016,81 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
         );
     });
 }
+
+/// Over HTTP `exec` needs a `session_id`; a client that reconnects polls on from where
+/// its caller's last poll ended (no gap, no repeat), and another caller reaches nothing.
+#[test]
+fn over_http_exec_needs_a_session_and_a_reconnecting_client_resumes() {
+    mcp_test(|python| {
+        const OTHER: &str = "other-token-0123456789abcdef";
+        let server = Server::start(
+            &format!("[[tokens]]\nname = \"other\"\ntoken = \"{OTHER}\"\n"),
+            true,
+        );
+        let (status, created) = server.tcp_request(
+            super::server::TOKEN,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let url = format!("http://{}/mcp", server.tcp_address());
+        let mine = json!({"http": url, "token": super::server::TOKEN});
+        let build = "for i in $(seq 30); do echo $i; sleep 0.2; done";
+        let first = drive(
+            python,
+            mine.clone(),
+            json!([
+                tool("exec", json!({"command": "true"})),
+                tool("exec", json!({"command": build, "yieldMs": 1000, "session_id": id})),
+                {"repeat": {"tool": "process", "args": {"action": "poll", "sessionId": 1, "session_id": id}},
+                 "until": "[cursor", "every": 1.0, "max": 1},
+            ]),
+        );
+        assert!(
+            is_error(&first[0]) && text(&first[0]).contains("session_id"),
+            "{}",
+            first[0]
+        );
+        assert!(text(&first[1]).contains("running"), "{}", first[1]);
+        let polled = &first[2]["results"][0];
+        assert!(text(polled).contains("running"), "{polled}");
+        // A new connection: the poll goes on from there.
+        let second = drive(
+            python,
+            mine,
+            json!([
+                {"repeat": {"tool": "process", "args": {"action": "poll", "sessionId": "1", "session_id": id}},
+                 "until": "exited", "every": 1.5, "max": 40},
+                tool("process", json!({"action": "list", "session_id": id})),
+            ]),
+        );
+        let mut all = output_lines(&first[1]) + &output_lines(polled);
+        for p in second[0]["results"].as_array().unwrap() {
+            all.push_str(&output_lines(p));
+        }
+        let expected: String = (1..=30).map(|i| format!("{i}\n")).collect();
+        assert_eq!(all, expected, "{}", second[0]);
+        assert!(
+            text(&second[1]).contains("sessionId 1: exited with status 0"),
+            "{}",
+            second[1]
+        );
+        // Another caller: the session is not theirs.
+        let theirs = drive(
+            python,
+            json!({"http": url, "token": OTHER}),
+            json!([tool(
+                "process",
+                json!({"action": "poll", "sessionId": 1, "session_id": id})
+            )]),
+        );
+        assert!(
+            is_error(&theirs[0]) && text(&theirs[0]).contains("[not_found]"),
+            "{}",
+            theirs[0]
+        );
+        server.stop();
+    });
+}

@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use codecage::processes::{Snapshot, Status, Window};
-use codecage::units::{format_duration, format_size};
+use codecage::units::format_size;
 
 use super::connection::wait_idle;
 use super::results::{api_error, tool_error};
@@ -159,6 +159,9 @@ impl CodecageMcp {
             Ok(snapshot) => {
                 let max = self.state.config.mcp.max_text as usize;
                 let (mut text, cursor) = render(&snapshot, max);
+                if let Some(rest) = text.strip_prefix("(no new output)") {
+                    text = format!("(no output){rest}");
+                }
                 self.state
                     .mcp
                     .set_cursor(caller, &entry.id, snapshot.id, cursor);
@@ -201,7 +204,7 @@ impl CodecageMcp {
                             "sessionId {}: {}, {}; {} of stdout, {} of stderr; {}\n",
                             p.id,
                             status_words(p),
-                            format_duration(p.duration),
+                            seconds(p.duration),
                             format_size(p.stdout.cursor),
                             format_size(p.stderr.cursor),
                             one_line(&p.command)
@@ -328,6 +331,11 @@ fn parse_cursor(text: &str) -> Result<(u64, u64), String> {
         })
 }
 
+/// A duration as a person reads it: 0.3 s, 12.0 s.
+fn seconds(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
 /// A command on one line (its newlines as `\n`), at most 200 characters.
 fn one_line(command: &str) -> String {
     let line = command.replace('\n', "\\n");
@@ -423,7 +431,7 @@ fn render(p: &Snapshot, max: usize) -> (String, (u64, u64)) {
         "[process {}: {} after {}]\n",
         p.id,
         status_words(p),
-        format_duration(p.duration)
+        seconds(p.duration)
     ));
     let cursor = (out.from + out_n as u64, err.from + err_n as u64);
     text.push_str(&format!("[cursor {}:{}]\n", cursor.0, cursor.1));
@@ -445,7 +453,7 @@ fn log(p: &Snapshot, offset: Option<u64>, limit: u64, max: usize) -> String {
         "[process {}: {} after {}]\n",
         p.id,
         status_words(p),
-        format_duration(p.duration)
+        seconds(p.duration)
     ));
     text
 }
@@ -516,6 +524,65 @@ mod tests {
             "an ended process's bytes all go"
         );
         assert_eq!(cut(&[0x80, 0x80, 0x80], 2, false), 2, "never stuck at 0");
+    }
+
+    fn snapshot(stdout: &[u8], from: u64, dropped: u64, status: Status) -> Snapshot {
+        Snapshot {
+            id: 7,
+            command: "x".into(),
+            status,
+            exit_code: (status == Status::Exited).then_some(0),
+            signal: None,
+            timed_out: false,
+            error: None,
+            started: std::time::SystemTime::now(),
+            duration: Duration::from_millis(1500),
+            stdout: Window {
+                bytes: stdout.to_vec(),
+                from,
+                cursor: from + stdout.len() as u64,
+                dropped,
+            },
+            stderr: Window::default(),
+        }
+    }
+
+    #[test]
+    fn an_answer_over_the_text_limit_shows_a_part_and_its_cursor_stops_there() {
+        let lines: String = (0..20).map(|i| format!("line {i:02}\n")).collect();
+        let (text, cursor) = render(&snapshot(lines.as_bytes(), 100, 0, Status::Exited), 40);
+        assert!(text.starts_with(&lines[..40]), "{text}");
+        assert!(text.contains("poll again for the rest"), "{text}");
+        assert!(
+            text.contains("[process 7: exited with status 0 after 1.5 s]"),
+            "{text}"
+        );
+        assert_eq!(cursor, (140, 0));
+        assert!(text.ends_with("[cursor 140:0]\n"), "{text}");
+        let (text, cursor) = render(&snapshot(b"tail\n", 2000, 1500, Status::Running), 40);
+        assert!(text.starts_with("tail\n"), "{text}");
+        assert!(
+            text.contains("1500 bytes before this were dropped"),
+            "{text}"
+        );
+        assert!(!text.contains("poll again"), "{text}");
+        assert_eq!(cursor, (2005, 0));
+    }
+
+    #[test]
+    fn a_log_is_a_window_of_lines() {
+        let lines: String = (0..10).map(|i| format!("{i}\n")).collect();
+        let p = snapshot(lines.as_bytes(), 0, 0, Status::Running);
+        let tail = log(&p, None, 3, 1000);
+        assert!(
+            tail.starts_with("[stdout: lines 7-9 of the 10 kept]\n7\n8\n9\n"),
+            "{tail}"
+        );
+        let head = log(&p, Some(0), 2, 1000);
+        assert!(
+            head.starts_with("[stdout: lines 0-1 of the 10 kept; more from offset 2]\n0\n1\n"),
+            "{head}"
+        );
     }
 
     #[test]
