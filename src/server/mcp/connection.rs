@@ -126,7 +126,8 @@ impl CodecageMcp {
         {
             Some(entry) => Ok(entry),
             None if self.connection.is_some() => Err(tool_error(
-                "no command has run on this connection yet: exec starts one (process then reaches it)",
+                "this connection has no shell session (no command has run on it yet, or its session expired \
+                 and its processes with it): exec starts one, and process then reaches its processes",
             )),
             None => Err(tool_error(
                 "exec and process need a session_id from create_session: over HTTP there is no connection                  session, and a process lives in a session",
