@@ -81,6 +81,9 @@ pub async fn request(
     if let Some(token) = token {
         builder = builder.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     }
+    if let Some(route) = route_of(method, path) {
+        builder = builder.header(crate::service::cluster::DEFAULT_ROUTE_HEADER, route);
+    }
     let request = builder
         .body(Full::new(Bytes::from(bytes)))
         .map_err(|e| e.to_string())?;
@@ -122,4 +125,17 @@ where
         .to_bytes()
         .to_vec();
     Ok(Answer { status, body })
+}
+
+/// The route a request carries for a cluster's router (deploy/kubernetes/README.md): a
+/// fresh one for a new session, the id's first field for a session of the
+/// `ROUTE.NODE.LOCAL` form; none for anything else (a one-shot run, a local id).
+fn route_of(method: &str, path: &str) -> Option<String> {
+    use crate::service::cluster;
+    let path = path.split('?').next().unwrap_or(path);
+    if method == "POST" && path == "/v1/sessions" {
+        return cluster::new_route().ok();
+    }
+    let id = path.strip_prefix("/v1/sessions/")?.split('/').next()?;
+    cluster::parse(id).map(|(route, _, _)| route.to_string())
 }

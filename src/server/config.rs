@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub pool: super::pool::PoolConfig,
     /// `[cgroups]`: where the sandboxes' cgroups go.
     pub cgroups: CgroupsConfig,
+    /// `[cluster]`: session ids that carry their route and node, behind a router that
+    /// hashes the route header (deploy/kubernetes/README.md).
+    pub cluster: crate::service::cluster::ClusterConfig,
 }
 
 /// `[cgroups]`: `parent = "auto"` (default) puts the sandboxes' `codecage` parent under the
@@ -391,6 +394,7 @@ impl ServerConfig {
         if self.limits.max_sandboxes == 0 || self.limits.max_sessions == 0 {
             return Err("limits.max_sandboxes and limits.max_sessions must be 1 or more".into());
         }
+        self.cluster.validate()?;
         self.audit.validate()
     }
 

@@ -129,9 +129,13 @@ pub enum CallRefusals {
     /// seconds.
     #[response(status = 429, headers(("Retry-After" = u64, description = "seconds")))]
     Quota(ErrorBody),
-    /// The session's sandbox is gone (`session_lost`), or the server failed.
-    #[response(status = 500)]
+    /// The session's sandbox is gone, or (behind a cluster's router) its node
+    /// (`session_lost`).
+    #[response(status = 410)]
     Lost(ErrorBody),
+    /// The server failed (`setup`).
+    #[response(status = 500)]
+    Failed(ErrorBody),
     /// The audit log cannot take the call's record (`audit_unavailable`): retry after
     /// Retry-After's seconds.
     #[response(status = 503, headers(("Retry-After" = u64, description = "seconds")))]
@@ -146,6 +150,10 @@ pub enum Missing {
     /// or it expired (`session_expired`).
     #[response(status = 404)]
     NotFound(ErrorBody),
+    /// Behind a cluster's router: the session's node is gone or the route moved
+    /// (`session_lost`, naming the node).
+    #[response(status = 410)]
+    Lost(ErrorBody),
 }
 
 /// A session that is not there or is running a call.
@@ -159,6 +167,10 @@ pub enum MissingOrBusy {
     /// The session is running a call (`busy`).
     #[response(status = 409)]
     Busy(ErrorBody),
+    /// Behind a cluster's router: the session's node is gone or the route moved
+    /// (`session_lost`, naming the node).
+    #[response(status = 410)]
+    Lost(ErrorBody),
 }
 
 /// The audit API's refusals.

@@ -101,6 +101,11 @@ pub struct SessionRequest {
     pub max_connections: Option<Raw>,
     #[cfg_attr(feature = "openapi", schema(ignore))]
     pub connection_idle_timeout: Option<Raw>,
+    /// The route the client sent in the cluster's route header (HTTP's front end fills it
+    /// in; not a body field).
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub route: Option<String>,
 }
 
 /// `POST /v1/sessions/{id}/execute`.
@@ -141,6 +146,7 @@ impl SessionRequest {
             max_bandwidth: None,
             max_connections: None,
             connection_idle_timeout: None,
+            route: None,
         }
     }
 }

@@ -13,6 +13,7 @@ use codecage::session::{Call, CallOutcome, Event, Session, SessionSpec};
 
 use tokio_util::sync::CancellationToken;
 
+use super::cluster;
 use super::tenancy::new_id;
 use super::{
     audit_slot, code_within, knobs_of, load_profile, log_call, network_allowed, refused, room,
@@ -34,6 +35,7 @@ pub async fn open_session(
     start.language = Some(body.language.name().to_string());
     start.profile = body.profile.clone();
     let language = body.language;
+    let route = body.route.clone();
     let (session_spec, caps, lifetimes, profile_name) = match resolve_session(state, caller, body) {
         Ok(resolved) => resolved,
         Err(e) => return Err(refused(state, start, e).await),
@@ -49,7 +51,9 @@ pub async fn open_session(
         Err(e) => return Err(refused(state, start, e).await),
     };
     let slot = audit_slot(state).await?;
-    let id = match new_id() {
+    let id = match new_id()
+        .and_then(|local| cluster::session_id(&state.config.cluster, route.as_deref(), local))
+    {
         Ok(id) => id,
         Err(e) => return Err(refused(state, start, e).await),
     };
@@ -194,10 +198,14 @@ pub fn lookup(state: &Shared, caller: &Caller, id: &str) -> Result<Arc<Entry>, E
                 "session {id} expired (idle or maximum lifetime) and was closed: create a new one"
             ),
             ),
-            Missing::Unknown => Error::new(
-                Kind::NotFound,
-                format!("there is no session {id}: create a new one"),
-            ),
+            Missing::Unknown => {
+                cluster::lost_elsewhere(&state.config.cluster, id).unwrap_or_else(|| {
+                    Error::new(
+                        Kind::NotFound,
+                        format!("there is no session {id}: create a new one"),
+                    )
+                })
+            }
         })
 }
 

@@ -670,6 +670,103 @@ fn sessions_from_the_shell() {
     });
 }
 
+/// Behind a cluster's router (deploy/kubernetes/README.md, "Routing"): a session's id
+/// carries the route its creator sent and this server's node; a create without the route
+/// header is refused, naming it; an id of another node is `session_lost` (410) naming that
+/// node, an unknown id of this node still `not_found`; the CLI sends the route itself.
+#[test]
+fn session_ids_carry_their_route_and_node_behind_a_router() {
+    as_root(|| {
+        let server = Server::start(
+            "[cluster]\nroute_header = \"X-Codecage-Route\"\nnode = \"node-a\"\n",
+            false,
+        );
+        let body = r#"{"language":"bash"}"#;
+        let create = |route: Option<&str>| {
+            let header = route.map(|r| format!("X-Codecage-Route: {r}"));
+            let mut args = vec!["-X", "POST", "http://codecage/v1/sessions"];
+            if let Some(h) = &header {
+                args.extend(["-H", h.as_str()]);
+            }
+            args.extend(["-H", "Content-Type: application/json", "-d", body]);
+            let (status, text) = server.curl(&args);
+            (
+                status,
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
+            )
+        };
+        let (status, v) = create(Some("00ff00ff00ff00ff"));
+        assert_eq!(status, 201, "{v}");
+        let id = v["id"].as_str().unwrap().to_string();
+        let fields: Vec<&str> = id.split('.').collect();
+        assert_eq!(fields.len(), 3, "{id}");
+        assert_eq!(&fields[..2], ["00ff00ff00ff00ff", "node-a"], "{id}");
+        assert_eq!(fields[2].len(), 32, "{id}");
+        let (status, v) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(serde_json::json!({"code": "echo routed"})),
+        );
+        assert_eq!(
+            (status, v["stdout"].as_str()),
+            (200, Some("routed\n")),
+            "{v}"
+        );
+        let (status, v) = create(None);
+        assert_eq!(
+            (status, v["error"].as_str()),
+            (400, Some("invalid_request")),
+            "{v}"
+        );
+        assert!(
+            v["message"].as_str().unwrap().contains("X-Codecage-Route"),
+            "{v}"
+        );
+        let (status, v) = create(Some("NOT-A-ROUTE"));
+        assert_eq!(status, 400, "{v}");
+        assert!(
+            v["message"].as_str().unwrap().contains("16 lowercase hex"),
+            "{v}"
+        );
+        let local = "0123456789abcdef0123456789abcdef";
+        let (status, v) = server.request(
+            "POST",
+            &format!("/v1/sessions/00ff00ff00ff00ff.node-b.{local}/execute"),
+            Some(serde_json::json!({"code": "true"})),
+        );
+        assert_eq!(
+            (status, v["error"].as_str()),
+            (410, Some("session_lost")),
+            "{v}"
+        );
+        assert!(
+            v["message"].as_str().unwrap().contains("node node-b"),
+            "{v}"
+        );
+        let (status, v) = server.request(
+            "GET",
+            &format!("/v1/sessions/00ff00ff00ff00ff.node-a.{local}"),
+            None,
+        );
+        assert_eq!(
+            (status, v["error"].as_str()),
+            (404, Some("not_found")),
+            "{v}"
+        );
+        // The CLI draws a route for a create and takes it from the id afterwards.
+        let (status, out, err) = server.session_cli(&["create", "--lang", "bash"]);
+        assert_eq!(status, 0, "{err}");
+        let cli_id = out.lines().last().unwrap().to_string();
+        assert!(cli_id.split('.').nth(1) == Some("node-a"), "{cli_id}");
+        let (status, out, err) = server.session_cli(&["exec", &cli_id, "-c", "echo from-cli"]);
+        assert_eq!((status, out.as_str()), (0, "from-cli\n"), "{err}");
+        for id in [&id, &cli_id] {
+            assert_eq!(server.session_cli(&["close", id]).0, 0);
+        }
+        server.stop();
+    });
+}
+
 /// Commands beside a session's interpreter from the shell (issue 24): `exec --background`
 /// then `logs --follow` gives a build-like command's every line exactly once and exits with
 /// its status; `ps` lists it; a command that ends is its output and status; one that goes

@@ -98,7 +98,8 @@ pub fn status_of(kind: Kind) -> StatusCode {
         Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Kind::Quota => StatusCode::TOO_MANY_REQUESTS,
         Kind::Capacity | Kind::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Kind::Setup | Kind::SessionLost | Kind::Audit => StatusCode::INTERNAL_SERVER_ERROR,
+        Kind::SessionLost => StatusCode::GONE,
+        Kind::Setup | Kind::Audit => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -289,8 +290,20 @@ fn info(entry: &Entry) -> SessionInfo {
 pub(crate) async fn create_session(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    JsonBody(body): JsonBody<SessionRequest>,
+    headers: axum::http::HeaderMap,
+    JsonBody(mut body): JsonBody<SessionRequest>,
 ) -> Result<(StatusCode, Json<SessionInfo>), ApiError> {
+    if let Some(name) = &state.config.cluster.route_header {
+        // Behind the router every create must carry its route: without one the router
+        // hashes every create to one node.
+        let route = headers.get(name.as_str()).ok_or_else(|| {
+            ApiError::new(
+                Kind::InvalidRequest,
+                format!("this server sits behind a router that hashes the {name} header: send a fresh route (16 lowercase hex digits) with every new session, and the id's first field with each later call"),
+            )
+        })?;
+        body.route = Some(String::from_utf8_lossy(route.as_bytes()).into_owned());
+    }
     let entry = open_session(&state, &caller, Via::Api, body).await?;
     Ok((StatusCode::CREATED, Json(info(&entry))))
 }
