@@ -818,3 +818,61 @@ fn a_result_formatted_for_a_chat_channel_through_the_http_api_and_mcp() {
         assert_eq!(results[1]["isError"], true, "{}", results[1]);
     });
 }
+
+/// One stdio connection, one sandbox: execute_shell, execute_python and execute_node are
+/// contexts of the same session, so each sees the others' files in /work while keeping
+/// its own variables; reset_repl with a language restarts that one only, without one
+/// every one. The session is closed with the connection (the harness checks the host).
+#[test]
+fn over_stdio_the_execute_tools_share_one_sandbox() {
+    mcp_test(|python| {
+        let steps = json!([
+            tool(
+                "execute_shell",
+                json!({"command": "echo from-shell > shared.txt; v=shellvar; echo ok"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "v = 'pyvar'\nopen('from_py.txt', 'w').write('from-python')\nprint(open('shared.txt').read().strip())"})
+            ),
+            tool(
+                "execute_node",
+                json!({"code": "const fs = require('fs'); console.log(fs.readFileSync('from_py.txt', 'utf8'), typeof v)"})
+            ),
+            tool("reset_repl", json!({"language": "shell"})),
+            tool(
+                "execute_shell",
+                json!({"command": "echo \"[$v]\"; cat from_py.txt"})
+            ),
+            tool("execute_python", json!({"code": "print(v)"})),
+            tool("list_files", json!({})),
+            tool("reset_repl", json!({})),
+            tool("execute_python", json!({"code": "print('v' in dir())"})),
+        ]);
+        let out = drive(python, mcp_stdio(&[]), steps);
+        let texts: Vec<String> = out.iter().map(text).collect();
+        for (i, result) in out.iter().enumerate() {
+            assert!(!is_error(result), "step {i}: {result}");
+        }
+        assert!(texts[0].contains("ok"), "{}", texts[0]);
+        assert!(texts[1].contains("from-shell"), "{}", texts[1]);
+        assert!(texts[2].contains("from-python undefined"), "{}", texts[2]);
+        assert!(
+            texts[3].contains("the other languages' are kept"),
+            "{}",
+            texts[3]
+        );
+        assert!(
+            texts[4].contains("[]") && texts[4].contains("from-python"),
+            "{}",
+            texts[4]
+        );
+        assert!(texts[5].contains("pyvar"), "{}", texts[5]);
+        assert!(
+            texts[6].contains("shared.txt") && texts[6].contains("from_py.txt"),
+            "{}",
+            texts[6]
+        );
+        assert!(texts[8].contains("False"), "{}", texts[8]);
+    });
+}
