@@ -1667,3 +1667,46 @@ fn a_sessions_contexts_share_work_and_keep_their_own_state() {
         server.stop();
     });
 }
+
+/// A session whose image has no python3: its bash works, and the first python call says
+/// which interpreter is missing; the bash context is left as it was.
+#[test]
+fn a_context_whose_interpreter_the_image_lacks_says_so() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let root = minimal_rootfs(true);
+        std::fs::create_dir_all(root.path().join("run")).unwrap();
+        std::fs::write(
+            // The caller may use bash: this server's bash profile is one without python3.
+            server.profiles_dir().join("bash.toml"),
+            format!("language = \"bash\"\nrootfs = {:?}\n", root.path()),
+        )
+        .unwrap();
+        let (status, created) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "bash"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let out = execute_in(&server, &id, "bash", "v=kept; echo hi", 30);
+        assert_eq!(out["stdout"], "hi\n", "{out}");
+        let out = execute_in(&server, &id, "python", "1", 30);
+        assert_eq!(out["error"], "setup", "{out}");
+        let message = out["message"].as_str().unwrap_or("");
+        eprintln!("the missing interpreter's message: {message}");
+        assert!(
+            message.contains("the python context could not be made")
+                && message.contains("python3 interpreter"),
+            "{out}"
+        );
+        let out = execute_in(&server, &id, "bash", "echo $v", 30);
+        assert_eq!(out["stdout"], "kept\n", "{out}");
+        let (_, view) = server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(view["contexts"], json!(["bash"]), "{view}");
+        let (status, _) = server.tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        server.stop();
+    });
+}
