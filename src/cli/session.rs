@@ -38,6 +38,10 @@ enum SessionCommand {
         id: String,
         #[arg(short = 'c', value_name = "CODE")]
         code: String,
+        /// The session's context to run in: python, node, typescript, bash (default: the
+        /// session's language). Each is made on first use, in the same sandbox.
+        #[arg(long, value_parser = parse_lang, value_name = "LANG")]
+        lang: Option<codecage::runner::Lang>,
         /// This call's time limit (30, 30s, 500ms).
         #[arg(long, value_name = "DURATION")]
         timeout: Option<String>,
@@ -74,8 +78,13 @@ enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
-    /// A fresh interpreter in the same sandbox (/work is kept).
-    Reset { id: String },
+    /// Fresh interpreters in the same sandbox (/work is kept): every context and background
+    /// process, or with --lang that context only.
+    Reset {
+        id: String,
+        #[arg(long, value_parser = parse_lang, value_name = "LANG")]
+        lang: Option<codecage::runner::Lang>,
+    },
     /// Interrupt the session's running call.
     Interrupt { id: String },
     /// Close a session.
@@ -148,6 +157,7 @@ pub fn main(args: SessionArgs) -> i32 {
         SessionCommand::Exec {
             id,
             code,
+            lang,
             timeout,
             stdin,
             files,
@@ -155,6 +165,9 @@ pub fn main(args: SessionArgs) -> i32 {
             json,
         } => {
             let mut body = json!({ "code": code });
+            if let Some(lang) = lang {
+                body["language"] = json!(lang.name());
+            }
             if let Some(t) = timeout {
                 body["timeout"] = json!(t);
             }
@@ -283,8 +296,15 @@ pub fn main(args: SessionArgs) -> i32 {
                 })
             })
         }
-        SessionCommand::Reset { id } => call("POST", format!("/v1/sessions/{id}/reset"), None)
-            .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
+        SessionCommand::Reset { id, lang } => call(
+            "POST",
+            match lang {
+                Some(lang) => format!("/v1/sessions/{id}/reset?language={}", lang.name()),
+                None => format!("/v1/sessions/{id}/reset"),
+            },
+            None,
+        )
+        .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
         SessionCommand::Interrupt { id } => {
             call("POST", format!("/v1/sessions/{id}/interrupt"), None)
                 .map(|a| ok_or_report(a.status, &a.body, |_| 0))

@@ -579,8 +579,8 @@ fn a_scripted_agent_loop_runs_end_to_end() {
             "{}",
             results[6]
         );
-        // The shell's /work is its own sandbox's: the file is not there.
-        assert!(is_error(&results[7]), "{}", results[7]);
+        // The shell is a context of the same sandbox: write_file's file is there.
+        assert_eq!(text(&results[7]), "5\n", "{}", results[7]);
         assert!(text(&results[8]).contains("cum.csv"));
         assert!(
             text(&results[9]).starts_with("month,units,cum\n1,10,10\n"),

@@ -1632,6 +1632,21 @@ fn a_sessions_contexts_share_work_and_keep_their_own_state() {
         assert_eq!(out["exit_code"], 4, "{out}");
         let out = execute_in(&server, &id, "python", "y", 30);
         assert_eq!(out["result"]["text/plain"], "7", "{out}");
+        // The CLI names a context too (an admin over the unix socket).
+        let (code, stdout, stderr) = server.session_cli(&[
+            "exec",
+            &id,
+            "--lang",
+            "bash",
+            "-c",
+            "x=fromcli; echo cli-$x",
+        ]);
+        assert_eq!((code, stdout.as_str()), (0, "cli-fromcli\n"), "{stderr}");
+        let (code, _, stderr) = server.session_cli(&["reset", &id, "--lang", "bash"]);
+        assert_eq!(code, 0, "{stderr}");
+        let (_, stdout, stderr) =
+            server.session_cli(&["exec", &id, "--lang", "bash", "-c", "echo \"[$x]\""]);
+        assert_eq!(stdout, "[]\n", "{stderr}");
         // A reset with no language: every context.
         let (status, _) =
             server.tcp_request(USER1, "POST", &format!("/v1/sessions/{id}/reset"), None);
