@@ -439,6 +439,7 @@ fn shape(
 
 /// `POST /v1/sessions/{id}/reset`'s query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ResetQuery {
     /// The context to reset (python, node, typescript, bash); every context if absent.
