@@ -1617,15 +1617,25 @@ fn a_sessions_contexts_share_work_and_keep_their_own_state() {
             "{out}"
         );
         // A driver's death (exit 3) restarts that context only.
-        execute_in(&server, &id, "bash", "x=again", 30);
+        execute_in(&server, &id, "bash", "x=again; sleep 1001 &", 30);
+        let sleeps =
+            "import os\nprint(sum(open(f'/proc/{p}/cmdline').read() == 'sleep\\x001001\\x00' \
+                      for p in os.listdir('/proc') if p.isdigit()))";
+        let out = execute_in(&server, &id, "python", sleeps, 30);
+        assert_eq!(out["stdout"], "1\n", "{out}");
         let out = execute_in(&server, &id, "bash", "exit 3", 30);
         assert_eq!(
             (&out["exit_code"], &out["state"]["restarted"]),
             (&json!(3), &json!(true)),
             "{out}"
         );
-        let out = execute_in(&server, &id, "python", "y", 30);
-        assert_eq!(out["result"]["text/plain"], "7", "{out}");
+        // What the dead bash left in its process group went with its context.
+        let out = execute_in(&server, &id, "python", &format!("{sleeps}\ny"), 30);
+        assert_eq!(
+            (&out["stdout"], &out["result"]["text/plain"]),
+            (&json!("0\n"), &json!("7")),
+            "{out}"
+        );
         let out = execute_in(&server, &id, "node", "n", 30);
         assert_eq!(out["result"]["text/plain"], "20", "{out}");
         let out = execute_in(&server, &id, "node", "process.exit(4)", 30);
