@@ -176,8 +176,10 @@ server.context.console = globalThis.console;
 process.on('SIGINT', () => {});
 
 let esbuild = null;
-function strip(code) {
-  if (!typescript) return code;
+// A request says whether its code is TypeScript (one Node context serves node and
+// typescript calls); the driver's --typescript flag is the default.
+function strip(code, ts) {
+  if (!(ts === undefined || ts === null ? typescript : ts)) return code;
   esbuild = esbuild || require(ESBUILD);
   const hasAwait = /\bawait\b/.test(code);
   return esbuild.transformSync(code, { loader: 'ts', format: hasAwait ? undefined : 'cjs' }).code;
@@ -198,7 +200,7 @@ function execute(request) {
   executionCount += 1;
   let code;
   try {
-    code = strip(String(request.code || ''));
+    code = strip(String(request.code || ''), request.typescript);
   } catch (error) {
     return done(null, exceptionOf(error));
   }

@@ -448,8 +448,9 @@ pub enum ToSandbox {
     Signal { id: u64, signal: i32 },
     /// List the live processes of payload `id`'s process group (the payload itself left
     /// out) that the running call started: newer than the pid `BeginCall` noted (should the
-    /// pids have wrapped since, started at or after `since_ns` of CLOCK_BOOTTIME):
-    /// `CallProcesses`.
+    /// pids have wrapped since, started at or after `since_ns` of CLOCK_BOOTTIME); with
+    /// `since_ns` 0, every member. The payload may have been reaped lately (the init keeps
+    /// the last 16 ids): a dead driver's group is still found. `CallProcesses`.
     CallProcesses { id: u64, since_ns: u64 },
     /// SIGKILL each process that is still the one listed (pid and start time, so a reused
     /// pid is never hit): `ProcessesKilled`.

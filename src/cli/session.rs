@@ -43,6 +43,10 @@ enum SessionCommand {
         #[arg(short = 'c', value_name = "CODE",
               conflicts_with_all = ["command", "background", "yield_ms", "cwd", "env"])]
         code: Option<String>,
+        /// The session's context to run CODE in: python, node, typescript, bash (default:
+        /// the session's language). Each is made on first use, in the same sandbox.
+        #[arg(long, value_parser = parse_lang, value_name = "LANG", conflicts_with = "command")]
+        lang: Option<codecage::runner::Lang>,
         /// This call's (or the command's) time limit (30, 30s, 500ms).
         #[arg(long, value_name = "DURATION")]
         timeout: Option<String>,
@@ -123,8 +127,13 @@ enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
-    /// A fresh interpreter in the same sandbox (/work is kept).
-    Reset { id: String },
+    /// Fresh interpreters in the same sandbox (/work is kept): every context and background
+    /// process, or with --lang that context only.
+    Reset {
+        id: String,
+        #[arg(long, value_parser = parse_lang, value_name = "LANG")]
+        lang: Option<codecage::runner::Lang>,
+    },
     /// Interrupt the session's running call.
     Interrupt { id: String },
     /// Close a session.
@@ -197,6 +206,7 @@ pub fn main(args: SessionArgs) -> i32 {
         SessionCommand::Exec {
             id,
             code,
+            lang,
             timeout,
             stdin,
             files,
@@ -252,6 +262,9 @@ pub fn main(args: SessionArgs) -> i32 {
                 );
             };
             let mut body = json!({ "code": code });
+            if let Some(lang) = lang {
+                body["language"] = json!(lang.name());
+            }
             if let Some(t) = timeout {
                 body["timeout"] = json!(t);
             }
@@ -474,8 +487,15 @@ pub fn main(args: SessionArgs) -> i32 {
                 })
             })
         }
-        SessionCommand::Reset { id } => call("POST", format!("/v1/sessions/{id}/reset"), None)
-            .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
+        SessionCommand::Reset { id, lang } => call(
+            "POST",
+            match lang {
+                Some(lang) => format!("/v1/sessions/{id}/reset?language={}", lang.name()),
+                None => format!("/v1/sessions/{id}/reset"),
+            },
+            None,
+        )
+        .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
         SessionCommand::Interrupt { id } => {
             call("POST", format!("/v1/sessions/{id}/interrupt"), None)
                 .map(|a| ok_or_report(a.status, &a.body, |_| 0))

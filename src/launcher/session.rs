@@ -86,6 +86,29 @@ pub struct Call {
     /// Files placed in /work before the code runs (checked by the front end against the
     /// profile's caps).
     pub files: Vec<InputFile>,
+    /// The context it runs in (the session's language if None): python, node or
+    /// typescript (one Node context), bash. See [`context_of`].
+    pub lang: Option<Lang>,
+}
+
+/// The context a language's calls run in: Python, Node (node and typescript calls; a
+/// typescript call's code is stripped of its types) or bash.
+pub fn context_of(lang: Lang) -> Lang {
+    match lang {
+        Lang::Typescript => Lang::Node,
+        other => other,
+    }
+}
+
+/// The contexts a session holds now (the languages whose interpreter is started), in the
+/// order python, node, bash; readable from any thread, while a call runs too.
+#[derive(Clone, Default)]
+pub struct Contexts(Arc<std::sync::Mutex<Vec<Lang>>>);
+
+impl Contexts {
+    pub fn languages(&self) -> Vec<Lang> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// A MIME bundle: type -> content (text, or base64 for binary types).
@@ -174,7 +197,15 @@ impl Interrupter {
 pub struct Session {
     sandbox: Sandbox,
     spec: SessionSpec,
-    driver: Option<Driver>,
+    /// Its contexts: one driver per language (see [`context_of`]), each started on first
+    /// use, the session's own language at the start.
+    drivers: Vec<Driver>,
+    /// The contexts ever started (a call to one that is gone says `restarted`).
+    started: Vec<Lang>,
+    /// Exits the init reported for drivers other than the one a reader waited for.
+    exits: Vec<(u64, Option<i32>, Option<i32>)>,
+    /// What the session view shows of `drivers`.
+    contexts: Contexts,
     interrupts: OwnedFd,
     interrupter: Interrupter,
     /// The sandbox itself is gone (its init died): no call can run any more.
@@ -186,6 +217,8 @@ pub struct Session {
 
 /// The driver process of a session, as the launcher holds it.
 struct Driver {
+    /// Its context: Python, Node or Bash.
+    lang: Lang,
     id: u64,
     channel: UnixStream,
     pipes: OutputPipes,
@@ -234,7 +267,10 @@ impl Session {
         let mut session = Session {
             sandbox,
             spec,
-            driver: None,
+            drivers: Vec::new(),
+            started: Vec::new(),
+            exits: Vec::new(),
+            contexts: Contexts::default(),
             interrupts: read,
             interrupter: Interrupter(Arc::new(write)),
             lost: None,
@@ -242,14 +278,31 @@ impl Session {
             processes,
         };
         session
-            .start_driver()
+            .start_driver(context_of(session.spec.lang))
             .map_err(|(kind, message)| StartError { kind, message })?;
+        session.publish();
         session.last_usage = session.sandbox.usage();
         Ok(session)
     }
 
+    /// The session's own language (its calls' default).
     pub fn lang(&self) -> Lang {
         self.spec.lang
+    }
+
+    /// Its contexts, as they are now and will be (a handle for other threads).
+    pub fn contexts(&self) -> Contexts {
+        self.contexts.clone()
+    }
+
+    /// Shows the started contexts in [`Contexts`].
+    fn publish(&self) {
+        let mut now: Vec<Lang> = [Lang::Python, Lang::Node, Lang::Bash]
+            .into_iter()
+            .filter(|l| self.drivers.iter().any(|d| d.lang == *l))
+            .collect();
+        let mut shown = self.contexts.0.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::swap(&mut *shown, &mut now);
     }
 
     /// What the session was started from.
@@ -360,14 +413,31 @@ impl Session {
         self.sandbox.usage()
     }
 
-    /// A fresh interpreter in the same sandbox: every process but the init is killed and
-    /// the driver started again; /work is kept.
-    pub fn reset(&mut self) -> Result<(), String> {
+    /// A fresh interpreter in the same sandbox; /work is kept. `lang` None: every context
+    /// (every process but the init is killed, background ones too, and the session's own
+    /// language started again; the others are made again on first use). A language: that
+    /// context only (its driver's process group killed, the driver started again; nothing
+    /// to do if it was never started); the other contexts and the processes are left.
+    pub fn reset(&mut self, lang: Option<Lang>) -> Result<(), String> {
         if let Some(why) = &self.lost {
             return Err(why.clone());
         }
-        self.kill_processes()?;
-        self.start_driver().map_err(|(_, message)| message)
+        let result = match lang.map(context_of) {
+            None => self.kill_processes().and_then(|()| {
+                self.start_driver(context_of(self.spec.lang))
+                    .map_err(|(_, message)| message)
+            }),
+            Some(kind) if self.driver_of(kind).is_none() => Ok(()),
+            Some(kind) => self
+                .kill_context(kind)
+                .and_then(|()| self.start_driver(kind).map_err(|(_, message)| message)),
+        };
+        self.publish();
+        result
+    }
+
+    fn driver_of(&self, kind: Lang) -> Option<&Driver> {
+        self.drivers.iter().find(|d| d.lang == kind)
     }
 
     /// Ends the session: every process is killed, the cgroup removed.
@@ -389,7 +459,9 @@ impl Session {
             cwd: None,
             killed: Vec::new(),
         };
-        if self.spec.lang == Lang::Bash && call.code.contains('\0') {
+        let lang = call.lang.unwrap_or(self.spec.lang);
+        let kind = context_of(lang);
+        if kind == Lang::Bash && call.code.contains('\0') {
             result.outcome = Outcome::failed(
                 ErrorKind::InvalidRequest,
                 "the code holds a NUL byte, which a bash cell cannot (bash's strings end at one); \
@@ -401,12 +473,34 @@ impl Session {
             result.outcome = Outcome::failed(ErrorKind::SessionLost, why.clone());
             return result;
         }
-        if self.driver.is_none() {
-            if let Err((kind, message)) = self.start_driver() {
-                result.outcome = Outcome::failed(kind, message);
+        // A context whose driver died while idle (another context's call ran, the OOM
+        // killer chose it) is started again before the call.
+        self.sandbox.read_channel();
+        self.gather_exits();
+        if let Some(id) = self.driver_of(kind).map(|d| d.id) {
+            if self.exits.iter().any(|e| e.0 == id) {
+                let _ = self.kill_context(kind);
+            }
+        }
+        if self.driver_of(kind).is_none() {
+            let again = self.started.contains(&kind);
+            let started = self.start_driver(kind);
+            self.publish();
+            if let Err((error, message)) = started {
+                let message = if again {
+                    message
+                } else {
+                    format!(
+                        "the {} context could not be made in this session's sandbox: {message}. Its image \
+                         must have the {} interpreter; the session's other contexts are unaffected",
+                        kind.name(),
+                        program_of(kind)
+                    )
+                };
+                result.outcome = Outcome::failed(error, message);
                 return result;
             }
-            result.state.restarted = true;
+            result.state.restarted = again;
         }
         // Interrupts that came while no call ran are not for this one.
         let mut drained = [0u8; 64];
@@ -423,10 +517,11 @@ impl Session {
         }
         let marked = self.begin_call();
         let mut call_state = CallRun::new(self.spec.output_limit, start + timeout, events);
-        call_state.request = self.request(call);
+        call_state.request = self.request(call, lang);
         call_state.since_ns = crate::sys::boottime_ns();
-        self.supervise(&mut call_state);
-        self.conclude(call_state, timeout, &mut result);
+        self.supervise(&mut call_state, kind);
+        self.conclude(call_state, timeout, &mut result, kind);
+        self.publish();
         if self.lost.is_none() {
             self.collect_outputs(marked, &mut result.outcome);
         }
@@ -475,9 +570,9 @@ impl Session {
     }
 
     /// The request line (and, for bash, the raw code and stdin after it).
-    fn request(&self, call: &Call) -> Vec<u8> {
-        let id = self.driver.as_ref().map_or(0, |d| d.id);
-        match self.spec.lang {
+    fn request(&self, call: &Call, lang: Lang) -> Vec<u8> {
+        let id = self.driver_of(context_of(lang)).map_or(0, |d| d.id);
+        match lang {
             Lang::Bash => {
                 let stdin_len = call.stdin.as_ref().map_or(-1, |s| s.len() as i64);
                 let mut bytes =
@@ -486,7 +581,16 @@ impl Session {
                 bytes.extend_from_slice(call.stdin.as_deref().unwrap_or("").as_bytes());
                 bytes
             }
-            _ => {
+            Lang::Node | Lang::Typescript => {
+                let request = serde_json::json!({
+                    "op": "execute", "id": id, "code": call.code, "stdin": call.stdin,
+                    "typescript": lang == Lang::Typescript,
+                });
+                let mut bytes = request.to_string().into_bytes();
+                bytes.push(b'\n');
+                bytes
+            }
+            Lang::Python => {
                 let request = serde_json::json!({
                     "op": "execute", "id": id, "code": call.code, "stdin": call.stdin,
                 });
@@ -499,7 +603,7 @@ impl Session {
 
     /// Polls the driver's streams and channel, the sandbox's channel and init, and the
     /// interrupt pipe until the call ends.
-    fn supervise(&mut self, run: &mut CallRun) {
+    fn supervise(&mut self, run: &mut CallRun, kind: Lang) {
         let mut buf = vec![0u8; 64 * 1024];
         while run.end.is_none() {
             let now = Instant::now();
@@ -507,7 +611,7 @@ impl Session {
             if stop && run.interrupted_at.is_none() {
                 run.stop_reason.get_or_insert(ErrorKind::Timeout);
                 run.interrupted_at = Some(now);
-                if let Some(driver) = &self.driver {
+                if let Some(driver) = self.drivers.iter().find(|d| d.lang == kind) {
                     let _ = self.sandbox.signal(driver.id, libc::SIGINT);
                 }
             }
@@ -521,7 +625,7 @@ impl Session {
             };
             let next_process = self.processes_due();
             let wake = next_process.map_or(wake, |p| p.min(wake));
-            let Some(driver) = self.driver.as_mut() else {
+            let Some(driver) = self.drivers.iter_mut().find(|d| d.lang == kind) else {
                 run.end = Some(End::DriverGone);
                 break;
             };
@@ -596,6 +700,10 @@ impl Session {
                         } if id == driver.id => {
                             run.end = Some(End::DriverBroke(error));
                         }
+                        // Another context's driver: its next call learns it.
+                        Report::Exited { id, code, signal } => {
+                            note_exit(&mut self.exits, id, code, signal)
+                        }
                         _ => {}
                     }
                 }
@@ -612,7 +720,7 @@ impl Session {
             }
         }
         // Output written before the driver answered is in the pipes already.
-        if let Some(driver) = self.driver.as_mut() {
+        if let Some(driver) = self.drivers.iter_mut().find(|d| d.lang == kind) {
             if !run.output_capped {
                 run.drain(&mut driver.pipes.stdout, Stream::Stdout, &mut buf);
                 run.drain(&mut driver.pipes.stderr, Stream::Stderr, &mut buf);
@@ -622,7 +730,7 @@ impl Session {
 
     /// Turns how the call ended into its result; restarts the driver where the call's end
     /// took it down.
-    fn conclude(&mut self, run: CallRun, timeout: Duration, result: &mut CallOutcome) {
+    fn conclude(&mut self, run: CallRun, timeout: Duration, result: &mut CallOutcome, kind: Lang) {
         let usage = self.sandbox.usage();
         let outcome = &mut result.outcome;
         outcome.stdout = run.stdout;
@@ -653,7 +761,7 @@ impl Session {
             .sandbox
             .limits()
             .map_or_else(String::new, |l| format_size(l.memory));
-        let driver_id = self.driver.as_ref().map(|d| d.id);
+        let driver_id = self.driver_of(kind).map(|d| d.id);
         match run.end.unwrap_or(End::DriverGone) {
             End::Done(done) => {
                 result.execution_count = done.execution_count;
@@ -691,6 +799,7 @@ impl Session {
                 }
                 if done.restart {
                     self.restart_after(
+                        kind,
                         result,
                         "the cell closed the interpreter's own copies of its streams",
                     );
@@ -703,7 +812,7 @@ impl Session {
             }
             End::Unresponsive => {
                 let reason = run.stop_reason.unwrap_or(ErrorKind::Timeout);
-                self.restart_after(result, "did not stop within the grace period");
+                self.restart_after(kind, result, "did not stop within the grace period");
                 stopped(
                     &mut result.outcome,
                     reason,
@@ -727,8 +836,12 @@ impl Session {
                     }
                     _ => "the interpreter exited".to_string(),
                 };
+                if let (Some((code, signal)), Some(id)) = (exit, driver_id) {
+                    // Known: the context's end does not wait for it again.
+                    note_exit(&mut self.exits, id, code, signal);
+                }
                 let killed_by_oom = oom_kills > 0;
-                self.restart_after(result, &why);
+                self.restart_after(kind, result, &why);
                 let outcome = &mut result.outcome;
                 if let (false, None, Some((Some(code), None))) =
                     (killed_by_oom, run.stop_reason, exit)
@@ -739,7 +852,7 @@ impl Session {
                     outcome.message = Some(format!(
                         "the code ended the {} interpreter (exit status {code}); a new one was started: \
                          its variables are gone, /work is kept",
-                        self.spec.lang.name()
+                        kind.name()
                     ));
                 } else if killed_by_oom {
                     outcome.error = Some(ErrorKind::Oom);
@@ -759,7 +872,7 @@ impl Session {
                 }
             }
             End::SandboxGone(why) => {
-                self.driver = None;
+                self.drivers.clear();
                 self.lost = Some(why.clone());
                 result.outcome.error = Some(if oom_kills > 0 {
                     ErrorKind::Oom
@@ -828,17 +941,8 @@ impl Session {
     fn driver_exit_status(&mut self, id: u64) -> Option<(Option<i32>, Option<i32>)> {
         let end = Instant::now() + Duration::from_secs(1);
         loop {
-            while let Some(report) = self.sandbox.next_report() {
-                if let Report::Exited {
-                    id: done,
-                    code,
-                    signal,
-                } = report
-                {
-                    if done == id {
-                        return Some((code, signal));
-                    }
-                }
+            if let Some(exit) = self.take_exit(id) {
+                return Some(exit);
             }
             if Instant::now() >= end || self.wait_channel(end).is_err() {
                 return None;
@@ -846,25 +950,77 @@ impl Session {
         }
     }
 
-    /// Kills what is left of the driver and starts it again; the result says so.
-    fn restart_after(&mut self, result: &mut CallOutcome, why: &str) {
+    /// How driver `id` ended, if the init has said so (the reports read so far).
+    fn take_exit(&mut self, id: u64) -> Option<(Option<i32>, Option<i32>)> {
+        self.gather_exits();
+        let at = self.exits.iter().position(|e| e.0 == id)?;
+        let (_, code, signal) = self.exits.remove(at);
+        Some((code, signal))
+    }
+
+    /// Keeps the drivers' exits among the reports read so far (the rest are dropped).
+    fn gather_exits(&mut self) {
+        while let Some(report) = self.sandbox.next_report() {
+            if let Report::Exited {
+                id: done,
+                code,
+                signal,
+            } = report
+            {
+                note_exit(&mut self.exits, done, code, signal);
+            }
+        }
+    }
+
+    /// Kills what is left of context `kind` and starts it again; the result says so.
+    fn restart_after(&mut self, kind: Lang, result: &mut CallOutcome, why: &str) {
         result.state.preserved = false;
         match self
-            .kill_processes()
-            .and_then(|()| self.start_driver().map_err(|(_, message)| message))
+            .kill_context(kind)
+            .and_then(|()| self.start_driver(kind).map_err(|(_, message)| message))
         {
             Ok(()) => result.state.restarted = true,
             Err(e) => {
-                self.driver = None;
+                self.drivers.retain(|d| d.lang != kind);
                 let note = format!("the interpreter ({why}) could not be started again: {e}");
                 result.outcome.message = Some(note);
             }
         }
     }
 
-    /// Kills every process of the sandbox but its init and waits until they are gone.
+    /// Ends context `kind`: SIGKILL to its driver's process group (what its calls started
+    /// there goes with it), waits for the driver's end, then kills what the group still
+    /// holds (a driver that died on its own leaves its children). The other contexts and
+    /// the background processes are left, and so is what a call put in a session or group
+    /// of its own. Should the driver not end within 5 s, every process is killed.
+    fn kill_context(&mut self, kind: Lang) -> Result<(), String> {
+        let Some(at) = self.drivers.iter().position(|d| d.lang == kind) else {
+            return Ok(());
+        };
+        let id = self.drivers.remove(at).id;
+        if self.take_exit(id).is_none() {
+            let _ = self.sandbox.signal(id, libc::SIGKILL);
+            let end = Instant::now() + Duration::from_secs(5);
+            while self.take_exit(id).is_none() {
+                if Instant::now() >= end {
+                    return self.kill_processes();
+                }
+                self.wait_channel(end)?;
+            }
+        }
+        if let Some(left) = self.sandbox.call_processes(id, 0) {
+            if !left.is_empty() {
+                self.sandbox.kill_processes(&left)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills every process of the sandbox but its init and waits until they are gone:
+    /// every context ends.
     fn kill_processes(&mut self) -> Result<(), String> {
-        self.driver = None;
+        self.drivers.clear();
+        self.exits.clear();
         self.sandbox
             .kill_all()
             .map_err(|e| format!("cannot reach the sandbox's init: {e}"))?;
@@ -890,10 +1046,13 @@ impl Session {
         })
     }
 
-    /// Spawns the driver with fresh pipes and a fresh channel, and waits for its "ready".
-    fn start_driver(&mut self) -> Result<(), (ErrorKind, String)> {
+    /// Spawns context `kind`'s driver with fresh pipes and a fresh channel, and waits for
+    /// its "ready". Every context gets the same environment (the session's), the same
+    /// last mile (uid, landlock, seccomp, rlimits: the init's for every payload).
+    fn start_driver(&mut self, kind: Lang) -> Result<(), (ErrorKind, String)> {
         let setup = |m: String| (ErrorKind::Setup, m);
-        let mut exec = Exec::new(crate::drivers::argv(self.spec.lang));
+        let kind = context_of(kind);
+        let mut exec = Exec::new(crate::drivers::argv(kind));
         for (key, value) in &self.spec.env {
             exec.set_env(key, value);
         }
@@ -914,6 +1073,7 @@ impl Session {
         }
         let _ = channel.set_nonblocking(true);
         let mut driver = Driver {
+            lang: kind,
             id,
             channel,
             pipes,
@@ -927,7 +1087,7 @@ impl Session {
             if timeout.is_zero() {
                 return Err(setup(format!(
                     "the {} interpreter did not start within {}",
-                    self.spec.lang.name(),
+                    kind.name(),
                     format_duration(START_TIMEOUT)
                 )));
             }
@@ -955,14 +1115,18 @@ impl Session {
                 let open = driver.lines.fill(&mut driver.channel).unwrap_or(false);
                 while let Some(line) = driver.lines.next_line() {
                     if matches!(serde_json::from_slice(&line), Ok(DriverEvent::Ready)) {
-                        self.driver = Some(driver);
+                        self.drivers.retain(|d| d.lang != kind);
+                        self.drivers.push(driver);
+                        if !self.started.contains(&kind) {
+                            self.started.push(kind);
+                        }
                         return Ok(());
                     }
                 }
                 if !open {
                     return Err(setup(format!(
                         "the {} interpreter ended before it was ready: {}",
-                        self.spec.lang.name(),
+                        kind.name(),
                         String::from_utf8_lossy(&early).trim()
                     )));
                 }
@@ -970,8 +1134,21 @@ impl Session {
             if sandbox_ready {
                 self.sandbox.read_channel();
                 while let Some(report) = self.sandbox.next_report() {
-                    if let Report::SetupFailed { error, .. } = report {
-                        return Err(setup(format!("{error}; the session did not start")));
+                    match report {
+                        Report::SetupFailed { id: failed, error }
+                            if failed.is_none_or(|f| f == id) =>
+                        {
+                            return Err(setup(format!(
+                                "{error}; the {} interpreter did not start",
+                                kind.name()
+                            )));
+                        }
+                        Report::Exited {
+                            id: done,
+                            code,
+                            signal,
+                        } => note_exit(&mut self.exits, done, code, signal),
+                        _ => {}
                     }
                 }
             }
@@ -1167,6 +1344,28 @@ impl<'a> CallRun<'a> {
         if !self.notes.iter().any(|n| n == note) {
             self.notes.push(note.to_string());
         }
+    }
+}
+
+/// Keeps a driver's exit for whoever waits for it (the last 64).
+fn note_exit(
+    exits: &mut Vec<(u64, Option<i32>, Option<i32>)>,
+    id: u64,
+    code: Option<i32>,
+    signal: Option<i32>,
+) {
+    if exits.len() >= 64 {
+        exits.remove(0);
+    }
+    exits.push((id, code, signal));
+}
+
+/// The program a context's driver runs on.
+fn program_of(kind: Lang) -> &'static str {
+    match kind {
+        Lang::Python => "python3",
+        Lang::Node | Lang::Typescript => "node",
+        Lang::Bash => "bash",
     }
 }
 

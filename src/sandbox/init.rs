@@ -51,6 +51,9 @@ struct Init<'a> {
     /// Live payloads: pid -> (id, last, the output files to send when it ends).
     payloads: BTreeMap<Pid, (u64, bool, Option<OutputRules>)>,
     newest: Option<Pid>,
+    /// Payloads reaped lately (id, pid): a session's context whose driver died may have
+    /// left members in its process group, which `CallProcesses` still finds by the id.
+    reaped: std::collections::VecDeque<(u64, Pid)>,
     /// The last pid allocated in the sandbox as the running session call began.
     call_mark: Option<i32>,
     /// The output directory as a session call began (`BeginCall`).
@@ -66,6 +69,7 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
         netlink: None,
         payloads: BTreeMap::new(),
         newest: None,
+        reaped: std::collections::VecDeque::new(),
         call_mark: None,
         marked: None,
     };
@@ -199,9 +203,17 @@ impl Init<'_> {
                 }
             }
             ToSandbox::CallProcesses { id, since_ns } => {
-                let leader = self.payloads.iter().find(|(_, (i, _, _))| *i == id);
-                let processes = leader.map_or_else(Vec::new, |(pid, _)| {
-                    procs::group_members(pid.as_raw(), pid.as_raw(), self.call_mark, since_ns)
+                let leader = self
+                    .payloads
+                    .iter()
+                    .find(|(_, (i, _, _))| *i == id)
+                    .map(|(pid, _)| *pid)
+                    .or_else(|| self.reaped.iter().find(|(i, _)| *i == id).map(|(_, p)| *p));
+                // since_ns 0: every member of the group, whenever it started (what is left
+                // of a context whose driver is gone).
+                let mark = if since_ns == 0 { None } else { self.call_mark };
+                let processes = leader.map_or_else(Vec::new, |pid| {
+                    procs::group_members(pid.as_raw(), pid.as_raw(), mark, since_ns)
                 });
                 self.send(&FromSandbox::CallProcesses { processes });
             }
@@ -270,6 +282,7 @@ impl Init<'_> {
                 Err(_) => return,
             };
             if let Some((id, last, outputs)) = self.payloads.remove(&pid) {
+                self.note_reaped(id, pid);
                 if last {
                     // From pid 1, kill(-1) reaches every other process of the namespace:
                     // nothing the payload started outlives it, double-forked or not. Each
@@ -305,6 +318,14 @@ impl Init<'_> {
                 Err(_) => break,
             }
         }
+    }
+
+    /// Remembers a reaped payload's group for a while (the last 16).
+    fn note_reaped(&mut self, id: u64, pid: Pid) {
+        if self.reaped.len() >= 16 {
+            self.reaped.pop_front();
+        }
+        self.reaped.push_back((id, pid));
     }
 
     fn killed(&mut self, pid: Pid, code: Option<i32>, signal: Option<i32>) {

@@ -52,6 +52,8 @@ pub struct Entry {
     pub interrupter: Interrupter,
     /// Its background processes (shared with the session: reachable while a call runs).
     pub processes: Processes,
+    /// Its contexts (shared with the session: readable while a call runs).
+    pub contexts: codecage::session::Contexts,
     busy: AtomicBool,
     pub executions: AtomicU64,
     pub caps: Caps,
@@ -86,6 +88,7 @@ impl Entry {
             last_used: Mutex::new(Instant::now()),
             interrupter: session.interrupter(),
             processes: session.processes(),
+            contexts: session.contexts(),
             session: Mutex::new(Some(session)),
             busy: AtomicBool::new(false),
             executions: AtomicU64::new(0),

@@ -28,7 +28,7 @@ pub use error::{Error, Kind};
 pub use request::{ExecuteRequest, RunRequest, SessionRequest};
 pub use runs::{format_options, run_request};
 pub use sessions::{
-    begin_call, call_session, close_session, interrupt_session, list_sessions, lookup,
+    begin_call, call_session, close_session, interrupt_session, language_of, list_sessions, lookup,
     open_session, relative, reset_session, session_spec_of, timeout_of, with_session,
     write_session_file,
 };

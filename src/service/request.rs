@@ -114,6 +114,9 @@ pub struct SessionRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecuteRequest {
     pub code: String,
+    /// The context to run in: python, node, typescript (the Node context) or bash; the
+    /// session's own language if absent. Each is made on first use, in the same sandbox.
+    pub language: Option<String>,
     /// Files placed in /work before the call, as in `POST /v1/run`.
     #[serde(default)]
     pub files: Vec<codecage::files::InputFile>,

@@ -246,6 +246,15 @@ pub async fn close_session(
 }
 
 /// A call's own time limit, from a request field.
+/// A call's `language` (the context it runs in), checked: None means the session's own.
+pub fn language_of(text: Option<&str>) -> Result<Option<Lang>, Error> {
+    text.map(|text| {
+        text.parse::<Lang>()
+            .map_err(|e| Error::invalid(format!("field `language`: {e}")).on("language"))
+    })
+    .transpose()
+}
+
 pub fn timeout_of(raw: Option<&Raw>) -> Result<Option<Duration>, Error> {
     raw.map(|raw| {
         Knob::Timeout
@@ -304,7 +313,7 @@ pub async fn begin_call(
     start.stdin = call.stdin.as_ref().map(|s| s.clone().into_bytes());
     start.session = Some(entry.id.clone());
     start.profile = Some(entry.profile.clone());
-    start.language = Some(entry.lang.name().to_string());
+    start.language = Some(call.lang.unwrap_or(entry.lang).name().to_string());
     if let Some(t) = call.timeout {
         start.limits = Some(serde_json::json!({"timeout_ms": t.as_millis() as u64}));
     }
@@ -365,6 +374,7 @@ impl Begun {
             slot,
         } = self;
         let interrupter = entry.interrupter.clone();
+        let lang = call.lang.unwrap_or(entry.lang);
         let watcher = tokio::spawn(async move {
             stop.cancelled().await;
             interrupter.interrupt();
@@ -427,7 +437,7 @@ impl Begun {
         log_call(
             &caller,
             "execute",
-            Some(entry.lang),
+            Some(lang),
             Some(&entry.id),
             &outcome.outcome,
         );
@@ -435,17 +445,19 @@ impl Begun {
     }
 }
 
-/// A fresh interpreter in the session's sandbox (409 if it is busy).
+/// A fresh interpreter in the session's sandbox (409 if it is busy): context `lang`'s, or
+/// (None) every context's, with the background processes (see `Session::reset`).
 pub async fn reset_session(
     state: &Shared,
     caller: &Caller,
     via: Via,
     entry: Arc<Entry>,
+    lang: Option<Lang>,
 ) -> Result<(), Error> {
     let mut start = Start::new(AuditKind::Reset, via, caller.to_string());
     start.session = Some(entry.id.clone());
     start.profile = Some(entry.profile.clone());
-    start.language = Some(entry.lang.name().to_string());
+    start.language = lang.map(|l| l.name().to_string());
     let Some(claim) = entry.claim() else {
         return Err(refused(state, start, busy(&entry.id)).await);
     };
@@ -455,7 +467,7 @@ pub async fn reset_session(
         let pending = slot.map(|slot| slot.begin(start));
         let mut guard = entry.session.lock().unwrap_or_else(|e| e.into_inner());
         let result = match guard.as_mut() {
-            Some(session) => session.reset(),
+            Some(session) => session.reset(lang),
             None => Err("the session is closed".to_string()),
         };
         if let Some(pending) = pending {

@@ -251,6 +251,15 @@ impl Drop for TempDir {
 /// libraries it links, plus the mount points (`with_mount_points = false` leaves them
 /// out, for the setup-failure tests). The directory is returned with the run, to look at.
 pub fn bash_in_minimal_rootfs(with_mount_points: bool, script: &str) -> (TempDir, Run) {
+    let image = minimal_rootfs(with_mount_points);
+    let rootfs = image.path().to_str().unwrap();
+    let run = run_json(&["--rootfs", rootfs, "--", "/bin/bash", "-c", script]);
+    (image, run)
+}
+
+/// A root with the host's bash and the libraries it loads, and nothing else (with
+/// `with_mount_points`, the directories the sandbox mounts on).
+pub fn minimal_rootfs(with_mount_points: bool) -> TempDir {
     let image = TempDir::new("rootfs");
     let dir = image.path();
     let bash = Path::new("/usr/bin/bash");
@@ -278,9 +287,7 @@ pub fn bash_in_minimal_rootfs(with_mount_points: bool, script: &str) -> (TempDir
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
     }
-    let rootfs = dir.to_str().unwrap();
-    let run = run_json(&["--rootfs", rootfs, "--", "/bin/bash", "-c", script]);
-    (image, run)
+    image
 }
 
 /// A mount namespace of the test's own (private propagation), held by a sleeping process

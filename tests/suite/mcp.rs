@@ -579,8 +579,8 @@ fn a_scripted_agent_loop_runs_end_to_end() {
             "{}",
             results[6]
         );
-        // The shell's /work is its own sandbox's: the file is not there.
-        assert!(is_error(&results[7]), "{}", results[7]);
+        // The shell is a context of the same sandbox: write_file's file is there.
+        assert_eq!(text(&results[7]), "5\n", "{}", results[7]);
         assert!(text(&results[8]).contains("cum.csv"));
         assert!(
             text(&results[9]).starts_with("month,units,cum\n1,10,10\n"),
@@ -1092,5 +1092,63 @@ fn over_http_exec_needs_a_session_and_a_reconnecting_client_resumes() {
             theirs[0]
         );
         server.stop();
+    });
+}
+
+/// One stdio connection, one sandbox: execute_shell, execute_python and execute_node are
+/// contexts of the same session, so each sees the others' files in /work while keeping
+/// its own variables; reset_repl with a language restarts that one only, without one
+/// every one. The session is closed with the connection (the harness checks the host).
+#[test]
+fn over_stdio_the_execute_tools_share_one_sandbox() {
+    mcp_test(|python| {
+        let steps = json!([
+            tool(
+                "execute_shell",
+                json!({"command": "echo from-shell > shared.txt; v=shellvar; echo ok"})
+            ),
+            tool(
+                "execute_python",
+                json!({"code": "v = 'pyvar'\nopen('from_py.txt', 'w').write('from-python')\nprint(open('shared.txt').read().strip())"})
+            ),
+            tool(
+                "execute_node",
+                json!({"code": "const fs = require('fs'); console.log(fs.readFileSync('from_py.txt', 'utf8'), typeof v)"})
+            ),
+            tool("reset_repl", json!({"language": "shell"})),
+            tool(
+                "execute_shell",
+                json!({"command": "echo \"[$v]\"; cat from_py.txt"})
+            ),
+            tool("execute_python", json!({"code": "print(v)"})),
+            tool("list_files", json!({})),
+            tool("reset_repl", json!({})),
+            tool("execute_python", json!({"code": "print('v' in dir())"})),
+        ]);
+        let out = drive(python, mcp_stdio(&[]), steps);
+        let texts: Vec<String> = out.iter().map(text).collect();
+        for (i, result) in out.iter().enumerate() {
+            assert!(!is_error(result), "step {i}: {result}");
+        }
+        assert!(texts[0].contains("ok"), "{}", texts[0]);
+        assert!(texts[1].contains("from-shell"), "{}", texts[1]);
+        assert!(texts[2].contains("from-python undefined"), "{}", texts[2]);
+        assert!(
+            texts[3].contains("the other languages' are kept"),
+            "{}",
+            texts[3]
+        );
+        assert!(
+            texts[4].contains("[]") && texts[4].contains("from-python"),
+            "{}",
+            texts[4]
+        );
+        assert!(texts[5].contains("pyvar"), "{}", texts[5]);
+        assert!(
+            texts[6].contains("shared.txt") && texts[6].contains("from_py.txt"),
+            "{}",
+            texts[6]
+        );
+        assert!(texts[8].contains("False"), "{}", texts[8]);
     });
 }

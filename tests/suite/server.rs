@@ -100,6 +100,11 @@ impl Server {
     }
 
     /// The audit database of a server whose config did not name one.
+    /// The directory of its profiles (read at each request: a test may add one).
+    pub(super) fn profiles_dir(&self) -> PathBuf {
+        self.dir.path().join("profiles")
+    }
+
     pub(super) fn audit_db(&self) -> PathBuf {
         self.dir.path().join("audit").join("audit.db")
     }

@@ -1421,3 +1421,317 @@ fn a_process_is_polled_and_signalled_while_a_call_runs() {
         server.stop();
     });
 }
+
+// Contexts: one session, a Python, a Node and a bash interpreter (issue 24, item 1).
+
+/// Runs `code` in context `language` of session `id`; the outcome.
+fn execute_in(server: &Server, id: &str, language: &str, code: &str, timeout: u64) -> Value {
+    let (status, out) = server.tcp_request(
+        USER1,
+        "POST",
+        &format!("/v1/sessions/{id}/execute"),
+        Some(json!({"language": language, "code": code, "timeout": timeout})),
+    );
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+/// The session's memory now: its cgroup's (memory.current, or v1's usage_in_bytes) and
+/// the RSS of its processes, in KiB.
+fn session_memory(cgroups: &[std::path::PathBuf]) -> (u64, u64) {
+    let mut charged = 0;
+    let mut rss = 0;
+    for dir in cgroups {
+        for file in ["memory.current", "memory.usage_in_bytes"] {
+            if let Ok(text) = std::fs::read_to_string(dir.join(file)) {
+                charged = charged.max(text.trim().parse::<u64>().unwrap_or(0) / 1024);
+            }
+        }
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let sum: u64 = procs
+            .lines()
+            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .filter_map(|status| {
+                let line = status
+                    .lines()
+                    .find(|l| l.starts_with("VmRSS:"))?
+                    .to_string();
+                line.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .sum();
+        rss = rss.max(sum);
+    }
+    (charged, rss)
+}
+
+/// A python session's bash and Node contexts: each sees the others' /work files, keeps
+/// its own variables, prints; a python cell that will not stop is killed with its context
+/// only; a reset of one context keeps the others'; a bash `exit 3` restarts bash only;
+/// a language that is not one is refused by name; closing leaves nothing.
+#[test]
+fn a_sessions_contexts_share_work_and_keep_their_own_state() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "python");
+        let server_pid = server.pid();
+        let cgroups = || -> Vec<std::path::PathBuf> {
+            run_cgroups()
+                .into_iter()
+                .filter(|(pid, _)| *pid == server_pid)
+                .map(|(_, path)| path)
+                .collect()
+        };
+        let one = session_memory(&cgroups());
+        // Files: written in one context, read in the other.
+        let out = execute_in(
+            &server,
+            &id,
+            "bash",
+            "echo from-bash > shared.txt; x=bashvar",
+            30,
+        );
+        assert_eq!(out["exit_code"], 0, "{out}");
+        assert_eq!(out["state"]["restarted"], false, "{out}");
+        let out = execute_in(
+            &server,
+            &id,
+            "python",
+            "x = 'pyvar'\nopen('py.txt', 'w').write('from-python')\nopen('shared.txt').read()",
+            30,
+        );
+        assert_eq!(out["result"]["text/plain"], "'from-bash\\n'", "{out}");
+        let out = execute_in(&server, &id, "bash", "cat py.txt; echo; echo $x", 30);
+        assert_eq!(out["stdout"], "from-python\nbashvar\n", "{out}");
+        // The session's own language is the default context.
+        let (_, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "x"})),
+        );
+        assert_eq!(out["result"]["text/plain"], "'pyvar'", "{out}");
+        // Node (and TypeScript, the same context): console.log prints; no python `x` here.
+        let out = execute_in(
+            &server,
+            &id,
+            "node",
+            "const fs = require('fs'); console.log('node sees', fs.readFileSync('py.txt', 'utf8'), typeof x); var n = 20;",
+            30,
+        );
+        assert_eq!(out["stdout"], "node sees from-python undefined\n", "{out}");
+        let out = execute_in(
+            &server,
+            &id,
+            "typescript",
+            "const m: number = n + 22; console.log(m)",
+            30,
+        );
+        assert_eq!(out["stdout"], "42\n", "{out}");
+        let (_, view) = server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(view["language"], "python", "{view}");
+        assert_eq!(
+            view["contexts"],
+            json!(["python", "node", "bash"]),
+            "{view}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        let three = session_memory(&cgroups());
+        eprintln!(
+            "figures: an idle python session: cgroup {} KiB, RSS {} KiB; with node and bash contexts \
+             too: cgroup {} KiB, RSS {} KiB",
+            one.0, one.1, three.0, three.1
+        );
+        // A language that is not one: refused, naming it and the allowed ones.
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"language": "ruby", "code": "1"})),
+        );
+        assert_eq!(status, 400, "{out}");
+        let message = out["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("\"ruby\"") && message.contains("python, node, typescript or bash"),
+            "{out}"
+        );
+        // A python cell that will not stop: its context is killed and restarted, bash's
+        // state is kept (and a background job of bash's survives).
+        let out = execute_in(
+            &server,
+            &id,
+            "bash",
+            "sleep 1000 & job=$!; echo started",
+            30,
+        );
+        assert_eq!(out["stdout"], "started\n", "{out}");
+        let out = execute_in(
+            &server,
+            &id,
+            "python",
+            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)",
+            1,
+        );
+        assert_eq!(out["error"], "timeout", "{out}");
+        assert_eq!(out["state"]["restarted"], true, "{out}");
+        let out = execute_in(
+            &server,
+            &id,
+            "bash",
+            "echo $x; kill -0 $job && echo alive",
+            30,
+        );
+        assert_eq!(out["stdout"], "bashvar\nalive\n", "{out}");
+        let out = execute_in(&server, &id, "python", "x", 30);
+        assert_eq!(out["exception"]["name"], "NameError", "{out}");
+        // An interrupted python cell that stops keeps both contexts' state.
+        execute_in(&server, &id, "python", "y = 7", 30);
+        let out = execute_in(&server, &id, "python", "while True: pass", 1);
+        assert_eq!(
+            (&out["error"], &out["state"]["preserved"]),
+            (&json!("timeout"), &json!(true)),
+            "{out}"
+        );
+        let out = execute_in(&server, &id, "bash", "echo $x", 30);
+        assert_eq!(out["stdout"], "bashvar\n", "{out}");
+        // A reset of one context keeps the others' variables.
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/reset?language=bash"),
+            None,
+        );
+        assert_eq!(status, 204, "{out}");
+        let out = execute_in(&server, &id, "bash", "echo \"[$x]\"", 30);
+        assert_eq!(out["stdout"], "[]\n", "{out}");
+        let out = execute_in(&server, &id, "python", "y", 30);
+        assert_eq!(out["result"]["text/plain"], "7", "{out}");
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/reset?language=cobol"),
+            None,
+        );
+        assert_eq!(status, 400, "{out}");
+        assert!(
+            out["message"].as_str().unwrap_or("").contains("\"cobol\""),
+            "{out}"
+        );
+        // A driver's death (exit 3) restarts that context only.
+        execute_in(&server, &id, "bash", "x=again; sleep 1001 &", 30);
+        let sleeps =
+            "import os\nprint(sum(open(f'/proc/{p}/cmdline').read() == 'sleep\\x001001\\x00' \
+                      for p in os.listdir('/proc') if p.isdigit()))";
+        let out = execute_in(&server, &id, "python", sleeps, 30);
+        assert_eq!(out["stdout"], "1\n", "{out}");
+        let out = execute_in(&server, &id, "bash", "exit 3", 30);
+        assert_eq!(
+            (&out["exit_code"], &out["state"]["restarted"]),
+            (&json!(3), &json!(true)),
+            "{out}"
+        );
+        // What the dead bash left in its process group went with its context.
+        let out = execute_in(&server, &id, "python", &format!("{sleeps}\ny"), 30);
+        assert_eq!(
+            (&out["stdout"], &out["result"]["text/plain"]),
+            (&json!("0\n"), &json!("7")),
+            "{out}"
+        );
+        let out = execute_in(&server, &id, "node", "n", 30);
+        assert_eq!(out["result"]["text/plain"], "20", "{out}");
+        let out = execute_in(&server, &id, "node", "process.exit(4)", 30);
+        assert_eq!(out["exit_code"], 4, "{out}");
+        let out = execute_in(&server, &id, "python", "y", 30);
+        assert_eq!(out["result"]["text/plain"], "7", "{out}");
+        // The CLI names a context too (an admin over the unix socket).
+        let (code, stdout, stderr) = server.session_cli(&[
+            "exec",
+            &id,
+            "--lang",
+            "bash",
+            "-c",
+            "x=fromcli; echo cli-$x",
+        ]);
+        assert_eq!((code, stdout.as_str()), (0, "cli-fromcli\n"), "{stderr}");
+        let (code, _, stderr) = server.session_cli(&["reset", &id, "--lang", "bash"]);
+        assert_eq!(code, 0, "{stderr}");
+        let (_, stdout, stderr) =
+            server.session_cli(&["exec", &id, "--lang", "bash", "-c", "echo \"[$x]\""]);
+        assert_eq!(stdout, "[]\n", "{stderr}");
+        // A reset with no language: every context.
+        let (status, _) =
+            server.tcp_request(USER1, "POST", &format!("/v1/sessions/{id}/reset"), None);
+        assert_eq!(status, 204);
+        let out = execute_in(&server, &id, "python", "'y' in dir()", 30);
+        assert_eq!(out["result"]["text/plain"], "False", "{out}");
+        let (_, view) = server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(view["contexts"], json!(["python"]), "{view}");
+        // Closing leaves no process and no cgroup.
+        execute_in(&server, &id, "bash", "true", 30);
+        execute_in(&server, &id, "node", "1", 30);
+        let pids: Vec<String> = cgroups()
+            .iter()
+            .flat_map(|dir| {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                procs.lines().map(str::to_string).collect::<Vec<_>>()
+            })
+            .collect();
+        // The init and three drivers at least.
+        assert!(pids.len() >= 4, "{pids:?}");
+        let (status, _) = server.tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        assert!(cgroups().is_empty(), "the session's cgroup was left");
+        let left: Vec<&String> = pids
+            .iter()
+            .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "processes outlived their session: {left:?}"
+        );
+        figures(&server, "contexts");
+        server.stop();
+    });
+}
+
+/// A session whose image has no python3: its bash works, and the first python call says
+/// which interpreter is missing; the bash context is left as it was.
+#[test]
+fn a_context_whose_interpreter_the_image_lacks_says_so() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let root = minimal_rootfs(true);
+        std::fs::create_dir_all(root.path().join("run")).unwrap();
+        std::fs::write(
+            // The caller may use bash: this server's bash profile is one without python3.
+            server.profiles_dir().join("bash.toml"),
+            format!("language = \"bash\"\nrootfs = {:?}\n", root.path()),
+        )
+        .unwrap();
+        let (status, created) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "bash"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let out = execute_in(&server, &id, "bash", "v=kept; echo hi", 30);
+        assert_eq!(out["stdout"], "hi\n", "{out}");
+        let out = execute_in(&server, &id, "python", "1", 30);
+        assert_eq!(out["error"], "setup", "{out}");
+        let message = out["message"].as_str().unwrap_or("");
+        eprintln!("the missing interpreter's message: {message}");
+        assert!(
+            message.contains("the python context could not be made")
+                && message.contains("python3 interpreter"),
+            "{out}"
+        );
+        let out = execute_in(&server, &id, "bash", "echo $v", 30);
+        assert_eq!(out["stdout"], "kept\n", "{out}");
+        let (_, view) = server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(view["contexts"], json!(["bash"]), "{view}");
+        let (status, _) = server.tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        server.stop();
+    });
+}

@@ -164,7 +164,7 @@ fn reset_clears_variables_and_keeps_work() {
     as_root(|| {
         let mut s = session(Lang::Python);
         call(&mut s, "x = 1\nopen('/work/kept.txt', 'w').write('data')");
-        s.reset().unwrap();
+        s.reset(None).unwrap();
         let out = call(&mut s, "('x' in dir(), open('/work/kept.txt').read())");
         assert_eq!(text(&out), "(False, 'data')", "{out}");
         s.close().unwrap();

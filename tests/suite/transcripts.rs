@@ -152,7 +152,7 @@ fn through_the_library() {
             for (i, step) in t.steps.iter().enumerate() {
                 let where_ = format!("{} step {i} (library)", t.name);
                 if step["reset"] == true {
-                    s.reset().unwrap_or_else(|e| panic!("{where_}: {e}"));
+                    s.reset(None).unwrap_or_else(|e| panic!("{where_}: {e}"));
                     continue;
                 }
                 if !applies(step, "library") {

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -167,6 +167,9 @@ pub struct SessionInfo {
     pub max_duration_s: u64,
     pub busy: bool,
     pub executions: u64,
+    /// Its contexts started so far (python, node, bash: each made on first use by a call
+    /// with that `language`; node serves typescript calls too).
+    pub contexts: Vec<Lang>,
 }
 
 /// `GET /healthz`: 200 `ok` while the server and its gateway can serve; 503 and why not
@@ -276,6 +279,7 @@ fn info(entry: &Entry) -> SessionInfo {
         max_duration_s: entry.max_duration.as_secs(),
         busy: entry.is_busy(),
         executions: entry.executions.load(std::sync::atomic::Ordering::Relaxed),
+        contexts: entry.contexts.languages(),
     }
 }
 
@@ -381,11 +385,13 @@ pub(crate) async fn execute(
     let timeout = timeout_of(body.timeout.as_ref())?;
     codecage::files::check_inputs(&body.files, entry.caps.input_files, entry.caps.input_total)
         .map_err(|e| ApiError::invalid(format!("field `files`: {e}")))?;
+    let lang = service::language_of(body.language.as_deref())?;
     let call = Call {
         code: body.code,
         stdin: body.stdin,
         timeout,
         files: body.files,
+        lang,
     };
     let names_only = body.file_data == Some(false);
     let mut format = service::format_options(body.format.as_ref())?;
@@ -394,7 +400,7 @@ pub(crate) async fn execute(
         options.language = options
             .language
             .take()
-            .or_else(|| Some(entry.lang.name().to_string()));
+            .or_else(|| Some(lang.unwrap_or(entry.lang).name().to_string()));
     }
     let streaming = wants_ndjson(&headers);
     // Every refusal (busy, policy, quota) is known here, before any answer begins.
@@ -444,17 +450,38 @@ fn shape(
     }
 }
 
+/// `POST /v1/sessions/{id}/reset`'s query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResetQuery {
+    /// The context to reset (python, node, typescript, bash); every context if absent.
+    language: Option<String>,
+}
+
 #[utoipa::path(post, path = "/v1/sessions/{id}/reset", operation_id = "reset_session", tag = "sessions",
     summary = "A fresh interpreter in the same sandbox (/work is kept)",
-    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`")),
+    description = "With `?language=`, that context only: its interpreter and what its calls started \
+        are killed and it starts again; the other contexts and the background processes are left. \
+        Without, every context and every background process (as a new session, /work kept).",
+    params(("id" = String, Path, description = "the session's id, from `POST /v1/sessions`"), ResetQuery),
     security(("bearer" = [])),
     responses((status = 204, description = "reset"), MissingOrBusy, Unauthenticated))]
 pub(crate) async fn reset(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    Query(query): Query<ResetQuery>,
 ) -> Result<StatusCode, ApiError> {
-    reset_session(&state, &caller, Via::Api, lookup(&state, &caller, &id)?).await?;
+    let lang = service::language_of(query.language.as_deref())?;
+    reset_session(
+        &state,
+        &caller,
+        Via::Api,
+        lookup(&state, &caller, &id)?,
+        lang,
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

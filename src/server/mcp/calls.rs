@@ -62,7 +62,7 @@ impl CodecageMcp {
         };
         // A session this connection had, gone since (idle or too old): say so.
         let had = match (&self.connection, &session_id) {
-            (Some(connection), None) => connection.lock().await.get(&language).cloned(),
+            (Some(connection), None) => connection.lock().await.clone(),
             _ => None,
         };
         let entry = match self
@@ -134,6 +134,7 @@ impl CodecageMcp {
             stdin: None,
             timeout,
             files: Vec::new(),
+            lang: Some(self.lang_of(language)),
         };
         wait_idle(&entry).await;
         let result = service::call_session(

@@ -1,6 +1,8 @@
 //! Who a call acts for and which session it uses: the request's caller (HTTP) or the
-//! connection's (stdio); the connection's session per language (stdio), made on first
-//! use, or a `session_id`'s; the sessions a stdio connection closes when it ends.
+//! connection's (stdio); the connection's one session (stdio), made on first use, whose
+//! contexts (python, node, bash) the execute tools use, or a `session_id`'s; the session a
+//! stdio connection closes when it ends. [`CodecageMcp::session`] is the one place that
+//! picks a call's session.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,8 +26,8 @@ impl CodecageMcp {
         let Some(connection) = &self.connection else {
             return;
         };
-        let ids: Vec<String> = connection.lock().await.drain().map(|(_, id)| id).collect();
-        for id in ids {
+        let id = connection.lock().await.take();
+        if let Some(id) = id {
             let _ = service::close_session(&self.state, &self.caller, Via::Mcp, &id).await;
         }
     }
@@ -47,6 +49,20 @@ impl CodecageMcp {
             .unwrap_or_else(|| self.caller.clone())
     }
 
+    /// The language a tool's calls run in: its context in the session. execute_node's is
+    /// its profile's (node or typescript; typescript if the profile does not say).
+    pub(super) fn lang_of(&self, language: Language) -> Lang {
+        match language {
+            Language::Python => Lang::Python,
+            Language::Shell => Lang::Bash,
+            Language::Node => service::load_profile(&self.state, &self.profile_name(language))
+                .ok()
+                .and_then(|p| p.language)
+                .filter(|l| matches!(l, Lang::Node | Lang::Typescript))
+                .unwrap_or(Lang::Typescript),
+        }
+    }
+
     /// Starts a session for `language` under its configured profile.
     pub(super) async fn open(
         &self,
@@ -54,14 +70,11 @@ impl CodecageMcp {
         caller: &Caller,
     ) -> Result<Arc<Entry>, ApiError> {
         let profile = self.profile_name(language);
-        let lang = match language {
-            Language::Python => Lang::Python,
-            Language::Shell => Lang::Bash,
-            Language::Node => service::load_profile(&self.state, &profile)?
-                .language
-                .filter(|l| matches!(l, Lang::Node | Lang::Typescript))
-                .unwrap_or(Lang::Typescript),
-        };
+        if language == Language::Node {
+            // A profile that cannot be loaded is the open's error, said by the service.
+            service::load_profile(&self.state, &profile)?;
+        }
+        let lang = self.lang_of(language);
         let mut request = SessionRequest {
             profile: Some(profile),
             ..SessionRequest::new(lang)
@@ -77,9 +90,11 @@ impl CodecageMcp {
         service::open_session(&self.state, caller, Via::Mcp, request).await
     }
 
-    /// The session a call uses: `session_id`'s, else (stdio) the connection's for the
-    /// language, made on first use (and again, with a note, if it expired); None over HTTP
-    /// without an id. Errors come as the tool result to return.
+    /// The session a call uses: `session_id`'s, else (stdio) the connection's one session,
+    /// made on first use under `language`'s profile (and again, with a note, if it
+    /// expired); None over HTTP without an id. Every tool of a stdio connection gets the
+    /// same sandbox: execute_python, execute_node and execute_shell are its contexts.
+    /// Errors come as the tool result to return.
     pub(super) async fn session(
         &self,
         language: Language,
@@ -95,18 +110,18 @@ impl CodecageMcp {
         let Some(connection) = &self.connection else {
             return Ok(None);
         };
-        let mut sessions = connection.lock().await;
-        if let Some(id) = sessions.get(&language) {
+        let mut session = connection.lock().await;
+        if let Some(id) = session.as_deref() {
             if let Ok(entry) = service::lookup(&self.state, caller, id) {
                 return Ok(Some(entry));
             }
-            sessions.remove(&language);
+            *session = None;
         }
         if !create {
             return Ok(None);
         }
         let entry = self.open(language, caller).await.map_err(api_error)?;
-        sessions.insert(language, entry.id.clone());
+        *session = Some(entry.id.clone());
         Ok(Some(entry))
     }
 
@@ -126,11 +141,12 @@ impl CodecageMcp {
         {
             Some(entry) => Ok(entry),
             None if self.connection.is_some() => Err(tool_error(
-                "this connection has no shell session (no command has run on it yet, or its session expired \
+                "this connection has no session (no command has run on it yet, or its session expired \
                  and its processes with it): exec starts one, and process then reaches its processes",
             )),
             None => Err(tool_error(
-                "exec and process need a session_id from create_session: over HTTP there is no connection                  session, and a process lives in a session",
+                "exec and process need a session_id from create_session: over HTTP there is no connection \
+                 session, and a process lives in a session",
             )),
         }
     }

@@ -27,7 +27,8 @@ impl CodecageMcp {
         };
         let session_text = if self.connection.is_some() {
             "The interpreter persists across calls on this connection: variables, imports and functions stay \
-             until reset_repl; files stay in /work (each language has its own sandbox and /work). \
+             until reset_repl; files stay in /work. execute_python, execute_node and execute_shell share one \
+             sandbox (each its own interpreter): a file one writes in /work the others read. \
              session_id is optional: give one from create_session to use that session instead."
                 .to_string()
         } else {
@@ -184,8 +185,7 @@ impl CodecageMcp {
 
     pub(super) fn files_text(&self) -> &'static str {
         if self.connection.is_some() {
-            "language chooses whose sandbox (python by default; each language has its own /work), or give a \
-             session_id."
+            "Every language's tools share this connection's one sandbox and /work; or give a session_id."
         } else {
             "Needs the session_id of a session from create_session."
         }

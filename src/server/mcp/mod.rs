@@ -4,7 +4,8 @@
 //! `close_session`), on rmcp, over the same sessions and policy as the HTTP API.
 //!
 //! Two ways in. `codecage mcp` serves one client over stdio: the connection holds one
-//! session per language, made on first use and closed when the connection ends. `/mcp` on
+//! session, made on first use and closed when the connection ends, whose python, node and
+//! bash contexts the execute tools use (they share its /work). `/mcp` on
 //! `codecage serve` is streamable HTTP behind the listener's caller check, with no state
 //! per connection: a tool given a `session_id` (from `create_session`) uses that session;
 //! an `execute_*` without one runs in a fresh sandbox of its own.
@@ -36,7 +37,6 @@ mod store;
 mod tools;
 mod transport;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -63,15 +63,16 @@ pub struct CodecageMcp {
     state: Shared,
     /// Who the client is when the request does not say (stdio: the process's user).
     caller: Caller,
-    /// stdio: the connection's session per language. None over HTTP.
-    connection: Option<Arc<tokio::sync::Mutex<HashMap<Language, String>>>>,
+    /// stdio: the connection's one session (its id), whose contexts the execute tools
+    /// use. None over HTTP.
+    connection: Option<Arc<tokio::sync::Mutex<Option<String>>>>,
     tool_router: ToolRouter<Self>,
 }
 
 impl CodecageMcp {
     fn new(state: Shared, caller: Caller, stdio: bool) -> CodecageMcp {
         let mut server = CodecageMcp {
-            connection: stdio.then(|| Arc::new(tokio::sync::Mutex::new(HashMap::new()))),
+            connection: stdio.then(|| Arc::new(tokio::sync::Mutex::new(None))),
             tool_router: Self::tool_router(),
             state,
             caller,

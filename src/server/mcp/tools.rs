@@ -47,7 +47,7 @@ pub struct ShellArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ResetArgs {
-    /// Whose interpreter: python (default), node or shell. Ignored with a session_id.
+    /// Which interpreter: python, node or shell; every one of the session if absent.
     pub language: Option<Language>,
     pub session_id: Option<String>,
 }
@@ -56,7 +56,9 @@ pub struct ResetArgs {
 pub struct ListFilesArgs {
     /// A directory under /work (default: /work).
     pub path: Option<String>,
-    /// Whose sandbox: python (default), node or shell. Ignored with a session_id.
+    /// Over stdio without a session_id: the profile (python's by default, node's or
+    /// shell's) of the connection's session if this call makes it. Every language's tools
+    /// share the one sandbox.
     pub language: Option<Language>,
     pub session_id: Option<String>,
 }
@@ -65,7 +67,9 @@ pub struct ListFilesArgs {
 pub struct ReadFileArgs {
     /// A file under /work (relative, or starting with /work/).
     pub path: String,
-    /// Whose sandbox: python (default), node or shell. Ignored with a session_id.
+    /// Over stdio without a session_id: the profile (python's by default, node's or
+    /// shell's) of the connection's session if this call makes it. Every language's tools
+    /// share the one sandbox.
     pub language: Option<Language>,
     pub session_id: Option<String>,
 }
@@ -85,7 +89,9 @@ pub struct WriteFileArgs {
     /// The file's content: text, or base64 with encoding "base64".
     pub content: String,
     pub encoding: Option<Encoding>,
-    /// Whose sandbox: python (default), node or shell. Ignored with a session_id.
+    /// Over stdio without a session_id: the profile (python's by default, node's or
+    /// shell's) of the connection's session if this call makes it. Every language's tools
+    /// share the one sandbox.
     pub language: Option<Language>,
     pub session_id: Option<String>,
 }
@@ -192,7 +198,12 @@ impl CodecageMcp {
         Ok(self.run_process(args, &caller).await)
     }
 
-    #[tool(name = "reset_repl", description = "Restart an interpreter.")]
+    #[tool(
+        name = "reset_repl",
+        description = "Restart an interpreter of the session: `language` python, node or shell restarts that one \
+                       (the others keep their variables); without it, every interpreter and background process. \
+                       Files in /work are kept."
+    )]
     async fn reset_repl(
         &self,
         Parameters(args): Parameters<ResetArgs>,
@@ -200,6 +211,7 @@ impl CodecageMcp {
     ) -> Result<CallToolResult, ErrorData> {
         let language = args.language.unwrap_or(Language::Python);
         let caller = self.caller_of(&ctx);
+        let lang = args.language.map(|l| self.lang_of(l));
         let entry = match self.session(language, args.session_id.as_deref(), &caller, true).await {
             Ok(Some(entry)) => entry,
             Ok(None) => {
@@ -209,10 +221,13 @@ impl CodecageMcp {
             }
             Err(e) => return Ok(e),
         };
-        Ok(match service::reset_session(&self.state, &caller, Via::Mcp, entry).await {
-            Ok(()) => CallToolResult::success(vec![ContentBlock::text(
-                "The interpreter was restarted: variables, imports and functions are gone; files in /work are kept.",
-            )]),
+        Ok(match service::reset_session(&self.state, &caller, Via::Mcp, entry, lang).await {
+            Ok(()) => CallToolResult::success(vec![ContentBlock::text(match lang {
+                Some(_) => "The interpreter was restarted: its variables, imports and functions are gone (the \
+                            other languages' are kept); files in /work are kept.",
+                None => "Every interpreter was restarted and every background process killed: variables, \
+                         imports and functions are gone; files in /work are kept.",
+            })]),
             Err(e) => api_error(e),
         })
     }
@@ -383,10 +398,10 @@ impl CodecageMcp {
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller_of(&ctx);
         if let Some(connection) = &self.connection {
-            connection
-                .lock()
-                .await
-                .retain(|_, id| *id != args.session_id);
+            let mut session = connection.lock().await;
+            if session.as_deref() == Some(args.session_id.as_str()) {
+                *session = None;
+            }
         }
         Ok(
             match service::close_session(&self.state, &caller, Via::Mcp, &args.session_id).await {
