@@ -171,6 +171,19 @@ pub fn session_spec_of(
         ..request.clone()
     };
     let spec = profile::resolve(profile, name, &request, data)?;
+    if let Some(allowlist) = &spec.sandbox.exec {
+        // The driver's interpreter must be allowed, as a run's is.
+        let root = profile::rootfs_dir(&spec.sandbox.rootfs);
+        let program = codecage::session::driver_program(lang);
+        allowlist
+            .allows(&root, &profile::payload_path(&spec), program)
+            .map_err(|e| {
+                profile::exec_error(
+                    name,
+                    format!("the {} session's interpreter: {e}", lang.name()),
+                )
+            })?;
+    }
     Ok(SessionSpec {
         sandbox: spec.sandbox,
         lang,
