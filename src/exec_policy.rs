@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExecSecurity {
-    /// No shell: the exec tools and shell sessions are refused (the service's rule).
+    /// No shell: the exec tools and shell sessions refused (the service's rule; not yet
+    /// enforced, so a profile that says it is refused at load).
     Deny,
     /// Only the allowed programs can be executed, enforced by the kernel.
     Allowlist,
@@ -93,6 +94,15 @@ impl ExecSection {
                  security = \"{}\")",
                 self.security.name()
             ));
+        }
+        if self.security == ExecSecurity::Deny {
+            // Refused rather than taken as `full`: a profile must never look tighter than
+            // what is enforced.
+            return Err(
+                "exec.security = \"deny\" (no exec tools, no shell sessions) is not enforced by this release; \
+                 use \"allowlist\" with the programs to allow, or \"full\""
+                    .into(),
+            );
         }
         if self.security == ExecSecurity::Allowlist && self.allowed.is_empty() {
             return Err(
@@ -561,6 +571,7 @@ mod tests {
                 security: ExecSecurity::Allowlist,
                 allowed: vec![bad.into()],
                 denied: vec![],
+                libraries: vec![],
             };
             assert!(section.validate().is_err(), "{bad:?}");
         }
@@ -571,5 +582,10 @@ mod tests {
             libraries: vec![],
         };
         assert!(full.validate().unwrap_err().contains("allowlist"));
+        let deny = ExecSection {
+            security: ExecSecurity::Deny,
+            ..ExecSection::default()
+        };
+        assert!(deny.validate().unwrap_err().contains("not enforced"));
     }
 }

@@ -158,7 +158,8 @@ fn full_is_unchanged() {
     as_root(|| {
         let dir = TempDir::new("exec-full");
         let profile = profile(&dir, r#"security = "full""#);
-        let script = "ld=$(ls /lib64/ld-linux-*.so.* /lib/ld-linux-*.so.* 2>/dev/null | head -n 1)\n\
+        let script =
+            "ld=$(ls /lib64/ld-linux-*.so.* /lib/ld-linux-*.so.* 2>/dev/null | head -n 1)\n\
                       touch f; $ld /usr/bin/rm f; echo \"loader $?\"\n\
                       cp /usr/bin/true /work/t && /work/t; echo \"copy $?\"";
         for flags in [vec!["--profile", profile.as_str()], vec![]] {
@@ -198,10 +199,8 @@ fn a_bash_session_under_an_allowlist_runs_only_its_programs() {
             outputs: None,
         })
         .unwrap_or_else(|e| panic!("the session did not start: {e}"));
-        let result = super::sessions::call(
-            &mut session,
-            "ls / | grep -x usr; rm -f x; echo \"rm $?\"",
-        );
+        let result =
+            super::sessions::call(&mut session, "ls / | grep -x usr; rm -f x; echo \"rm $?\"");
         assert_eq!(result["stdout"], "usr\nrm 126\n", "{result}");
         session.close().unwrap();
     });
