@@ -144,6 +144,7 @@ fn resolve_session(
         input_total: profile.value(Knob::InputTotalSize),
         read_max: profile.value(Knob::OutputFileSize),
         output_dir: profile.output_rules().dir,
+        exec_denied: profile.exec.security == codecage::exec_policy::ExecSecurity::Deny,
         max_timeout: Duration::from_millis(
             caller
                 .ceiling(&state.config, Knob::Timeout)
@@ -170,6 +171,13 @@ pub fn session_spec_of(
         argv: Some(vec!["true".into()]),
         ..request.clone()
     };
+    if profile.exec.security == codecage::exec_policy::ExecSecurity::Deny && lang == Lang::Bash {
+        return Err(Error::new(
+            Kind::Policy,
+            codecage::exec_policy::denied(name, "a bash session"),
+        )
+        .on("exec"));
+    }
     let spec = profile::resolve(profile, name, &request, data)?;
     if let Some(allowlist) = &spec.sandbox.exec {
         // The driver's interpreter must be allowed, as a run's is.

@@ -818,3 +818,28 @@ fn a_result_formatted_for_a_chat_channel_through_the_http_api_and_mcp() {
         assert_eq!(results[1]["isError"], true, "{}", results[1]);
     });
 }
+
+/// A shell profile that says `[exec] security = "deny"`: the MCP server neither lists
+/// nor runs `execute_shell`; the other tools are there.
+#[test]
+fn a_deny_shell_profile_hides_execute_shell() {
+    mcp_test(|python| {
+        let server = Server::start("", true);
+        std::fs::write(
+            server.profiles_dir().join("bash.toml"),
+            "language = \"bash\"\n[exec]\nsecurity = \"deny\"\n",
+        )
+        .unwrap();
+        let url = format!("http://{}/mcp", server.tcp_address());
+        let results = drive(
+            python,
+            json!({"http": url, "token": super::server::TOKEN}),
+            json!([{"list_tools": true}]),
+        );
+        let tools = results[0]["tools"].as_array().unwrap();
+        let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+        assert!(!names.contains(&"execute_shell"), "{names:?}");
+        assert!(names.contains(&"execute_python"), "{names:?}");
+        server.stop();
+    });
+}

@@ -75,6 +75,13 @@ impl CodecageMcp {
             caller,
         };
         server.describe();
+        // A shell profile that says exec.security = "deny": no shell tool to list or call.
+        let shell = server.profile_name(Language::Shell);
+        if crate::service::load_profile(&server.state, &shell)
+            .is_ok_and(|p| p.exec.security == codecage::exec_policy::ExecSecurity::Deny)
+        {
+            server.tool_router.remove_route("execute_shell");
+        }
         server
     }
 
