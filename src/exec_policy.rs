@@ -565,6 +565,41 @@ mod tests {
         );
     }
 
+    /// An image of the test's own: a script whose interpreter is not allowed, and links
+    /// that try to leave the image.
+    #[test]
+    fn a_script_needs_its_interpreter_and_links_stay_in_the_image() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let root = std::env::temp_dir().join(format!("codecage-exec-{}", std::process::id()));
+        let bin = root.join("usr/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let script = bin.join("tool");
+        std::fs::write(&script, "#!/usr/bin/python3\nprint(1)\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A link to the host's /usr/bin/ls resolves in the image, where there is none.
+        symlink("/usr/bin/ls", bin.join("ls")).unwrap();
+        symlink("../../../../../../usr/bin/ls", bin.join("up")).unwrap();
+        let section = |allowed: &[&str]| ExecSection {
+            security: ExecSecurity::Allowlist,
+            allowed: allowed.iter().map(|s| s.to_string()).collect(),
+            ..ExecSection::default()
+        };
+        let e = resolve(&section(&["tool"]), &root, "/usr/bin").unwrap_err();
+        assert!(
+            e.contains("/usr/bin/tool is a script") && e.contains("python3"),
+            "{e}"
+        );
+        for name in ["ls", "up"] {
+            let e = resolve(&section(&[name]), &root, "/usr/bin").unwrap_err();
+            assert!(e.contains(name), "{e}");
+        }
+        assert_eq!(
+            canonical_in(&root, Path::new("/usr/bin/tool")),
+            Some("/usr/bin/tool".into())
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn entries_must_be_names_or_absolute_paths() {
         for bad in ["", "bin/ls", "a b", ".."] {
