@@ -205,3 +205,29 @@ fn a_bash_session_under_an_allowlist_runs_only_its_programs() {
         session.close().unwrap();
     });
 }
+
+/// A memfd lives on the kernel's internal shmem mount, which is not noexec and which
+/// landlock lets through: under an allowlist it cannot be made (seccomp), so a program
+/// cannot be copied into one and executed from there. Without one it can.
+#[test]
+fn under_an_allowlist_memfd_create_is_refused() {
+    as_root(|| {
+        let dir = TempDir::new("exec-memfd");
+        let path = dir.path().join("py.toml");
+        std::fs::write(
+            &path,
+            "language = \"python\"\n[exec]\nsecurity = \"allowlist\"\nallowed = [\"python3\"]\n",
+        )
+        .unwrap();
+        let code = "import os, errno\n\
+                    try:\n\
+                    \x20   os.memfd_create('x'); print('OK')\n\
+                    except OSError as e:\n\
+                    \x20   print(errno.errorcode[e.errno])";
+        let path = path.to_string_lossy();
+        let run = run_json(&["--profile", &path, "--lang", "python", "-c", code]);
+        assert_eq!(run.stdout(), "EPERM\n", "{}", run.json);
+        let run = run_json(&["--lang", "python", "-c", code]);
+        assert_eq!(run.stdout(), "OK\n", "{}", run.json);
+    });
+}
