@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec_policy::{ExecSection, ExecSecurity};
 use crate::knobs::{self, Headroom, Knob, Raw, Section, Values};
 use crate::runner::Lang;
 use crate::spec::{LandlockMode, LayerMode, Rootfs, Spec};
@@ -40,6 +41,8 @@ pub struct Profile {
     /// Where they are taken from: a directory under /work (`outputs.dir`).
     pub output_dir: String,
     pub hardening: HardeningSection,
+    /// `[exec]`: what the sandbox may execute (`security`, `allowed`, `denied`).
+    pub exec: ExecSection,
     /// Modules a pre-started interpreter imports before its request (the server's warm
     /// pool; Python only): `import pandas` then costs the request nothing.
     pub preload: Vec<String>,
@@ -174,6 +177,7 @@ impl Default for Profile {
             output_types: DEFAULT_OUTPUT_TYPES.iter().map(|t| t.to_string()).collect(),
             output_dir: DEFAULT_OUTPUT_DIR.to_string(),
             hardening: HardeningSection::default(),
+            exec: ExecSection::default(),
             preload: Vec::new(),
         }
     }
@@ -195,6 +199,7 @@ struct RawProfile {
     outputs: BTreeMap<String, OutputsEntry>,
     session: BTreeMap<String, Raw>,
     hardening: HardeningSection,
+    exec: ExecSection,
     preload: Vec<String>,
 }
 
@@ -215,6 +220,7 @@ impl From<Profile> for RawProfile {
             network: write_network(p.network),
             env: p.env,
             hardening: p.hardening,
+            exec: p.exec,
             preload: p.preload,
             ..RawProfile::default()
         };
@@ -257,6 +263,7 @@ impl RawProfile {
             network,
             env: self.env,
             hardening: self.hardening,
+            exec: self.exec,
             preload: self.preload,
             ..Profile::default()
         };
@@ -456,6 +463,16 @@ impl Profile {
     /// What the knob ranges do not say: a value above its own maximum, the network mode,
     /// the rootfs, the environment.
     fn validate(&self) -> Result<(), String> {
+        self.exec.validate()?;
+        if self.exec.security == ExecSecurity::Allowlist
+            && self.hardening.landlock == LandlockMode::Off
+        {
+            return Err(
+                "exec.security = \"allowlist\" needs landlock (hardening.landlock = \"off\" here): the kernel's \
+                 EXECUTE check is half of its enforcement"
+                    .into(),
+            );
+        }
         for knob in Knob::all() {
             let (Some(key), Some(max)) = (knob.max_key(), self.maxes.get(&knob)) else {
                 continue;
@@ -766,8 +783,67 @@ pub fn resolve(
     }
     spec.sandbox.rootfs =
         resolve_rootfs(request.rootfs.as_deref().unwrap_or(&profile.rootfs), data)?;
+    if profile.exec.security == ExecSecurity::Allowlist {
+        let allowlist = resolve_allowlist(profile, profile_name, &spec)?;
+        // The language's interpreter runs the code: it must be allowed (and then, for
+        // python3 or node, anything may run; see README's "Exec policy").
+        if request.code.is_some() {
+            if let Some(program) = spec.exec.argv.first() {
+                let root = rootfs_dir(&spec.sandbox.rootfs);
+                allowlist
+                    .allows(&root, &payload_path(&spec), program)
+                    .map_err(|e| {
+                        exec_error(profile_name, format!("the language's interpreter: {e}"))
+                    })?;
+            }
+        }
+        spec.sandbox.exec = Some(allowlist);
+    }
     spec.validate().map_err(|e| PolicyError::invalid(None, e))?;
     Ok(spec)
+}
+
+/// The profile's `[exec]` allowlist resolved in the spec's image, along the payload's PATH.
+fn resolve_allowlist(
+    profile: &Profile,
+    profile_name: &str,
+    spec: &Spec,
+) -> Result<crate::exec_policy::ExecAllowlist, PolicyError> {
+    if profile.hardening.landlock == LandlockMode::Off {
+        return Err(exec_error(
+            profile_name,
+            "exec.security = \"allowlist\" needs landlock, which this profile turns off".into(),
+        ));
+    }
+    crate::exec_policy::resolve(
+        &profile.exec,
+        &rootfs_dir(&spec.sandbox.rootfs),
+        &payload_path(spec),
+    )
+    .map_err(|e| exec_error(profile_name, e))
+}
+
+/// Where an exec policy's names are looked up on the host: the image's directory, or `/`
+/// for the host rootfs (whose /usr the sandbox binds).
+pub fn rootfs_dir(rootfs: &Rootfs) -> PathBuf {
+    match rootfs {
+        Rootfs::Host => PathBuf::from("/"),
+        Rootfs::Dir(dir) => dir.clone(),
+    }
+}
+
+/// The PATH the payload starts with.
+pub fn payload_path(spec: &Spec) -> String {
+    spec.exec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or_else(|| crate::spec::SANDBOX_PATH.to_string(), |(_, v)| v.clone())
+}
+
+/// An exec policy that does not hold in this image: the profile's error.
+pub fn exec_error(profile_name: &str, message: String) -> PolicyError {
+    PolicyError::invalid(Some("exec"), format!("profile {profile_name}: {message}"))
 }
 
 /// "host", an image name under `<data_dir>/rootfs`, or an absolute path. A name is resolved

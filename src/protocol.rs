@@ -242,6 +242,7 @@ steps! {
     MountSys = "mount_sys": "mounting the minimal /sys",
     MountDrivers = "mount_drivers": "mounting the REPL drivers read-only",
     PointResolverAtGateway = "point_resolver_at_gateway": "covering the image's /etc/resolv.conf with one naming the gateway's DNS",
+    RestrictExecMounts = "restrict_exec_mounts": "making every mount noexec but read-only binds of the exec allowlist's files",
     SealDev = "seal_dev": "making /dev read-only",
     RemountRootReadonly = "remount_root_readonly": "making / read-only",
     EnterNewRoot = "enter_new_root": "pivot_root into the new root and detaching the old one",

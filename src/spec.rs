@@ -367,6 +367,10 @@ pub struct SandboxSpec {
     /// The network: `none` (loopback only) by default, or a link to the front end's
     /// gateway (see [`crate::network`]).
     pub network: NetworkSpec,
+    /// With an exec allowlist, the only files the payload may execute (and map
+    /// executable); `None` (security `full` or `deny`) adds nothing to the sandbox.
+    #[serde(default)]
+    pub exec: Option<crate::exec_policy::ExecAllowlist>,
     /// The binary to run as the sandbox's pid 1: a program whose `main` calls
     /// [`crate::dispatch_init`] first, from the same build as the launcher. The default is
     /// the running program itself (`/proc/self/exe`), or what the front end named with
@@ -443,6 +447,7 @@ impl Default for SandboxSpec {
             ids: IdMapping::default(),
             drivers: false,
             volumes: Vec::new(),
+            exec: None,
             network: NetworkSpec {
                 allowed_ports: crate::network::DEFAULT_PORTS.to_vec(),
                 ..NetworkSpec::default()
@@ -510,6 +515,25 @@ impl SandboxSpec {
         }
         self.ids.validate()?;
         self.network.validate()?;
+        if self.exec.is_some() && self.landlock == LandlockMode::Off {
+            return Err(
+                "an exec allowlist needs landlock (its EXECUTE right is what keeps libraries from being run): \
+                 set landlock to \"required\" or remove the allowlist"
+                    .into(),
+            );
+        }
+        for file in self.exec.iter().flat_map(|e| e.exec_mounted()) {
+            if !file.is_absolute()
+                || file
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir)
+            {
+                return Err(format!(
+                    "exec allowlist: {} is not an absolute path",
+                    file.display()
+                ));
+            }
+        }
         for knob in Knob::all() {
             if let Some(value) = self.get(knob) {
                 knob.check(value).map_err(|e| format!("{knob}: {e}"))?;

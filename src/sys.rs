@@ -791,6 +791,36 @@ pub fn clone_tree_readonly(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, bool)> {
     Ok((tree, true))
 }
 
+/// Sets the mount attributes `set` (`MOUNT_ATTR_*`) on the mount at `path` and every
+/// mount below it (mount_setattr with AT_RECURSIVE, Linux 5.12).
+pub fn set_mount_attrs_recursive(path: &std::path::Path, set: u64) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a NUL-terminated path and a valid mount_attr of the size given, which the
+    // kernel only reads; both outlive the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Attaches the detached mount tree `tree` at `target` (move_mount, Linux 5.2).
 pub fn move_mount_here(tree: BorrowedFd<'_>, target: &std::path::Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;

@@ -62,6 +62,16 @@ const MAX_TEXT: usize = 256 << 10;
 const MAX_IMAGE: usize = 8 << 20;
 const MAX_MIME_NAME: usize = 100;
 
+/// The program a session of `lang` starts (its driver's interpreter): what an exec
+/// allowlist must allow for the session to run.
+pub fn driver_program(lang: crate::runner::Lang) -> &'static str {
+    match crate::drivers::argv(lang).first().map(String::as_str) {
+        Some("python3") => "python3",
+        Some("bash") => "bash",
+        _ => "node",
+    }
+}
+
 /// What a session is built from: the box (with drivers), the language, the environment,
 /// and each call's default timeout and output cap.
 #[derive(Debug, Clone, PartialEq)]

@@ -147,6 +147,9 @@ impl Init<'_> {
                 Some(seccomp::compile().map_err(|e| SetupError::refused(Step::CompileSeccomp, e))?)
             }
         };
+        if let (Some(filters), Some(_)) = (self.filters.as_mut(), &self.spec.exec) {
+            filters.deny_memfd();
+        }
         if self.filters.is_some() {
             self.netlink = Some(netlink::Guard::new()?);
         }

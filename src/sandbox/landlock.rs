@@ -30,6 +30,7 @@ use landlock::{
 
 use landlock::NetPort;
 
+use crate::exec_policy::ExecAllowlist;
 use crate::network::{Mode as NetworkMode, NetworkSpec};
 use crate::outcome::Skipped;
 use crate::protocol::{SetupError, Step};
@@ -85,7 +86,17 @@ pub struct Enforced {
 }
 
 /// Restricts this process and its future children.
-pub fn restrict(mode: LandlockMode, network: &NetworkSpec) -> Result<Enforced, SetupError> {
+pub fn restrict(
+    mode: LandlockMode,
+    network: &NetworkSpec,
+    exec: Option<&ExecAllowlist>,
+) -> Result<Enforced, SetupError> {
+    if exec.is_some() && mode == LandlockMode::Off {
+        return Err(SetupError::refused(
+            Step::RestrictWithLandlock,
+            "an exec allowlist needs landlock, and the profile turns it off".to_string(),
+        ));
+    }
     if mode == LandlockMode::Off {
         return Ok(Enforced {
             abi: None,
@@ -97,6 +108,16 @@ pub fn restrict(mode: LandlockMode, network: &NetworkSpec) -> Result<Enforced, S
         });
     }
     let Some(abi) = crate::sys::landlock_abi().ok() else {
+        if exec.is_some() {
+            return Err(SetupError::refused(
+                Step::RestrictWithLandlock,
+                format!(
+                    "the profile's exec allowlist needs landlock (its EXECUTE right keeps the libraries the \
+                     allowed programs map from being run), and {}",
+                    no_landlock()
+                ),
+            ));
+        }
         if mode == LandlockMode::BestEffort {
             return Ok(Enforced {
                 abi: None,
@@ -127,7 +148,7 @@ pub fn restrict(mode: LandlockMode, network: &NetworkSpec) -> Result<Enforced, S
             ),
         ));
     }
-    build_and_restrict(network).map_err(|e| {
+    build_and_restrict(network, exec).map_err(|e| {
         SetupError::from_error(
             Step::RestrictWithLandlock,
             &e,
@@ -176,9 +197,21 @@ fn no_landlock() -> String {
 /// features [`restrict`] has listed).
 fn build_and_restrict(
     network: &NetworkSpec,
+    exec: Option<&ExecAllowlist>,
 ) -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
-    let read = AccessFs::from_read(TARGET);
-    let all = AccessFs::from_all(TARGET);
+    let mut read = AccessFs::from_read(TARGET);
+    let mut all = AccessFs::from_all(TARGET);
+    let mut file = AccessFs::from_file(TARGET);
+    // With an allowlist, EXECUTE only on the allowed programs and their loaders.
+    let executable: Vec<&std::path::PathBuf> = match exec {
+        Some(exec) => {
+            read.remove(AccessFs::Execute);
+            all.remove(AccessFs::Execute);
+            file.remove(AccessFs::Execute);
+            exec.executable().collect()
+        }
+        None => Vec::new(),
+    };
     let (tcp, ports) = match (network.mode, network.landlock_connect_ports()) {
         // The namespace is the boundary (see the module's comment).
         (NetworkMode::None, _) => (landlock::BitFlags::empty(), Vec::new()),
@@ -187,7 +220,7 @@ fn build_and_restrict(
     };
     let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(all)?;
+        .handle_access(AccessFs::from_all(TARGET))?;
     let ruleset = match tcp.is_empty() {
         true => ruleset,
         false => ruleset.handle_access(tcp)?,
@@ -202,7 +235,11 @@ fn build_and_restrict(
         ))?
         .add_rules(path_beneath_rules(
             ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"],
-            AccessFs::from_file(TARGET),
+            file,
+        ))?
+        .add_rules(path_beneath_rules(
+            executable,
+            landlock::BitFlags::from(AccessFs::Execute),
         ))?
         .add_rules(ports.into_iter().map(|port| {
             Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))

@@ -91,6 +91,9 @@ pub fn build_root(
     if matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway() {
         point_resolver_at_gateway()?;
     }
+    if let Some(exec) = &spec.exec {
+        restrict_exec_mounts(exec)?;
+    }
     seal_dev()?;
     remount_root_readonly()?;
     enter_new_root()
@@ -451,6 +454,42 @@ fn protect_proc() -> Done {
                 format!("making /proc/{name} read-only"),
             )
         })?;
+    }
+    Ok(())
+}
+
+/// An exec allowlist's half in the mount table: every mount of the new root noexec (the
+/// kernel then refuses to execve a file from it, *and* to map one executable, which is what
+/// the dynamic loader does with `ld.so PROGRAM`), then each file that must be executed or
+/// mapped executable (the allowed programs, their loader and libraries) bound onto itself
+/// read-only, nosuid, nodev and exec. The other half is landlock's EXECUTE right
+/// (super::landlock), which keeps the libraries from being executed.
+fn restrict_exec_mounts(exec: &crate::exec_policy::ExecAllowlist) -> Done {
+    crate::sys::set_mount_attrs_recursive(Path::new(NEW_ROOT), crate::sys::MOUNT_ATTR_NOEXEC)
+        .map_err(|e| SetupError::io(Step::RestrictExecMounts, &e, "making every mount noexec"))?;
+    for file in exec.exec_mounted() {
+        let path = at(&file.to_string_lossy()[1..]);
+        let fail = |e: Errno, what: &str| {
+            SetupError::errno(
+                Step::RestrictExecMounts,
+                e,
+                format!("{what} {}", file.display()),
+            )
+        };
+        if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() || m.is_dir()) {
+            return Err(fail(Errno::ENOENT, "the image has no file or directory at"));
+        }
+        // Recursive: a directory's submounts stay (noexec).
+        let bind = MsFlags::MS_BIND | MsFlags::MS_REC;
+        mount(Some(&path), &path, None::<&str>, bind, None::<&str>)
+            .map_err(|e| fail(e, "binding"))?;
+        let flags = MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV;
+        mount(None::<&str>, &path, None::<&str>, flags, None::<&str>)
+            .map_err(|e| fail(e, "making exec the bind of"))?;
     }
     Ok(())
 }

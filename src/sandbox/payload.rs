@@ -97,7 +97,7 @@ fn prepare(
     }
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| SetupError::errno(Step::SetNoNewPrivs, e, "PR_SET_NO_NEW_PRIVS"))?;
-    let landlock = landlock::restrict(spec.landlock, &spec.network)?;
+    let landlock = landlock::restrict(spec.landlock, &spec.network, spec.exec.as_ref())?;
     mark_fds_cloexec(launch.fds.len() as i32)?;
     let mut skipped = landlock.skipped;
     if seccomp.is_none() {

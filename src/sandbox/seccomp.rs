@@ -17,6 +17,9 @@
 //! SO_RCVBUF)` become user notifications that the init answers (netlink.rs). The deny
 //! filter's EPERM outranks a notification, so only NETLINK_ROUTE ever reaches the init.
 //!
+//! With an exec allowlist, a fourth filter after the deny filter refuses `memfd_create`
+//! (EPERM): a memfd is the one file no noexec mount and no landlock rule covers.
+//!
 //! Foreign architectures (i386's int 0x80 on x86_64) are killed by seccompiler's arch check;
 //! x32 syscall numbers match no allowed entry and answer ENOSYS. build.rs compiles the
 //! target's policy with seccompiler at build time; the init only decodes the embedded BPF,
@@ -30,6 +33,29 @@ use seccompiler::{sock_filter, BpfProgram};
 pub struct Filters {
     allow: BpfProgram,
     deny: BpfProgram,
+    /// With an exec allowlist: `memfd_create` refused (a memfd lives on the kernel's
+    /// internal shmem mount, which is not noexec and which landlock lets through, so it
+    /// could hold a program to `execveat`).
+    memfd: Option<BpfProgram>,
+}
+
+impl Filters {
+    /// Adds the exec allowlist's filter: `memfd_create` answers EPERM.
+    pub fn deny_memfd(&mut self) {
+        const LD_W_ABS: u16 = 0x20;
+        const JEQ_K: u16 = 0x15;
+        const RET_K: u16 = 0x06;
+        let op = |code: u16, jt: u8, jf: u8, k: u32| sock_filter { code, jt, jf, k };
+        self.memfd = Some(vec![
+            /* 0 */ op(LD_W_ABS, 0, 0, 4),
+            /* 1 */
+            op(JEQ_K, 0, 3, AUDIT_ARCH), // else 5 (the allow filter kills those)
+            /* 2 */ op(LD_W_ABS, 0, 0, 0),
+            /* 3 */ op(JEQ_K, 0, 1, libc::SYS_memfd_create as u32), // else 5
+            /* 4 */ op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+            /* 5 */ op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+        ]);
+    }
 }
 
 /// This architecture's policy, as build.rs compiled it.
@@ -42,7 +68,11 @@ pub fn compile() -> Result<Filters, String> {
         env!("OUT_DIR"),
         "/seccomp-deny.bpf"
     )))?;
-    Ok(Filters { allow, deny })
+    Ok(Filters {
+        allow,
+        deny,
+        memfd: None,
+    })
 }
 
 /// 8-byte little-endian records (code u16, jt u8, jf u8, k u32) back into instructions.
@@ -75,6 +105,7 @@ fn compile_policy(json: &str, arch: TargetArch) -> Result<Filters, String> {
     Ok(Filters {
         allow: take("allow")?,
         deny: take("deny")?,
+        memfd: None,
     })
 }
 
@@ -123,7 +154,11 @@ pub fn install_netlink_watch() -> std::io::Result<std::os::fd::OwnedFd> {
 /// filter, and seccompiler's error.
 pub fn apply(filters: &Filters) -> Result<(), (&'static str, seccompiler::Error)> {
     seccompiler::apply_filter(&filters.allow).map_err(|e| ("allow", e))?;
-    seccompiler::apply_filter(&filters.deny).map_err(|e| ("deny", e))
+    seccompiler::apply_filter(&filters.deny).map_err(|e| ("deny", e))?;
+    match &filters.memfd {
+        Some(memfd) => seccompiler::apply_filter(memfd).map_err(|e| ("memfd", e)),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

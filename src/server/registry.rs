@@ -31,6 +31,8 @@ pub struct Caps {
     pub output_dir: String,
     /// The longest time limit a call may ask for.
     pub max_timeout: Duration,
+    /// The profile says exec.security = "deny": no processes.
+    pub exec_denied: bool,
 }
 
 /// One live session.

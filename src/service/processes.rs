@@ -149,6 +149,13 @@ fn stream_fields(
 /// The request checked and made a [`Start`]: one of command and argv, names of variables
 /// allowed, the time limit within the profile's maximum. With the foreground wait.
 fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Duration>), Error> {
+    if entry.caps.exec_denied {
+        return Err(Error::new(
+            Kind::Policy,
+            codecage::exec_policy::denied(&entry.profile, "a process"),
+        )
+        .on("exec"));
+    }
     let (argv, command) = match (body.command, body.argv) {
         (Some(command), None) => (
             vec!["bash".to_string(), "-c".to_string(), command.clone()],

@@ -82,6 +82,18 @@ pub fn resolve_run(
     data: &DataDir,
     network: &GatewayConfig,
 ) -> Result<Spec, Error> {
+    if profile.exec.security == codecage::exec_policy::ExecSecurity::Deny {
+        let what = match (&request.argv, request.lang.or(profile.language)) {
+            (Some(_), _) => Some("a run of a program"),
+            (None, Some(Lang::Bash)) => Some("a run of bash code"),
+            _ => None,
+        };
+        if let Some(what) = what {
+            return Err(
+                Error::new(Kind::Policy, codecage::exec_policy::denied(name, what)).on("exec"),
+            );
+        }
+    }
     let spec = profile::resolve(profile, name, request, data)?;
     network_allowed(network, spec.sandbox.network.mode)?;
     Ok(spec)
@@ -188,6 +200,37 @@ mod tests {
         request.network = Some(Mode::Full);
         let e = resolve_run(&profile, "python", &request, &data, &network).unwrap_err();
         assert_eq!((e.kind, e.field), (Kind::Policy, Some("network")));
+    }
+
+    #[test]
+    fn a_deny_profile_refuses_bash_and_programs_as_policy() {
+        let mut profile = Profile::load("python").unwrap();
+        profile.exec.security = codecage::exec_policy::ExecSecurity::Deny;
+        let data = DataDir("/nonexistent".into());
+        let network = GatewayConfig::default();
+        for request in [
+            PolicyRequest {
+                code: Some("ls".into()),
+                lang: Some(Lang::Bash),
+                rootfs: Some("host".into()),
+                ..PolicyRequest::default()
+            },
+            PolicyRequest {
+                argv: Some(vec!["ls".into()]),
+                rootfs: Some("host".into()),
+                ..PolicyRequest::default()
+            },
+        ] {
+            let e = resolve_run(&profile, "p", &request, &data, &network).unwrap_err();
+            assert_eq!((e.kind, e.field), (Kind::Policy, Some("exec")), "{e}");
+            assert!(e.message.contains("deny"), "{e}");
+        }
+        let python = PolicyRequest {
+            code: Some("1".into()),
+            rootfs: Some("host".into()),
+            ..PolicyRequest::default()
+        };
+        assert!(resolve_run(&profile, "p", &python, &data, &network).is_ok());
     }
 
     #[test]

@@ -148,6 +148,7 @@ fn resolve_session(
         input_total: profile.value(Knob::InputTotalSize),
         read_max: profile.value(Knob::OutputFileSize),
         output_dir: profile.output_rules().dir,
+        exec_denied: profile.exec.security == codecage::exec_policy::ExecSecurity::Deny,
         max_timeout: Duration::from_millis(
             caller
                 .ceiling(&state.config, Knob::Timeout)
@@ -174,7 +175,27 @@ pub fn session_spec_of(
         argv: Some(vec!["true".into()]),
         ..request.clone()
     };
+    if profile.exec.security == codecage::exec_policy::ExecSecurity::Deny && lang == Lang::Bash {
+        return Err(Error::new(
+            Kind::Policy,
+            codecage::exec_policy::denied(name, "a bash session"),
+        )
+        .on("exec"));
+    }
     let spec = profile::resolve(profile, name, &request, data)?;
+    if let Some(allowlist) = &spec.sandbox.exec {
+        // The driver's interpreter must be allowed, as a run's is.
+        let root = profile::rootfs_dir(&spec.sandbox.rootfs);
+        let program = codecage::session::driver_program(lang);
+        allowlist
+            .allows(&root, &profile::payload_path(&spec), program)
+            .map_err(|e| {
+                profile::exec_error(
+                    name,
+                    format!("the {} session's interpreter: {e}", lang.name()),
+                )
+            })?;
+    }
     Ok(SessionSpec {
         sandbox: spec.sandbox,
         lang,
@@ -330,6 +351,14 @@ pub async fn begin_call(
                 codecage::units::format_duration(entry.caps.max_timeout)
             ),
         );
+        return Err(refused(&state, start, e).await);
+    }
+    if entry.caps.exec_denied && call.lang.unwrap_or(entry.lang) == Lang::Bash {
+        let e = Error::new(
+            Kind::Policy,
+            codecage::exec_policy::denied(&entry.profile, "a bash context"),
+        )
+        .on("language");
         return Err(refused(&state, start, e).await);
     }
     if entry.owner != caller.owner() {

@@ -1152,3 +1152,30 @@ fn over_stdio_the_execute_tools_share_one_sandbox() {
         assert!(texts[8].contains("False"), "{}", texts[8]);
     });
 }
+
+/// A shell profile that says `[exec] security = "deny"`: the MCP server neither lists
+/// nor runs `execute_shell`; the other tools are there.
+#[test]
+fn a_deny_shell_profile_hides_execute_shell() {
+    mcp_test(|python| {
+        let server = Server::start("", true);
+        std::fs::write(
+            server.profiles_dir().join("bash.toml"),
+            "language = \"bash\"\n[exec]\nsecurity = \"deny\"\n",
+        )
+        .unwrap();
+        let url = format!("http://{}/mcp", server.tcp_address());
+        let results = drive(
+            python,
+            json!({"http": url, "token": super::server::TOKEN}),
+            json!([{"list_tools": true}]),
+        );
+        let tools = results[0]["tools"].as_array().unwrap();
+        let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+        for hidden in ["execute_shell", "exec", "process"] {
+            assert!(!names.contains(&hidden), "{hidden}: {names:?}");
+        }
+        assert!(names.contains(&"execute_python"), "{names:?}");
+        server.stop();
+    });
+}

@@ -10,6 +10,7 @@ mod cleanup;
 mod compat;
 mod delegation;
 mod escape;
+mod exec_policy;
 mod files;
 mod format;
 mod fs;

@@ -94,17 +94,18 @@ impl Server {
         server
     }
 
+    /// The server's profiles directory (`profiles_dir`): a profile written there is used
+    /// by the next request that names it.
+    pub(super) fn profiles_dir(&self) -> PathBuf {
+        self.dir.path().join("profiles")
+    }
+
     /// The unix socket.
     pub(super) fn socket_path(&self) -> PathBuf {
         self.socket.clone()
     }
 
     /// The audit database of a server whose config did not name one.
-    /// The directory of its profiles (read at each request: a test may add one).
-    pub(super) fn profiles_dir(&self) -> PathBuf {
-        self.dir.path().join("profiles")
-    }
-
     pub(super) fn audit_db(&self) -> PathBuf {
         self.dir.path().join("audit").join("audit.db")
     }
@@ -1127,5 +1128,125 @@ fn volumes_come_only_from_under_the_configured_roots() {
             );
         }
         server.stop();
+    });
+}
+
+/// The exec policy over the API (issue 25): a profile that says `deny` refuses bash
+/// sessions, runs of bash or of a program, and a session's processes (403 `policy`); one
+/// with an allowlist runs only its programs in a session's cells and processes.
+#[test]
+fn exec_policy_deny_and_allowlist_over_the_api() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let dir = server.profiles_dir();
+        std::fs::write(
+            dir.join("nosh.toml"),
+            "language = \"python\"\nrootfs = \"host\"\n[exec]\nsecurity = \"deny\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("lsgrep.toml"),
+            "language = \"bash\"\nrootfs = \"host\"\n[exec]\nsecurity = \"allowlist\"\n\
+             allowed = [\"bash\", \"ls\", \"grep\"]\n",
+        )
+        .unwrap();
+        let refused = |status: u16, out: &Value| {
+            assert_eq!(status, 403, "{out}");
+            assert_eq!(out["error"], "policy", "{out}");
+            assert!(out["message"].as_str().unwrap().contains("deny"), "{out}");
+        };
+        let (status, out) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "nosh"})),
+        );
+        refused(status, &out);
+        for body in [
+            json!({"language": "bash", "code": "ls", "profile": "nosh"}),
+            json!({"argv": ["ls"], "profile": "nosh"}),
+        ] {
+            let (status, out) = server.request("POST", "/v1/run", Some(body));
+            refused(status, &out);
+        }
+        let (status, out) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "python", "code": "print(6 * 7)", "profile": "nosh"})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("42\n")),
+            "{out}"
+        );
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "profile": "nosh"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap();
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"command": "ls"})),
+        );
+        refused(status, &out);
+        // Nor a bash context of it (issue 24's contexts), while its python context runs.
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "ls", "language": "bash"})),
+        );
+        refused(status, &out);
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "print(6 * 7)"})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("42\n")),
+            "{out}"
+        );
+        // An allowlist: cells and processes run only its programs.
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "lsgrep"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap();
+        let (_, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "ls / | grep -x usr; rm -f x; echo \"rm $?\""})),
+        );
+        assert_eq!(out["stdout"], "usr\nrm 126\n", "{out}");
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"command": "ls -d /work && cat /etc/hostname"})),
+        );
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["exit_code"], 126, "{out}");
+        assert_eq!(out["stdout"], "/work\n", "{out}");
+        assert!(
+            out["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("cat: Permission denied"),
+            "{out}"
+        );
+        // A python session under it: its interpreter is not allowed.
+        let (status, out) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "profile": "lsgrep"})),
+        );
+        assert_eq!(status, 400, "{out}");
+        assert!(
+            out["message"].as_str().unwrap().contains("python3"),
+            "{out}"
+        );
     });
 }

@@ -78,6 +78,16 @@ impl CodecageMcp {
             caller,
         };
         server.describe();
+        // A shell profile that says exec.security = "deny": no shell tool to list or call,
+        // and no commands (exec, and process, which only reaches exec's).
+        let shell = server.profile_name(Language::Shell);
+        if crate::service::load_profile(&server.state, &shell)
+            .is_ok_and(|p| p.exec.security == codecage::exec_policy::ExecSecurity::Deny)
+        {
+            for tool in ["execute_shell", "exec", "process"] {
+                server.tool_router.remove_route(tool);
+            }
+        }
         server
     }
 
