@@ -6,6 +6,7 @@
 
 pub mod code;
 pub mod error;
+pub mod keys;
 pub mod processes;
 pub mod request;
 pub mod resolve;

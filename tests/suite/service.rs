@@ -1421,3 +1421,173 @@ fn a_process_is_polled_and_signalled_while_a_call_runs() {
         server.stop();
     });
 }
+
+// Processes on a terminal (issue 24: ptys, the screen, keys).
+
+/// Sends input (keys, data, paste, submit) to process `pid`; the answer.
+fn send_input(server: &Server, id: &str, pid: u64, body: Value) -> (u16, Value) {
+    server.tcp_request(
+        USER1,
+        "POST",
+        &format!("/v1/sessions/{id}/processes/{pid}/stdin"),
+        Some(body),
+    )
+}
+
+/// Process `pid`'s screen.
+fn screen(server: &Server, id: &str, pid: u64) -> Value {
+    let (status, out) = server.tcp_request(
+        USER1,
+        "GET",
+        &format!("/v1/sessions/{id}/processes/{pid}/screen"),
+        None,
+    );
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+/// The screen's rows, as strings.
+fn rows(screen: &Value) -> Vec<String> {
+    screen["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Waits until the screen has a row for which `want` holds; the screen then (or the last
+/// one seen, in the panic).
+fn wait_screen(server: &Server, id: &str, pid: u64, want: impl Fn(&str) -> bool) -> Value {
+    let mut last = Value::Null;
+    let found = wait_for(Duration::from_secs(10 * slowdown()), || {
+        last = screen(server, id, pid);
+        rows(&last).iter().any(|r| want(r))
+    });
+    assert!(found, "the screen never showed it: {:#?}", rows(&last));
+    last
+}
+
+/// Waits until process `pid` has exited; its last poll.
+fn wait_exit(server: &Server, id: &str, pid: u64) -> Value {
+    let mut last = Value::Null;
+    assert!(
+        wait_for(Duration::from_secs(10 * slowdown()), || {
+            last = poll_process(server, USER1, id, pid, (0, 0));
+            last["status"] == "exited"
+        }),
+        "{last}"
+    );
+    last
+}
+
+/// The launcher's open fds on a terminal's master (a devpts `ptmx`): the server's.
+fn masters_held(server: &Server) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .map(|l| l.to_string_lossy().ends_with("ptmx"))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// `python3 -i` on a terminal: its prompt on the screen, `print(6*7)` and Enter give 42,
+/// it sees a terminal of the sandbox's own (TERM, a tty of its devpts, owned by the
+/// sandbox user, the size asked), and C-d ends it. With the round trips of a send-keys
+/// and of a screen GET (a client on a kept connection).
+#[test]
+fn python_on_a_terminal_takes_keys_and_shows_its_screen() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let started = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["python3", "-i", "-q"], "pty": {"cols": 90, "rows": 20}, "background": true}),
+        );
+        assert_eq!(started["status"], "running", "{started}");
+        let pid = started["process_id"].as_u64().unwrap();
+        wait_screen(&server, &id, pid, |r| r.starts_with(">>>"));
+        let (status, out) = send_input(&server, &id, pid, json!({"data": "print(6*7)"}));
+        assert_eq!(status, 200, "{out}");
+        let (status, out) = send_input(&server, &id, pid, json!({"keys": ["Enter"]}));
+        assert_eq!((status, out["written"].as_u64()), (200, Some(1)), "{out}");
+        let shown = wait_screen(&server, &id, pid, |r| r == "42");
+        let lines = rows(&shown);
+        assert_eq!(lines.len(), 20, "{lines:#?}");
+        let at = lines.iter().position(|r| r == "42").unwrap();
+        assert_eq!(lines[at - 1], ">>> print(6*7)", "{lines:#?}");
+        assert_eq!(shown["size"], json!({"cols": 90, "rows": 20}), "{shown}");
+        assert_eq!(shown["status"], "running", "{shown}");
+        assert_eq!(shown["cursor"]["visible"], true, "{shown}");
+        // The whole output is one stream, escape codes and all, in the log.
+        let log = poll_process(&server, USER1, &id, pid, (0, 0));
+        assert!(log["stdout"].as_str().unwrap().contains("42\r\n"), "{log}");
+        assert_eq!(log["stderr"], "", "{log}");
+        // What the program sees.
+        let code = "import os; s = os.stat(os.ttyname(0)); \
+                    print('tty', os.environ['TERM'], os.environ['CODECAGE_SHELL'], \
+                    os.ttyname(0), s.st_uid, os.isatty(1), os.get_terminal_size(), \
+                    os.getsid(0) == os.getpid() == os.tcgetpgrp(0))";
+        send_input(&server, &id, pid, json!({"data": code, "submit": true}));
+        let seen = wait_screen(&server, &id, pid, |r| r.starts_with("tty "));
+        let line = rows(&seen)
+            .into_iter()
+            .find(|r| r.starts_with("tty "))
+            .unwrap();
+        assert_eq!(
+            line,
+            "tty xterm-256color exec /dev/pts/0 1000 True os.terminal_size(columns=90, lines=20) True"
+        );
+        // The round trips, on a kept connection (curl's start-up left out).
+        let (host, port) = server
+            .tcp_address()
+            .rsplit_once(':')
+            .map(|(h, p)| (h.to_string(), p.to_string()))
+            .unwrap();
+        let script = format!(
+            "import http.client, json, statistics, sys, time\n\
+             c = http.client.HTTPConnection('{host}', {port})\n\
+             h = {{'Authorization': 'Bearer {USER1}', 'Content-Type': 'application/json'}}\n\
+             def t(method, path, body=None):\n\
+             \x20   s = time.perf_counter(); c.request(method, path, body, h); r = c.getresponse(); r.read()\n\
+             \x20   assert r.status == 200, r.status\n\
+             \x20   return time.perf_counter() - s\n\
+             keys = json.dumps({{'keys': ['a', 'BSpace']}})\n\
+             k = [t('POST', '/v1/sessions/{id}/processes/{pid}/stdin', keys) for _ in range(300)]\n\
+             g = [t('GET', '/v1/sessions/{id}/processes/{pid}/screen') for _ in range(300)]\n\
+             print(statistics.median(k) * 1000, statistics.median(g) * 1000)\n"
+        );
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let measured = String::from_utf8_lossy(&out.stdout).to_string();
+        let (keys_ms, screen_ms) = measured.trim().split_once(' ').unwrap();
+        eprintln!(
+            "figures: round trip (median of 300, kept connection): send-keys {keys_ms} ms, \
+             screen {screen_ms} ms"
+        );
+        // C-d at an empty prompt: end of file, and python exits 0.
+        send_input(&server, &id, pid, json!({"keys": ["C-u", "C-d"]}));
+        let end = wait_exit(&server, &id, pid);
+        assert_eq!(end["exit_code"], 0, "{end}");
+        // Its last screen stays, and its terminal is closed.
+        assert_eq!(screen(&server, &id, pid)["status"], "exited");
+        let (status, out) = send_input(&server, &id, pid, json!({"keys": ["Enter"]}));
+        assert_eq!(status, 400, "{out}");
+        assert!(out["message"].as_str().unwrap().contains("exited"), "{out}");
+        figures(&server, "python on a terminal");
+        server.stop();
+    });
+}
