@@ -54,7 +54,6 @@ pub struct ProcessRequest {
     /// through `POST .../stdin`, its screen at `GET .../screen`. Its output is one stream
     /// (`stdout`), escape codes and all.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<PtyRequest>))]
     pub pty: PtyOption,
     /// Answer at once with `status: running` rather than waiting up to `yield_ms`.
     #[serde(default)]
@@ -91,6 +90,33 @@ fn default_rows() -> u16 {
 /// `{cols, rows}`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PtyOption(pub Option<TermSize>);
+
+/// Its OpenAPI schema: `oneOf` a boolean and [`PtyRequest`] (null allowed).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for PtyOption {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Ref, SchemaType, Type};
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(SchemaType::Type(Type::Boolean)))
+            .item(Ref::from_schema_name("PtyRequest"))
+            .item(ObjectBuilder::new().schema_type(SchemaType::Type(Type::Null)))
+            .description(Some("`true` (a terminal of 80x24), or {cols, rows}"))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for PtyOption {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema as _;
+        schemas.push(("PtyRequest".into(), PtyRequest::schema()));
+    }
+}
 
 impl<'de> Deserialize<'de> for PtyOption {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PtyOption, D::Error> {
