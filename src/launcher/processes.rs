@@ -160,6 +160,8 @@ pub struct Snapshot {
     pub duration: Duration,
     pub stdout: Window,
     pub stderr: Window,
+    /// Its terminal's size, when it runs on one.
+    pub pty: Option<TermSize>,
 }
 
 /// The table of a session's processes; cheap to clone, shared with the session's owner.
@@ -296,6 +298,13 @@ impl Proc {
             duration: end.saturating_duration_since(self.started_at),
             stdout: window(0, stdout_from),
             stderr: window(1, stderr_from),
+            pty: state.screen.as_ref().map(|parser| {
+                let (rows, cols) = parser.screen().size();
+                TermSize {
+                    cols: cols.get(),
+                    rows: rows.get(),
+                }
+            }),
         }
     }
 }

@@ -232,7 +232,8 @@ pub struct SignalRequest {
 
 /// A process as the API gives it (a JSON object): `process_id`, `command`, `status`
 /// (`running` or `exited`), `exit_code`, `signal`, `timed_out`, `error` (why it never
-/// started), `started_at`, `duration_ms`, and for each stream (stdout, stderr) its window:
+/// started), `started_at`, `duration_ms`, `pty` (its terminal's size, when it runs on one),
+/// and for each stream (stdout, stderr) its window:
 /// `stdout` (text, or base64 with `stdout_encoding: "base64"`), `stdout_from` (the offset
 /// of its first byte), `stdout_cursor` (where to poll from next: every byte so far) and
 /// `stdout_dropped` (bytes between the cursor asked and `stdout_from` that the buffer no
@@ -255,6 +256,9 @@ pub fn view(s: Snapshot) -> ProcessView {
     let map = object.as_object_mut().expect("an object");
     if let Some(error) = s.error {
         map.insert("error".into(), error.into());
+    }
+    if let Some(size) = s.pty {
+        map.insert("pty".into(), serde_json::json!(size));
     }
     for (name, window) in [("stdout", s.stdout), ("stderr", s.stderr)] {
         stream_fields(map, name, window, running);

@@ -1510,6 +1510,7 @@ fn python_on_a_terminal_takes_keys_and_shows_its_screen() {
             json!({"argv": ["python3", "-i", "-q"], "pty": {"cols": 90, "rows": 20}, "background": true}),
         );
         assert_eq!(started["status"], "running", "{started}");
+        assert_eq!(started["pty"], json!({"cols": 90, "rows": 20}), "{started}");
         let pid = started["process_id"].as_u64().unwrap();
         wait_screen(&server, &id, pid, |r| r.starts_with(">>>"));
         let (status, out) = send_input(&server, &id, pid, json!({"data": "print(6*7)"}));
@@ -1625,6 +1626,7 @@ fn c_c_stops_a_program_on_a_terminal_and_keys_are_checked() {
             json!({"argv": ["cat"], "stdin": true, "background": true}),
         );
         let cat_pid = cat["process_id"].as_u64().unwrap();
+        assert_eq!(cat.get("pty"), None, "{cat}");
         let (status, out) = send_input(
             &server,
             &id,

@@ -32,6 +32,9 @@ pub struct ProcessSchema {
     timed_out: bool,
     /// Why it never started, or that the session's sandbox ended (present only then).
     error: Option<String>,
+    /// Its terminal's size, when it runs on one (present only then); its output is then
+    /// all in `stdout`.
+    pty: Option<codecage::processes::TermSize>,
     started_at: String,
     duration_ms: u64,
     /// Its output from the cursor asked (text, or base64 with `stdout_encoding`).
