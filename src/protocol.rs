@@ -12,7 +12,9 @@
 //!   process but the init, shut down.
 //! - sandbox -> launcher: either a 6-byte [`TAG_RAW_ERROR`] frame from the raw child (it
 //!   cannot allocate, so it sends a [`Step`] number and the errno), or [`TAG_MESSAGE`]
-//!   frames holding a [`FromSandbox`] as JSON behind a little-endian u32 length, or
+//!   frames holding a [`FromSandbox`] as JSON behind a little-endian u32 length (one,
+//!   [`FromSandbox::PtyOpened`], carries a terminal's master as SCM_RIGHTS: the launcher
+//!   takes it only for a payload it asked a terminal for, and checks it is a pty master), or
 //!   [`TAG_FILE`] frames carrying a file's bytes as they are (an output file, or a
 //!   download), which would cost a base64 encoding, a JSON escape scan and a decoding as
 //!   JSON: a 5 MiB file took 50 ms that way.

@@ -1899,12 +1899,14 @@ fn terminals_leave_nothing_behind() {
                 Some(json!({"argv": ["sleep", seconds], "pty": true, "background": true})),
             );
             if status != 200 {
+                assert_eq!(status, 400, "{out}");
                 break out;
             }
             more += 1;
             assert!(more < 40, "no limit on terminals");
         };
         assert_eq!(more, 31, "{refused}");
+        eprintln!("the 33rd terminal: {}", refused["message"]);
         assert!(
             refused["message"]
                 .as_str()
