@@ -1602,6 +1602,18 @@ fn c_c_stops_a_program_on_a_terminal_and_keys_are_checked() {
     as_root(|| {
         let server = Server::start(&tokens(""), true);
         let id = new_session(&server, USER1, "bash");
+        // In the foreground, a short one is its whole result: one stream, the terminal's
+        // line ends.
+        let short = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "tput cols; tty; echo oops >&2", "pty": {"cols": 77, "rows": 10}}),
+        );
+        assert_eq!(short["status"], "exited", "{short}");
+        assert_eq!(short["exit_code"], 0, "{short}");
+        assert_eq!(short["stdout"], "77\r\n/dev/pts/0\r\noops\r\n", "{short}");
+        assert_eq!(short["stderr"], "", "{short}");
         let sleeper = start_process(
             &server,
             USER1,
