@@ -214,17 +214,48 @@ struct State {
     screen: Option<Box<vt100::Parser<Titles>>>,
 }
 
-/// The window title a terminal's program set (OSC 0 or 2), cut at [`MAX_TITLE`] bytes.
+/// What a terminal's program said beside its screen: the window title it set (OSC 0 or
+/// 2, cut at [`MAX_TITLE`] bytes), and the answers owed to its queries of the terminal.
 #[derive(Default)]
-struct Titles(Option<String>);
+struct Titles {
+    title: Option<String>,
+    /// Answers to write back to the program, as a terminal would: a cursor position report
+    /// (`ESC [ 6 n`, which line editors such as prompt_toolkit wait for) and the status
+    /// report (`ESC [ 5 n`). Digits only: nothing the program writes is echoed back.
+    replies: Vec<u8>,
+}
 
 /// The longest window title kept.
 const MAX_TITLE: usize = 1024;
+/// The most reply bytes owed at once (a program that floods queries gets no more).
+const MAX_REPLIES: usize = 4096;
 
 impl vt100::Callbacks for Titles {
     fn set_window_title(&mut self, _: &mut vt100::Screen, title: &[u8]) {
         let title = &title[..title.len().min(MAX_TITLE)];
-        self.0 = Some(String::from_utf8_lossy(title).into_owned());
+        self.title = Some(String::from_utf8_lossy(title).into_owned());
+    }
+
+    fn unhandled_csi(
+        &mut self,
+        screen: &mut vt100::Screen,
+        i1: Option<u8>,
+        _: Option<u8>,
+        params: &[&[u16]],
+        c: char,
+    ) {
+        if c != 'n' || i1.is_some() || self.replies.len() >= MAX_REPLIES {
+            return;
+        }
+        match params {
+            [[6]] => {
+                let (row, col) = screen.cursor_position();
+                let report = format!("\x1b[{};{}R", u32::from(row) + 1, u32::from(col) + 1);
+                self.replies.extend_from_slice(report.as_bytes());
+            }
+            [[5]] => self.replies.extend_from_slice(b"\x1b[0n"),
+            _ => {}
+        }
     }
 }
 
@@ -371,7 +402,7 @@ impl Processes {
                 cols: cols.get(),
                 rows: rows.get(),
             },
-            title: parser.callbacks().0.clone(),
+            title: parser.callbacks().title.clone(),
             alternate_screen: screen.alternate_screen(),
             modes: modes_of(screen),
         })
@@ -712,10 +743,21 @@ fn drain_terminal(proc: &Proc, mut master: File) {
         match master.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                let mut state = proc.state();
-                state.out[0].push(&buf[..n]);
-                if let Some(parser) = state.screen.as_mut() {
-                    parser.process(&buf[..n]);
+                let replies = {
+                    let mut state = proc.state();
+                    state.out[0].push(&buf[..n]);
+                    match state.screen.as_mut() {
+                        Some(parser) => {
+                            parser.process(&buf[..n]);
+                            std::mem::take(&mut parser.callbacks_mut().replies)
+                        }
+                        None => Vec::new(),
+                    }
+                };
+                if !replies.is_empty() {
+                    // Best effort, as a terminal's: a program that does not read its input
+                    // does not get them.
+                    let _ = (&master).write(&replies);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {

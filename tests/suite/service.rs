@@ -1838,6 +1838,14 @@ fn full_screen_programs_render_on_the_screen() {
         send_input(&server, &id, pid, json!({"submit": true}));
         let ran = wait_screen(&server, &id, pid, |r| r == "two");
         assert!(rows(&ran).iter().any(|r| r == "one"), "{:#?}", rows(&ran));
+        // A cursor position report, as a terminal answers it (line editors wait for one).
+        send_input(
+            &server,
+            &id,
+            pid,
+            json!({"data": "printf '\\033[5;9H\\033[6n'; read -rs -d R pos; echo; echo \"at ${pos#*[}\"", "submit": true}),
+        );
+        wait_screen(&server, &id, pid, |r| r == "at 5;9");
         // A title the program sets.
         send_input(
             &server,
