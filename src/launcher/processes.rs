@@ -298,6 +298,17 @@ impl Ring {
     }
 }
 
+impl State {
+    /// It has exited and its output is all read (or its pipes stayed open [`AFTER_EXIT`]
+    /// past its exit: a child it left holds them).
+    fn ended(&self) -> bool {
+        match self.exited_at {
+            Some(at) => self.drained || at.elapsed() >= AFTER_EXIT,
+            None => false,
+        }
+    }
+}
+
 impl Proc {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -314,15 +325,19 @@ impl Proc {
             },
         };
         let end = state.exited_at.unwrap_or_else(Instant::now);
+        // Exited once its output is all read too: a client that polls until then has
+        // every byte, whichever thread ran first.
+        let ended = state.ended();
+        let exit = state.exit.filter(|_| ended);
         Snapshot {
             id: self.id,
             command: self.command.clone(),
-            status: match state.exit {
-                Some(_) => Status::Exited,
-                None => Status::Running,
+            status: match ended {
+                true => Status::Exited,
+                false => Status::Running,
             },
-            exit_code: state.exit.and_then(|e| e.0),
-            signal: state.exit.and_then(|e| e.1),
+            exit_code: exit.and_then(|e| e.0),
+            signal: exit.and_then(|e| e.1),
             timed_out: state.timed_out,
             error: state.error.clone(),
             started: self.started,
@@ -604,11 +619,8 @@ impl Processes {
     /// [`AFTER_EXIT`] past its exit). None: no such process.
     pub(crate) fn finished(&self, id: u64) -> Option<bool> {
         let proc = self.get(id)?;
-        let state = proc.state();
-        Some(match state.exited_at {
-            Some(at) => state.drained || at.elapsed() >= AFTER_EXIT,
-            None => false,
-        })
+        let ended = proc.state().ended();
+        Some(ended)
     }
 
     /// Registers a process that was just spawned as payload `payload`, and starts the
