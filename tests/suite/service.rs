@@ -1561,7 +1561,7 @@ fn python_on_a_terminal_takes_keys_and_shows_its_screen() {
              keys = json.dumps({{'keys': ['a', 'BSpace']}})\n\
              k = [t('POST', '/v1/sessions/{id}/processes/{pid}/stdin', keys) for _ in range(300)]\n\
              g = [t('GET', '/v1/sessions/{id}/processes/{pid}/screen') for _ in range(300)]\n\
-             print(statistics.median(k) * 1000, statistics.median(g) * 1000)\n"
+             print('%.2f %.2f' % (statistics.median(k) * 1000, statistics.median(g) * 1000))\n"
         );
         let out = Command::new("python3")
             .arg("-c")
@@ -1575,9 +1575,31 @@ fn python_on_a_terminal_takes_keys_and_shows_its_screen() {
         );
         let measured = String::from_utf8_lossy(&out.stdout).to_string();
         let (keys_ms, screen_ms) = measured.trim().split_once(' ').unwrap();
+        // And with curl, a process and a connection per request, as the other figures.
+        let median = |mut times: Vec<Duration>| {
+            times.sort();
+            times[times.len() / 2].as_secs_f64() * 1000.0
+        };
+        let timed = |f: &dyn Fn()| {
+            (0..100)
+                .map(|_| {
+                    let start = Instant::now();
+                    f();
+                    start.elapsed()
+                })
+                .collect::<Vec<_>>()
+        };
+        let curl_keys = median(timed(&|| {
+            let (status, _) = send_input(&server, &id, pid, json!({"keys": ["a", "BSpace"]}));
+            assert_eq!(status, 200);
+        }));
+        let curl_screen = median(timed(&|| {
+            screen(&server, &id, pid);
+        }));
         eprintln!(
             "figures: round trip (median of 300, kept connection): send-keys {keys_ms} ms, \
-             screen {screen_ms} ms"
+             screen {screen_ms} ms; with curl (median of 100): send-keys {curl_keys:.2} ms, \
+             screen {curl_screen:.2} ms"
         );
         // C-d at an empty prompt: end of file, and python exits 0.
         send_input(&server, &id, pid, json!({"keys": ["C-u", "C-d"]}));
