@@ -211,13 +211,13 @@ struct State {
     /// A SIGKILL for its deadline is on its way.
     killing: bool,
     /// A terminal's screen, fed what the program writes to it.
-    screen: Option<Box<vt100::Parser<Titles>>>,
+    screen: Option<Box<vt100::Parser<Beside>>>,
 }
 
 /// What a terminal's program said beside its screen: the window title it set (OSC 0 or
 /// 2, cut at [`MAX_TITLE`] bytes), and the answers owed to its queries of the terminal.
 #[derive(Default)]
-struct Titles {
+struct Beside {
     title: Option<String>,
     /// Answers to write back to the program, as a terminal would: a cursor position report
     /// (`ESC [ 6 n`, which line editors such as prompt_toolkit wait for) and the status
@@ -230,7 +230,7 @@ const MAX_TITLE: usize = 1024;
 /// The most reply bytes owed at once (a program that floods queries gets no more).
 const MAX_REPLIES: usize = 4096;
 
-impl vt100::Callbacks for Titles {
+impl vt100::Callbacks for Beside {
     fn set_window_title(&mut self, _: &mut vt100::Screen, title: &[u8]) {
         let title = &title[..title.len().min(MAX_TITLE)];
         self.title = Some(String::from_utf8_lossy(title).into_owned());
@@ -670,7 +670,7 @@ impl Processes {
                     rows,
                     cols,
                     0,
-                    Titles::default(),
+                    Beside::default(),
                 )))
             }
             _ => None,
