@@ -12,7 +12,9 @@
 //!   process but the init, shut down.
 //! - sandbox -> launcher: either a 6-byte [`TAG_RAW_ERROR`] frame from the raw child (it
 //!   cannot allocate, so it sends a [`Step`] number and the errno), or [`TAG_MESSAGE`]
-//!   frames holding a [`FromSandbox`] as JSON behind a little-endian u32 length, or
+//!   frames holding a [`FromSandbox`] as JSON behind a little-endian u32 length (one,
+//!   [`FromSandbox::PtyOpened`], carries a terminal's master as SCM_RIGHTS: the launcher
+//!   takes it only for a payload it asked a terminal for, and checks it is a pty master), or
 //!   [`TAG_FILE`] frames carrying a file's bytes as they are (an output file, or a
 //!   download), which would cost a base64 encoding, a JSON escape scan and a decoding as
 //!   JSON: a 5 MiB file took 50 ms that way.
@@ -255,11 +257,13 @@ steps! {
     BlockInitSignals = "block_init_signals": "blocking the init's signals (taken with sigwait)",
     CompileSeccomp = "compile_seccomp": "decoding the seccomp filters",
     PrepareNetlinkWatch = "prepare_netlink_watch": "opening the socket pair payloads hand their netlink watch to the init on",
+    OpenTerminal = "open_terminal": "opening a terminal from the sandbox's devpts (/dev/pts/ptmx) and handing its master to the launcher",
     ForkPayload = "fork_payload": "forking the payload",
     // The payload's last mile, in the child the init forked.
     AttachPayloadFds = "attach_payload_fds": "putting the launcher's stdin, stdout, stderr (and a driver's channel) on 0-3",
     UnblockSignals = "unblock_signals": "unblocking the signals the init blocked",
     NewSession = "new_session": "giving the payload a session of its own (setsid)",
+    TakeTerminal = "take_terminal": "making the terminal the payload's controlling terminal (TIOCSCTTY)",
     SetRlimits = "set_rlimits": "setting the resource limits",
     PreferForOomKill = "prefer_for_oom_kill": "writing oom_score_adj 1000",
     DropCapabilities = "drop_capabilities": "clearing the bounding, inheritable and ambient capability sets",
@@ -426,6 +430,12 @@ pub enum ToSandbox {
         /// Where the payload starts, under /work if relative (default: /work).
         #[serde(default)]
         cwd: Option<String>,
+        /// Run it on a terminal of this size, from the sandbox's own devpts (no fds come
+        /// with the frame then): the init opens it, gives the payload its slave as stdin,
+        /// stdout, stderr and controlling terminal, and hands the master back
+        /// ([`FromSandbox::PtyOpened`]).
+        #[serde(default)]
+        pty: Option<PtySize>,
     },
     /// Write files into /work; answered by `FilesWritten` or `FileError`.
     WriteFiles { files: Vec<crate::files::InputFile> },
@@ -479,6 +489,10 @@ pub enum FromSandbox {
         landlock_abi: Option<u32>,
         skipped: Vec<crate::outcome::Skipped>,
     },
+    /// Payload `id`'s terminal: its master travels with this frame (SCM_RIGHTS), sent by
+    /// the init right after the fork. The launcher takes it only for a payload it asked a
+    /// terminal for, and only if it is a pty master.
+    PtyOpened { id: u64 },
     /// Payload `id` ended: with an exit status, or by a signal.
     Exited {
         id: u64,
@@ -511,6 +525,13 @@ pub enum FromSandbox {
     /// A file's bytes. Sent as a [`TAG_FILE`] frame, never as JSON.
     #[serde(skip)]
     FileData { data: Vec<u8> },
+}
+
+/// A terminal's size, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// A process of the sandbox, as the init reads it from /proc.

@@ -282,6 +282,87 @@ pub fn take_inherited_socket(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A new terminal from the devpts instance whose `ptmx` node is given (the sandbox's own):
+/// its master (O_RDWR, O_NOCTTY, close-on-exec), unlocked, sized `rows` x `cols`, with
+/// IUTF8 on (a backspace erases a whole UTF-8 character in canonical mode); and its slave,
+/// opened through the master (TIOCGPTPEER, Linux 4.13: no path is looked up, so it is the
+/// peer of this master and no other), O_NOCTTY and close-on-exec too.
+pub fn open_pty(ptmx: &std::path::Path, rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::OFlag;
+    let master = nix::fcntl::open(
+        ptmx,
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let unlock: c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int from the pointer, which points at a live local.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    set_window_size(master.as_fd(), rows, cols)?;
+    // SAFETY: TIOCGPTPEER takes the open flags as an integer and returns a new fd.
+    let slave = unsafe {
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    if slave < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    // SAFETY: a zeroed termios is a valid value to read into; tcgetattr fills it.
+    let mut termios: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: tcgetattr and tcsetattr read and write the local termios through pointers
+    // that are valid for the call.
+    unsafe {
+        if libc::tcgetattr(slave.as_raw_fd(), &mut termios) == 0 {
+            termios.c_iflag |= libc::IUTF8;
+            libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &termios);
+        }
+    }
+    Ok((master, slave))
+}
+
+/// TIOCSWINSZ: a terminal's size, on its master or its slave. The kernel sends SIGWINCH
+/// to the terminal's foreground process group when it changes.
+pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, a live local.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &size) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// TIOCGPTN: the number of the pty whose master `fd` is; fails on anything that is not a
+/// pty master (how the launcher checks an fd the sandbox handed it).
+pub fn pty_number(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut number: libc::c_uint = 0;
+    // SAFETY: TIOCGPTN writes one unsigned int through the pointer, a live local.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPTN, &mut number) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(number)
+}
+
+/// TIOCSCTTY: terminal `fd` becomes the controlling terminal of the caller, a session
+/// leader without one (a payload right after its setsid).
+pub fn set_controlling_terminal(fd: RawFd) -> nix::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal it from another session).
+    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
 /// Which side of [`fork_in_init`] we are on.
 pub enum ForkedInit {
     Child,

@@ -41,7 +41,7 @@ enum SessionCommand {
     Exec {
         id: String,
         #[arg(short = 'c', value_name = "CODE",
-              conflicts_with_all = ["command", "background", "yield_ms", "cwd", "env"])]
+              conflicts_with_all = ["command", "background", "yield_ms", "cwd", "env", "pty"])]
         code: Option<String>,
         /// The session's context to run CODE in: python, node, typescript, bash (default:
         /// the session's language). Each is made on first use, in the same sandbox.
@@ -63,6 +63,10 @@ enum SessionCommand {
         /// The command goes to the background at once: print its process id.
         #[arg(long)]
         background: bool,
+        /// Run the command on a terminal of COLSxROWS (default 80x24; `session screen`
+        /// shows it, `session send-keys` types into it).
+        #[arg(long, value_name = "COLSxROWS", num_args = 0..=1, default_missing_value = "80x24")]
+        pty: Option<String>,
         /// How long to wait for the command before it goes on in the background, in ms
         /// (default 10000).
         #[arg(long, value_name = "MS")]
@@ -98,6 +102,29 @@ enum SessionCommand {
         /// the background).
         #[arg(long, value_name = "STDOUT:STDERR")]
         from: Option<String>,
+    },
+    /// Send keys to a process, by tmux's names (Enter, C-c, C-d, Up, Tab, Escape, BSpace,
+    /// PPage, F1, a character; modifiers C-, M-, S-), or --text, or --paste.
+    SendKeys {
+        id: String,
+        pid: u64,
+        keys: Vec<String>,
+        /// Text typed as it is, after the keys.
+        #[arg(long, value_name = "TEXT")]
+        text: Option<String>,
+        /// Text pasted (bracketed when the program asked for it), after the keys.
+        #[arg(long, value_name = "TEXT")]
+        paste: Option<String>,
+        /// Enter after the rest.
+        #[arg(long)]
+        submit: bool,
+    },
+    /// Print a terminal's screen as it is now (a process started with --pty).
+    Screen {
+        id: String,
+        pid: u64,
+        #[arg(long)]
+        json: bool,
     },
     /// Kill a process (SIGKILL to its process group), or send it --signal.
     Kill {
@@ -212,6 +239,7 @@ pub fn main(args: SessionArgs) -> i32 {
             files,
             out_dir,
             background,
+            pty,
             yield_ms,
             cwd,
             env,
@@ -224,6 +252,16 @@ pub fn main(args: SessionArgs) -> i32 {
                     argv => json!({ "argv": argv }),
                 };
                 body["background"] = json!(background);
+                if let Some(size) = pty {
+                    let parsed = size
+                        .split_once('x')
+                        .and_then(|(c, r)| Some((c.parse::<u16>().ok()?, r.parse::<u16>().ok()?)));
+                    let Some((cols, rows)) = parsed else {
+                        eprintln!("codecage: --pty {size:?}: give COLSxROWS, e.g. 120x40");
+                        return 125;
+                    };
+                    body["pty"] = json!({ "cols": cols, "rows": rows });
+                }
                 if let Some(ms) = yield_ms {
                     body["yield_ms"] = json!(ms);
                 }
@@ -384,6 +422,60 @@ pub fn main(args: SessionArgs) -> i32 {
                 }
             }
         }
+        SessionCommand::SendKeys {
+            id,
+            pid,
+            keys,
+            text,
+            paste,
+            submit,
+        } => {
+            if keys.is_empty() && text.is_none() && paste.is_none() && !submit {
+                eprintln!("codecage: give keys (e.g. C-c, Up Enter), --text, --paste or --submit");
+                return 125;
+            }
+            let mut body = json!({ "keys": keys, "submit": submit });
+            if let Some(t) = text {
+                body["data"] = json!(t);
+            }
+            if let Some(p) = paste {
+                body["paste"] = json!(p);
+            }
+            call(
+                "POST",
+                format!("/v1/sessions/{id}/processes/{pid}/stdin"),
+                Some(body),
+            )
+            .map(|a| ok_or_report(a.status, &a.body, |_| 0))
+        }
+        SessionCommand::Screen { id, pid, json } => call(
+            "GET",
+            format!("/v1/sessions/{id}/processes/{pid}/screen"),
+            None,
+        )
+        .map(|a| {
+            ok_or_report(a.status, &a.body, |v| {
+                if json {
+                    println!("{v}");
+                    return 0;
+                }
+                let rows: Vec<&str> = v["rows"]
+                    .as_array()
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let cursor_row = v["cursor"]["row"].as_u64().unwrap_or(0) as usize;
+                let last = rows
+                    .iter()
+                    .rposition(|r| !r.is_empty())
+                    .map_or(0, |i| i + 1)
+                    .max(cursor_row + 1)
+                    .min(rows.len());
+                for row in &rows[..last] {
+                    println!("{row}");
+                }
+                0
+            })
+        }),
         SessionCommand::Kill { id, pid, signal } => {
             let path = format!("/v1/sessions/{id}/processes/{pid}");
             let sent = match signal {

@@ -32,7 +32,7 @@ pub(crate) use supervise::{set_nonblocking, take_output_file};
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -261,7 +261,17 @@ pub struct Sandbox {
     /// Takes the reports of a session's background processes as they are read (whoever
     /// reads the channel), so no one else drops them; true: taken.
     background: Option<requests::ReportSink>,
+    /// Fds the init sent (SCM_RIGHTS) that no message has claimed yet (at most
+    /// [`MAX_QUEUED_FDS`]: the oldest go past it).
+    received_fds: VecDeque<OwnedFd>,
+    /// The payloads asked to run on a terminal whose master has not come yet.
+    ptys_wanted: std::collections::BTreeSet<u64>,
+    /// Their masters as they came (checked), or why one was refused.
+    ptys: std::collections::BTreeMap<u64, Result<OwnedFd, String>>,
 }
+
+/// The most fds from the sandbox the launcher holds unclaimed.
+const MAX_QUEUED_FDS: usize = 4;
 
 impl Sandbox {
     /// Builds a sandbox: its cgroup with limits, the init in new namespaces, the id maps,
@@ -345,6 +355,9 @@ impl Sandbox {
             network: None,
             cpu_base: Duration::ZERO,
             background: None,
+            received_fds: VecDeque::new(),
+            ptys_wanted: Default::default(),
+            ptys: Default::default(),
         };
         if let (Some(gateway), Some(tun)) = (gateway, tun) {
             // On failure the sandbox is dropped: its init killed and reaped.
@@ -396,10 +409,22 @@ impl Sandbox {
         last: bool,
         cwd: Option<String>,
     ) -> Result<u64, SpawnError> {
-        let id = self.next_id;
-        self.next_id += 1;
         let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
         fds.extend(driver.map(|fd| fd.as_raw_fd()));
+        self.spawn_with(exec, &fds, last, cwd, None)
+    }
+
+    /// Sends a `Spawn` with `fds`, or for a terminal of `pty`'s size none.
+    fn spawn_with(
+        &mut self,
+        exec: &Exec,
+        fds: &[i32],
+        last: bool,
+        cwd: Option<String>,
+        pty: Option<protocol::PtySize>,
+    ) -> Result<u64, SpawnError> {
+        let id = self.next_id;
+        self.next_id += 1;
         let message = ToSandbox::Spawn {
             id,
             argv: exec.argv.clone(),
@@ -409,8 +434,9 @@ impl Sandbox {
             last,
             outputs: if last { exec.outputs.clone() } else { None },
             cwd,
+            pty,
         };
-        match self.send(&message, &fds) {
+        match self.send(&message, fds) {
             Ok(()) => Ok(id),
             // The init has exited (EPIPE): its SetupFailed, if it wrote one, is the reason
             // (a copied volume that does not fit in /work, say), not the pipe.
@@ -503,15 +529,42 @@ impl Sandbox {
     /// broken. Phase marks are kept for the timings, not queued.
     pub fn read_channel(&mut self) -> bool {
         use nix::errno::Errno;
-        use nix::sys::socket::{recv, MsgFlags};
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        let mut space = nix::cmsg_space!([RawFd; MAX_QUEUED_FDS]);
         while self.channel_open {
-            match recv(
+            let mut iov = [std::io::IoSliceMut::new(&mut self.recv_buf)];
+            let received = recvmsg::<()>(
                 self.channel.as_raw_fd(),
-                &mut self.recv_buf,
-                MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(0) => self.channel_open = false,
-                Ok(n) => self.frames.feed(&self.recv_buf[..n]),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map(|msg| {
+                // Fds the kernel put in our table for us: owned at once, so none leaks.
+                let fds: Vec<OwnedFd> = msg
+                    .cmsgs()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| match c {
+                        ControlMessageOwned::ScmRights(fds) => Some(fds),
+                        _ => None,
+                    })
+                    .flatten()
+                    .map(sys::adopt_fd)
+                    .collect();
+                (msg.bytes, fds)
+            });
+            match received {
+                Ok((0, _)) => self.channel_open = false,
+                Ok((n, fds)) => {
+                    for fd in fds {
+                        if self.received_fds.len() == MAX_QUEUED_FDS {
+                            self.received_fds.pop_front();
+                        }
+                        self.received_fds.push_back(fd);
+                    }
+                    self.frames.feed(&self.recv_buf[..n]);
+                }
                 Err(Errno::EAGAIN) => break,
                 Err(Errno::EINTR) => continue,
                 Err(_) => self.channel_open = false,
@@ -520,6 +573,12 @@ impl Sandbox {
         while let Some(message) = self.frames.next_message() {
             match message {
                 Ok(FromSandbox::Mark { phase, at_ns }) => self.marks.push((phase, at_ns)),
+                Ok(FromSandbox::PtyOpened { id }) => {
+                    let fd = self.received_fds.pop_front();
+                    if self.ptys_wanted.remove(&id) {
+                        self.ptys.insert(id, requests::check_pty_master(fd));
+                    }
+                }
                 Ok(message) => {
                     let taken = match (&mut self.background, requests::report_of(&message)) {
                         (Some(sink), Some(report)) => sink(&report),

@@ -56,6 +56,70 @@ pub struct Start {
     pub timeout: Duration,
     /// The bytes kept per stream.
     pub buffer: usize,
+    /// Run it on a terminal of this size (its stdin, stdout and stderr, one stream: stdout).
+    pub pty: Option<TermSize>,
+}
+
+/// A terminal's size, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TermSize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+impl TermSize {
+    /// What a terminal gets unless asked otherwise.
+    pub const DEFAULT: TermSize = TermSize { cols: 80, rows: 24 };
+    /// The widest a terminal may be: the screen lives in the launcher's memory (two grids
+    /// of cells, the normal and the alternate screen), and a sandbox may hold 32.
+    pub const MAX_COLS: u16 = 500;
+    /// The tallest.
+    pub const MAX_ROWS: u16 = 200;
+
+    /// The size checked: at least 1, at most [`TermSize::MAX_COLS`] x
+    /// [`TermSize::MAX_ROWS`].
+    pub fn check(self) -> Result<TermSize, String> {
+        if !(1..=Self::MAX_COLS).contains(&self.cols) || !(1..=Self::MAX_ROWS).contains(&self.rows)
+        {
+            return Err(format!(
+                "a terminal of {} columns and {} rows: each must be at least 1, columns at most {} \
+                 and rows at most {}",
+                self.cols,
+                self.rows,
+                Self::MAX_COLS,
+                Self::MAX_ROWS
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// A terminal as a person would see it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Screen {
+    /// Each row's text, trailing blanks cut.
+    pub lines: Vec<String>,
+    /// The cursor's row and column, from 0.
+    pub cursor: (u16, u16),
+    pub cursor_visible: bool,
+    pub size: TermSize,
+    /// The window title the program set (OSC 0 or 2), if any.
+    pub title: Option<String>,
+    /// The program switched to the alternate screen (a full-screen program: an editor, a
+    /// pager).
+    pub alternate_screen: bool,
+    /// Modes the program set that change what keys send.
+    pub modes: TermModes,
+}
+
+/// What a terminal's program asked of the keys it gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TermModes {
+    /// Cursor keys in application mode (DECCKM: ESC O A rather than ESC [ A).
+    pub application_cursor: bool,
+    /// Pasted text wrapped in ESC [200~ ... ESC [201~.
+    pub bracketed_paste: bool,
 }
 
 /// Whether a process still runs.
@@ -96,6 +160,8 @@ pub struct Snapshot {
     pub duration: Duration,
     pub stdout: Window,
     pub stderr: Window,
+    /// Its terminal's size, when it runs on one.
+    pub pty: Option<TermSize>,
 }
 
 /// The table of a session's processes; cheap to clone, shared with the session's owner.
@@ -128,7 +194,10 @@ struct Proc {
     started_at: Instant,
     deadline: Instant,
     state: Mutex<State>,
+    /// Its stdin pipe, or its terminal's master (written to, and sized).
     stdin: Mutex<Option<File>>,
+    /// It runs on a terminal.
+    terminal: bool,
 }
 
 struct State {
@@ -141,6 +210,53 @@ struct State {
     timed_out: bool,
     /// A SIGKILL for its deadline is on its way.
     killing: bool,
+    /// A terminal's screen, fed what the program writes to it.
+    screen: Option<Box<vt100::Parser<Beside>>>,
+}
+
+/// What a terminal's program said beside its screen: the window title it set (OSC 0 or
+/// 2, cut at [`MAX_TITLE`] bytes), and the answers owed to its queries of the terminal.
+#[derive(Default)]
+struct Beside {
+    title: Option<String>,
+    /// Answers to write back to the program, as a terminal would: a cursor position report
+    /// (`ESC [ 6 n`, which line editors such as prompt_toolkit wait for) and the status
+    /// report (`ESC [ 5 n`). Digits only: nothing the program writes is echoed back.
+    replies: Vec<u8>,
+}
+
+/// The longest window title kept.
+const MAX_TITLE: usize = 1024;
+/// The most reply bytes owed at once (a program that floods queries gets no more).
+const MAX_REPLIES: usize = 4096;
+
+impl vt100::Callbacks for Beside {
+    fn set_window_title(&mut self, _: &mut vt100::Screen, title: &[u8]) {
+        let title = &title[..title.len().min(MAX_TITLE)];
+        self.title = Some(String::from_utf8_lossy(title).into_owned());
+    }
+
+    fn unhandled_csi(
+        &mut self,
+        screen: &mut vt100::Screen,
+        i1: Option<u8>,
+        _: Option<u8>,
+        params: &[&[u16]],
+        c: char,
+    ) {
+        if c != 'n' || i1.is_some() || self.replies.len() >= MAX_REPLIES {
+            return;
+        }
+        match params {
+            [[6]] => {
+                let (row, col) = screen.cursor_position();
+                let report = format!("\x1b[{};{}R", u32::from(row) + 1, u32::from(col) + 1);
+                self.replies.extend_from_slice(report.as_bytes());
+            }
+            [[5]] => self.replies.extend_from_slice(b"\x1b[0n"),
+            _ => {}
+        }
+    }
 }
 
 /// The last `cap` bytes of a stream, and how many were written in all.
@@ -182,6 +298,17 @@ impl Ring {
     }
 }
 
+impl State {
+    /// It has exited and its output is all read (or its pipes stayed open [`AFTER_EXIT`]
+    /// past its exit: a child it left holds them).
+    fn ended(&self) -> bool {
+        match self.exited_at {
+            Some(at) => self.drained || at.elapsed() >= AFTER_EXIT,
+            None => false,
+        }
+    }
+}
+
 impl Proc {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -198,17 +325,16 @@ impl Proc {
             },
         };
         let end = state.exited_at.unwrap_or_else(Instant::now);
-        // `exited` only with every byte read (or its pipes left open past AFTER_EXIT by
-        // a child): a client that polls until `exited` then has all of the output.
-        let exit = state.exit.filter(|_| {
-            state.drained || state.exited_at.is_some_and(|at| at.elapsed() >= AFTER_EXIT)
-        });
+        // Exited once its output is all read too: a client that polls until then has
+        // every byte, whichever thread ran first.
+        let ended = state.ended();
+        let exit = state.exit.filter(|_| ended);
         Snapshot {
             id: self.id,
             command: self.command.clone(),
-            status: match exit {
-                Some(_) => Status::Exited,
-                None => Status::Running,
+            status: match ended {
+                true => Status::Exited,
+                false => Status::Running,
             },
             exit_code: exit.and_then(|e| e.0),
             signal: exit.and_then(|e| e.1),
@@ -218,6 +344,13 @@ impl Proc {
             duration: end.saturating_duration_since(self.started_at),
             stdout: window(0, stdout_from),
             stderr: window(1, stderr_from),
+            pty: state.screen.as_ref().map(|parser| {
+                let (rows, cols) = parser.screen().size();
+                TermSize {
+                    cols: cols.get(),
+                    rows: rows.get(),
+                }
+            }),
         }
     }
 }
@@ -264,17 +397,89 @@ impl Processes {
         procs.iter().filter(|p| p.state().exit.is_none()).count()
     }
 
-    /// Writes `data` to process `id`'s stdin (waiting up to 5 s for it to take it all),
-    /// then closes it if `close`. Returns the bytes written.
+    /// Process `id`'s terminal as a person would see it now. Err: no such process, or it
+    /// does not run on a terminal.
+    pub fn screen(&self, id: u64) -> Result<Screen, String> {
+        let proc = self.proc(id)?;
+        let state = proc.state();
+        let parser = state.screen.as_ref().ok_or_else(|| no_terminal(id))?;
+        let screen = parser.screen();
+        let (rows, cols) = screen.size();
+        let lines = screen
+            .rows(0, cols.get())
+            .map(|row| row.trim_end().to_string())
+            .collect();
+        Ok(Screen {
+            lines,
+            cursor: screen.cursor_position(),
+            cursor_visible: !screen.hide_cursor(),
+            size: TermSize {
+                cols: cols.get(),
+                rows: rows.get(),
+            },
+            title: parser.callbacks().title.clone(),
+            alternate_screen: screen.alternate_screen(),
+            modes: modes_of(screen),
+        })
+    }
+
+    /// Whether process `id` runs on a terminal, and then the modes its program set. Err:
+    /// no such process.
+    pub fn terminal_modes(&self, id: u64) -> Result<Option<TermModes>, String> {
+        let proc = self.proc(id)?;
+        let state = proc.state();
+        Ok(state.screen.as_ref().map(|p| modes_of(p.screen())))
+    }
+
+    /// Resizes process `id`'s terminal (the kernel sends SIGWINCH to its foreground
+    /// process group) and its screen.
+    pub fn resize(&self, id: u64, size: TermSize) -> Result<(), String> {
+        let size = size.check()?;
+        let proc = self.proc(id)?;
+        if !proc.terminal {
+            return Err(no_terminal(id));
+        }
+        let stdin = proc.stdin.lock().unwrap_or_else(|e| e.into_inner());
+        let master = stdin
+            .as_ref()
+            .ok_or_else(|| format!("process {id} has exited: its terminal is closed"))?;
+        crate::sys::set_window_size(master.as_fd(), size.rows, size.cols)
+            .map_err(|e| format!("cannot resize process {id}'s terminal: {e}"))?;
+        let mut state = proc.state();
+        if let (Some(parser), Some(rows), Some(cols)) = (
+            state.screen.as_mut(),
+            std::num::NonZeroU16::new(size.rows),
+            std::num::NonZeroU16::new(size.cols),
+        ) {
+            parser.set_size(rows, cols);
+        }
+        Ok(())
+    }
+
+    fn proc(&self, id: u64) -> Result<Arc<Proc>, String> {
+        self.get(id)
+            .ok_or_else(|| format!("there is no process {id} in this session"))
+    }
+
+    /// Writes `data` to process `id`'s stdin, or its terminal (waiting up to 5 s for it to
+    /// take it all), then closes stdin if `close` (a terminal cannot be: its program reads
+    /// an end of file from C-d). Returns the bytes written.
     pub fn write_stdin(&self, id: u64, data: &[u8], close: bool) -> Result<usize, String> {
-        let proc = self
-            .get(id)
-            .ok_or_else(|| format!("there is no process {id} in this session"))?;
+        let proc = self.proc(id)?;
+        if close && proc.terminal {
+            return Err(format!(
+                "process {id} runs on a terminal, whose input cannot be closed: send the key `C-d` \
+                 (an end of file at the start of a line)"
+            ));
+        }
         let mut stdin = proc.stdin.lock().unwrap_or_else(|e| e.into_inner());
         let Some(pipe) = stdin.as_mut() else {
-            return Err(format!(
-                "process {id}'s stdin is closed (or was never open: start it with `stdin: true`)"
-            ));
+            return Err(match proc.terminal {
+                true => format!("process {id} has exited: its terminal is closed"),
+                false => format!(
+                    "process {id}'s stdin is closed (or was never open: start it with `stdin: true`)"
+                ),
+            });
         };
         let end = Instant::now() + Duration::from_secs(5);
         let mut written = 0;
@@ -296,7 +501,11 @@ impl Processes {
                     let _ = poll(&mut fds, wait);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::BrokenPipe
+                        || e.raw_os_error() == Some(libc::EIO) =>
+                {
+                    // EIO: a terminal whose every slave fd is closed.
                     *stdin = None;
                     return Err(format!(
                         "process {id} closed its stdin (or exited): {written} of {} bytes were written",
@@ -410,11 +619,8 @@ impl Processes {
     /// [`AFTER_EXIT`] past its exit). None: no such process.
     pub(crate) fn finished(&self, id: u64) -> Option<bool> {
         let proc = self.get(id)?;
-        let state = proc.state();
-        Some(match state.exited_at {
-            Some(at) => state.drained || at.elapsed() >= AFTER_EXIT,
-            None => false,
-        })
+        let ended = proc.state().ended();
+        Some(ended)
     }
 
     /// Registers a process that was just spawned as payload `payload`, and starts the
@@ -427,6 +633,49 @@ impl Processes {
         stdout: File,
         stderr: File,
     ) -> Result<u64, String> {
+        self.insert(start, payload, stdin, Output::Pipes(stdout, stderr))
+    }
+
+    /// Registers a process that was just spawned on a terminal whose master the launcher
+    /// holds (non-blocking), and starts the thread that reads it. Returns its id.
+    pub(crate) fn add_on_terminal(
+        &self,
+        start: &Start,
+        payload: u64,
+        master: OwnedFd,
+    ) -> Result<u64, String> {
+        let writer = master
+            .try_clone()
+            .map_err(|e| format!("cannot duplicate the terminal's master: {e}"))?;
+        self.insert(
+            start,
+            payload,
+            Some(File::from(writer)),
+            Output::Terminal(File::from(master)),
+        )
+    }
+
+    fn insert(
+        &self,
+        start: &Start,
+        payload: u64,
+        stdin: Option<File>,
+        output: Output,
+    ) -> Result<u64, String> {
+        let screen = match (&output, start.pty) {
+            (Output::Terminal(_), Some(size)) => {
+                let rows = std::num::NonZeroU16::new(size.rows).ok_or("a terminal of 0 rows")?;
+                let cols = std::num::NonZeroU16::new(size.cols).ok_or("a terminal of 0 columns")?;
+                Some(Box::new(vt100::Parser::new_with_callbacks(
+                    rows,
+                    cols,
+                    0,
+                    Beside::default(),
+                )))
+            }
+            _ => None,
+        };
+        let terminal = screen.is_some();
         let mut inner = self.inner();
         let id = inner.next;
         inner.next += 1;
@@ -446,13 +695,18 @@ impl Processes {
                 drained: false,
                 timed_out: false,
                 killing: false,
+                screen,
             }),
             stdin: Mutex::new(stdin),
+            terminal,
         });
         let reader = proc.clone();
         std::thread::Builder::new()
             .name(format!("codecage-proc-{id}"))
-            .spawn(move || drain(&reader, stdout, stderr))
+            .spawn(move || match output {
+                Output::Pipes(stdout, stderr) => drain(&reader, stdout, stderr),
+                Output::Terminal(master) => drain_terminal(&reader, master),
+            })
             .map_err(|e| {
                 format!("cannot start the thread that reads process {id}'s output: {e}")
             })?;
@@ -471,6 +725,68 @@ impl Processes {
         }
         Ok(id)
     }
+}
+
+/// Where a process's output comes from.
+enum Output {
+    /// Its stdout and stderr pipes.
+    Pipes(File, File),
+    /// Its terminal's master: one stream, kept as stdout.
+    Terminal(File),
+}
+
+fn no_terminal(id: u64) -> String {
+    format!("process {id} does not run on a terminal (start it with `pty`)")
+}
+
+fn modes_of(screen: &vt100::Screen) -> TermModes {
+    TermModes {
+        application_cursor: screen.application_cursor(),
+        bracketed_paste: screen.bracketed_paste(),
+    }
+}
+
+/// Reads a terminal's master until no process holds its slave any more (EIO), into the
+/// process's stdout buffer and its screen; then lets the master go (the sandbox's devpts
+/// gets the pty back).
+fn drain_terminal(proc: &Proc, mut master: File) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match master.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let replies = {
+                    let mut state = proc.state();
+                    state.out[0].push(&buf[..n]);
+                    match state.screen.as_mut() {
+                        Some(parser) => {
+                            parser.process(&buf[..n]);
+                            std::mem::take(&mut parser.callbacks_mut().replies)
+                        }
+                        None => Vec::new(),
+                    }
+                };
+                if !replies.is_empty() {
+                    // Best effort, as a terminal's: a program that does not read its input
+                    // does not get them.
+                    let _ = (&master).write(&replies);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fds = [PollFd::new(master.as_fd(), PollFlags::POLLIN)];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(_) => break,
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // EIO: every fd of the slave is closed.
+            Err(_) => break,
+        }
+    }
+    drop(master);
+    *proc.stdin.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    proc.state().drained = true;
 }
 
 /// Reads both pipes until both end (every process holding them has exited), into the

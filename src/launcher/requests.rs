@@ -2,7 +2,7 @@
 //! run) talk to the init through these, and the wire protocol's frames and messages stay
 //! inside the launcher.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -186,6 +186,83 @@ impl Sandbox {
         self.background = Some(sink);
     }
 
+    /// Starts a payload on a terminal of the sandbox's own devpts, `rows` x `cols`, in
+    /// `cwd`, and waits for the init to hand its master back (a pty master, checked, and
+    /// non-blocking) and for the payload to hold it as its controlling terminal (its
+    /// `Hardened`: a C-c sent before then would reach no process group), or to fail its
+    /// setup (the failure is left for the process's table). Returns the payload's id and
+    /// the master.
+    pub(crate) fn spawn_on_terminal(
+        &mut self,
+        exec: &crate::spec::Exec,
+        cwd: Option<String>,
+        rows: u16,
+        cols: u16,
+    ) -> Result<(u64, OwnedFd), String> {
+        let size = crate::protocol::PtySize { rows, cols };
+        let id = self
+            .spawn_with(exec, &[], false, cwd, Some(size))
+            .map_err(|e| e.describe("cannot start the process"))?;
+        self.ptys_wanted.insert(id);
+        let end = Instant::now() + REQUEST_TIMEOUT;
+        let mut master = None;
+        let result = loop {
+            if let Some(got) = self.ptys.remove(&id) {
+                match got {
+                    Ok(fd) => master = Some(fd),
+                    Err(e) => break Err(e),
+                }
+            }
+            let mine = |m: &FromSandbox| match m {
+                FromSandbox::Hardened { id: i, .. } => *i == id,
+                FromSandbox::SetupFailed { id: Some(i), .. } => *i == id,
+                _ => false,
+            };
+            let ended = self.inbox.iter().position(mine);
+            match (ended.map(|at| &self.inbox[at]), master.take()) {
+                (Some(FromSandbox::Hardened { .. }), Some(fd)) => {
+                    self.inbox.remove(ended.unwrap_or_default());
+                    break Ok(fd);
+                }
+                (Some(FromSandbox::SetupFailed { .. }), Some(fd)) => break Ok(fd),
+                (Some(FromSandbox::SetupFailed { error, .. }), None) => {
+                    let error = error.to_string();
+                    self.inbox.remove(ended.unwrap_or_default());
+                    break Err(format!("cannot start the process: {error}"));
+                }
+                (_, fd) => master = fd,
+            }
+            if Instant::now() >= end {
+                break Err(
+                    "the sandbox's init did not hand over the process's terminal in time".into(),
+                );
+            }
+            if let Err(e) = self.wait_channel(end) {
+                break Err(e);
+            }
+        };
+        self.ptys_wanted.remove(&id);
+        if result.is_err() {
+            let _ = self.signal(id, libc::SIGKILL);
+        }
+        result.map(|master| (id, master))
+    }
+
+    /// Offers the reports read while no one was there to take them (a process's exit read
+    /// before its table entry existed) to the background sink again.
+    pub(crate) fn offer_queued_reports(&mut self) {
+        let Some(sink) = self.background.as_mut() else {
+            return;
+        };
+        let queued = std::mem::take(&mut self.inbox);
+        for message in queued {
+            let taken = report_of(&message).is_some_and(|report| sink(&report));
+            if !taken {
+                self.inbox.push_back(message);
+            }
+        }
+    }
+
     /// Waits until the channel is readable or the init ends, up to `end`, and reads it.
     /// An error says why nothing more can come: the init died, or its channel closed or
     /// broke.
@@ -209,4 +286,21 @@ impl Sandbox {
         }
         Ok(())
     }
+}
+
+/// An fd the init announced as a terminal's master, checked as untrusted: a character
+/// device that answers TIOCGPTN (a pty master, of the sandbox's devpts: the init holds no
+/// other), made non-blocking.
+pub(crate) fn check_pty_master(fd: Option<OwnedFd>) -> Result<OwnedFd, String> {
+    let fd = fd.ok_or("the sandbox's init announced a terminal and sent no fd")?;
+    let stat = nix::sys::stat::fstat(fd.as_fd())
+        .map_err(|e| format!("cannot stat the terminal the sandbox sent: {e}"))?;
+    if stat.st_mode & libc::S_IFMT != libc::S_IFCHR {
+        return Err("the sandbox sent something that is not a terminal for the process".into());
+    }
+    crate::sys::pty_number(fd.as_fd())
+        .map_err(|e| format!("the sandbox sent a device that is not a pty master: {e}"))?;
+    super::set_nonblocking(fd.as_fd())
+        .map_err(|e| format!("cannot make the terminal non-blocking: {e}"))?;
+    Ok(fd)
 }

@@ -343,6 +343,19 @@ impl Session {
             exec.set_env(key, value);
         }
         exec.set_env("CODECAGE_SHELL", "exec");
+        if let Some(size) = start.pty {
+            exec.set_env("TERM", "xterm-256color");
+            let (payload, master) =
+                self.sandbox
+                    .spawn_on_terminal(&exec, start.cwd.clone(), size.rows, size.cols)?;
+            let id = self.processes.add_on_terminal(start, payload, master);
+            match &id {
+                // Its exit may have been read while the master was awaited.
+                Ok(_) => self.sandbox.offer_queued_reports(),
+                Err(_) => drop(self.sandbox.signal(payload, libc::SIGKILL)),
+            }
+            return id;
+        }
         let pipes = processes::Pipes::open(start.stdin)?;
         let [stdin, stdout, stderr] = &pipes.child;
         let payload = self

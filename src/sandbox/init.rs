@@ -166,17 +166,26 @@ impl Init<'_> {
                 last,
                 outputs,
                 cwd,
+                pty,
                 ..
             } => {
                 if let Err(error) = super::write_work_files(&files) {
                     return self.report_failure(id, error, last);
                 }
+                let (fds, master) = match pty {
+                    None => (fds, None),
+                    Some(size) => match open_terminal(size) {
+                        Ok((master, slave)) => (slave, Some(master)),
+                        Err(error) => return self.report_failure(id, error, last),
+                    },
+                };
                 let launch = Launch {
                     id,
                     argv: &argv,
                     env: &env,
                     cwd: cwd.as_deref(),
                     fds,
+                    terminal: master.is_some(),
                 };
                 match sys::fork_in_init() {
                     Ok(ForkedInit::Child) => {
@@ -192,6 +201,10 @@ impl Init<'_> {
                         drop(launch);
                         self.payloads.insert(pid, (id, last, outputs));
                         self.newest = Some(pid);
+                        if let Some(master) = master {
+                            // The launcher's copy; ours closes with this scope.
+                            self.send_fd(&FromSandbox::PtyOpened { id }, master.as_fd());
+                        }
                     }
                     Err(e) => {
                         let error = SetupError::errno(Step::ForkPayload, e, "fork");
@@ -348,6 +361,14 @@ impl Init<'_> {
         let _ = protocol::write_message(&mut &*self.channel, message, protocol::MAX_FRAME);
     }
 
+    /// A message with an fd attached (SCM_RIGHTS).
+    fn send_fd(&self, message: &FromSandbox, fd: std::os::fd::BorrowedFd<'_>) {
+        use std::os::fd::AsRawFd;
+        if let Ok(frame) = protocol::frame(message, protocol::MAX_FRAME) {
+            let _ = protocol::send_with_fds(self.channel, &frame, &[fd.as_raw_fd()]);
+        }
+    }
+
     fn send_file(&self, kind: u8, path: &str, data: &[u8]) {
         let _ = protocol::write_file_frame(&mut &*self.channel, kind, path, data);
     }
@@ -362,6 +383,35 @@ impl Init<'_> {
         let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
         std::process::exit(code)
     }
+}
+
+/// A terminal of the sandbox's own devpts for a payload: its master, and its slave three
+/// times (stdin, stdout, stderr), owned by the sandbox user as a login's terminal is
+/// (mode 0620, from the devpts mount), so that a program that reopens it by its name
+/// (/dev/pts/N) may.
+fn open_terminal(size: protocol::PtySize) -> Result<(OwnedFd, Vec<OwnedFd>), SetupError> {
+    let failed = |e: std::io::Error, what: &str| SetupError::io(Step::OpenTerminal, &e, what);
+    let (master, slave) =
+        sys::open_pty(std::path::Path::new("/dev/pts/ptmx"), size.rows, size.cols).map_err(
+            |e| {
+                let what = format!(
+                    "opening /dev/pts/ptmx (a sandbox holds at most {} terminals)",
+                    super::mount::MAX_PTYS
+                );
+                failed(e, &what)
+            },
+        )?;
+    let user = Some(nix::unistd::Uid::from_raw(crate::spec::SANDBOX_UID));
+    let group = Some(nix::unistd::Gid::from_raw(crate::spec::SANDBOX_UID));
+    nix::unistd::fchown(slave.as_fd(), user, group)
+        .map_err(|e| failed(e.into(), "giving the terminal to the sandbox user"))?;
+    let copies = (0..2)
+        .map(|_| slave.try_clone())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| failed(e, "duplicating the terminal's fd"))?;
+    let mut fds = vec![slave];
+    fds.extend(copies);
+    Ok((master, fds))
 }
 
 fn signal_group(payload: Pid, signal: Signal) {

@@ -2,7 +2,7 @@
 //! order is the security argument:
 //!
 //! 1. signals unblocked (the init already set their dispositions back to default), its own
-//!    session;
+//!    session (and a terminal's slave as its controlling terminal, when it runs on one);
 //! 2. rlimits (lowering needs no privilege);
 //! 3. bounding and inheritable capabilities dropped while we are still the sandbox's root
 //!    (dropping the bounding set needs CAP_SETPCAP);
@@ -48,6 +48,8 @@ pub struct Launch<'a> {
     /// Where it starts, relative to /work (default: /work itself).
     pub cwd: Option<&'a str>,
     pub fds: Vec<std::os::fd::OwnedFd>,
+    /// The fds are a terminal's slave: it becomes the payload's controlling terminal.
+    pub terminal: bool,
 }
 
 /// Prepares and execs the payload. Never returns: a setup failure is reported on the
@@ -84,6 +86,12 @@ fn prepare(
     attach_fds(&launch.fds)?;
     unblock_signals()?;
     setsid().map_err(|e| SetupError::errno(Step::NewSession, e, "setsid"))?;
+    if launch.terminal {
+        // The new session's process group is then the terminal's foreground group: ^C on
+        // it is SIGINT to the payload, a resize SIGWINCH.
+        crate::sys::set_controlling_terminal(0)
+            .map_err(|e| SetupError::errno(Step::TakeTerminal, e, "ioctl(0, TIOCSCTTY)"))?;
+    }
     set_rlimits(spec)?;
     prefer_for_oom_kill()?;
     drop_bounding_and_inheritable_caps()?;

@@ -44,6 +44,8 @@ pub fn document() -> String {
         api::processes::stdin,
         api::processes::signal,
         api::processes::kill,
+        api::processes::screen,
+        api::processes::resize,
         api::list_files,
         api::download,
         api::upload,

@@ -15,9 +15,10 @@ use base64::Engine as _;
 use serde::Deserialize;
 
 use codecage::knobs::{Knob, Raw};
-use codecage::processes::{Snapshot, Start, Status, Window, DEFAULT_BUFFER};
+use codecage::processes::{Snapshot, Start, Status, TermSize, Window, DEFAULT_BUFFER};
 use codecage::units::format_duration;
 
+use super::keys::{self, KeyModes};
 use super::{lookup, with_session, Caller, Error, Kind};
 use crate::server::registry::Entry;
 use crate::server::Shared;
@@ -48,6 +49,12 @@ pub struct ProcessRequest {
     /// Keep stdin open for `POST .../stdin` (default: it reads /dev/null).
     #[serde(default)]
     pub stdin: bool,
+    /// Run it on a terminal of this size (`{cols, rows}`, each defaulting to 80 and 24;
+    /// `true` for 80x24): a pty of the sandbox's own, `TERM=xterm-256color`, its input
+    /// through `POST .../stdin`, its screen at `GET .../screen`. Its output is one stream
+    /// (`stdout`), escape codes and all.
+    #[serde(default)]
+    pub pty: PtyOption,
     /// Answer at once with `status: running` rather than waiting up to `yield_ms`.
     #[serde(default)]
     pub background: bool,
@@ -58,17 +65,159 @@ pub struct ProcessRequest {
     pub timeout: Option<Raw>,
 }
 
-/// `POST /v1/sessions/{id}/processes/{pid}/stdin`.
+/// A terminal's size as a start asks for it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PtyRequest {
+    /// Columns (default 80, at most 500).
+    #[serde(default = "default_cols")]
+    pub cols: u16,
+    /// Rows (default 24, at most 200).
+    #[serde(default = "default_rows")]
+    pub rows: u16,
+}
+
+fn default_cols() -> u16 {
+    TermSize::DEFAULT.cols
+}
+
+fn default_rows() -> u16 {
+    TermSize::DEFAULT.rows
+}
+
+/// `pty` of a start: absent, `null` or `false` (no terminal), `true` (80x24), or
+/// `{cols, rows}`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PtyOption(pub Option<TermSize>);
+
+/// Its OpenAPI schema: `oneOf` a boolean and [`PtyRequest`] (null allowed).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for PtyOption {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Ref, SchemaType, Type};
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(SchemaType::Type(Type::Boolean)))
+            .item(Ref::from_schema_name("PtyRequest"))
+            .item(ObjectBuilder::new().schema_type(SchemaType::Type(Type::Null)))
+            .description(Some("`true` (a terminal of 80x24), or {cols, rows}"))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for PtyOption {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema as _;
+        schemas.push(("PtyRequest".into(), PtyRequest::schema()));
+    }
+}
+
+impl<'de> Deserialize<'de> for PtyOption {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PtyOption, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = PtyOption;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "`true` (a terminal of 80x24), `false`, or `{\"cols\": N, \"rows\": M}`",
+                )
+            }
+            fn visit_bool<E>(self, on: bool) -> Result<PtyOption, E> {
+                Ok(PtyOption(on.then_some(TermSize::DEFAULT)))
+            }
+            fn visit_unit<E>(self) -> Result<PtyOption, E> {
+                Ok(PtyOption(None))
+            }
+            fn visit_none<E>(self) -> Result<PtyOption, E> {
+                Ok(PtyOption(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<PtyOption, A::Error> {
+                let size =
+                    PtyRequest::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(PtyOption(Some(TermSize {
+                    cols: size.cols,
+                    rows: size.rows,
+                })))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// `POST /v1/sessions/{id}/processes/{pid}/stdin`: input to a process, sent in this
+/// order: `keys`, `data`, `paste`, then Enter if `submit`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StdinRequest {
-    /// Text to write.
+    /// Keys by tmux's names: `Enter`, `Escape`, `Tab`, `BSpace`, `Up`, `Home`, `PPage`,
+    /// `DC`, `F1`..`F12`, a single character, or `^X`, with any of the modifiers `C-`,
+    /// `M-`, `S-` (`C-c`, `M-x`, `C-Left`). Cursor keys follow the terminal's mode
+    /// (application cursor keys when the program set them).
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// Text to write, as it is.
     #[serde(default)]
     pub data: String,
-    /// Close stdin after writing (the program then reads EOF).
+    /// Text pasted: on a terminal, line ends as carriage returns, and between
+    /// bracketed-paste markers when the program enabled them.
+    pub paste: Option<String>,
+    /// Enter after the rest (a carriage return on a terminal, a line feed on a pipe).
+    #[serde(default)]
+    pub submit: bool,
+    /// Close stdin after writing (the program then reads EOF). Not for a terminal: send
+    /// the key `C-d`.
     #[serde(default)]
     pub close: bool,
+}
+
+/// `POST /v1/sessions/{id}/processes/{pid}/resize`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ResizeRequest {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// `GET /v1/sessions/{id}/processes/{pid}/screen`: a process's terminal as a person would
+/// see it now.
+#[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ScreenView {
+    pub process_id: u64,
+    /// `running` or `exited` (an exited process's last screen stays).
+    pub status: Status,
+    /// Each row's text, trailing blanks cut (as many as the terminal has rows).
+    pub rows: Vec<String>,
+    pub cursor: CursorView,
+    pub size: TermSize,
+    /// The window title the program set, if any.
+    pub title: Option<String>,
+    /// The program uses the alternate screen (a full-screen program: an editor, a pager).
+    pub alternate_screen: bool,
+    /// Cursor keys are in application mode (`keys` follow it).
+    pub application_cursor: bool,
+    /// The program asked for bracketed paste (`paste` follows it).
+    pub bracketed_paste: bool,
+}
+
+/// Where the cursor is, from 0.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CursorView {
+    pub row: u16,
+    pub col: u16,
+    pub visible: bool,
 }
 
 /// `POST /v1/sessions/{id}/processes/{pid}/signal`.
@@ -83,7 +232,8 @@ pub struct SignalRequest {
 
 /// A process as the API gives it (a JSON object): `process_id`, `command`, `status`
 /// (`running` or `exited`), `exit_code`, `signal`, `timed_out`, `error` (why it never
-/// started), `started_at`, `duration_ms`, and for each stream (stdout, stderr) its window:
+/// started), `started_at`, `duration_ms`, `pty` (its terminal's size, when it runs on one),
+/// and for each stream (stdout, stderr) its window:
 /// `stdout` (text, or base64 with `stdout_encoding: "base64"`), `stdout_from` (the offset
 /// of its first byte), `stdout_cursor` (where to poll from next: every byte so far) and
 /// `stdout_dropped` (bytes between the cursor asked and `stdout_from` that the buffer no
@@ -106,6 +256,9 @@ pub fn view(s: Snapshot) -> ProcessView {
     let map = object.as_object_mut().expect("an object");
     if let Some(error) = s.error {
         map.insert("error".into(), error.into());
+    }
+    if let Some(size) = s.pty {
+        map.insert("pty".into(), serde_json::json!(size));
     }
     for (name, window) in [("stdout", s.stdout), ("stderr", s.stderr)] {
         stream_fields(map, name, window, running);
@@ -187,6 +340,18 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
             ));
         }
     }
+    let pty = match body.pty.0 {
+        Some(size) => Some(
+            size.check()
+                .map_err(|e| Error::invalid(format!("field `pty`: {e}")))?,
+        ),
+        None => None,
+    };
+    if pty.is_some() && body.stdin {
+        return Err(Error::invalid(
+            "field `stdin`: a process on a terminal reads its terminal; leave `stdin` out with `pty`",
+        ));
+    }
     let max = entry.caps.max_timeout;
     let timeout = match &body.timeout {
         None => DEFAULT_TIMEOUT.min(max),
@@ -229,6 +394,7 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
             stdin: body.stdin,
             timeout,
             buffer: DEFAULT_BUFFER,
+            pty,
         },
         wait,
     ))
@@ -313,7 +479,8 @@ pub fn poll(
     snapshot(&entry, process, stdout_from, stderr_from)
 }
 
-/// Writes to a process's stdin, and closes it if asked; the bytes written.
+/// Writes input to a process's stdin or terminal (`keys`, `data`, `paste`, then Enter if
+/// `submit`), and closes stdin if asked; the bytes written.
 pub async fn write_stdin(
     state: &Shared,
     caller: &Caller,
@@ -322,19 +489,93 @@ pub async fn write_stdin(
     body: StdinRequest,
 ) -> Result<usize, Error> {
     let entry = lookup(state, caller, id)?;
-    if body.data.len() > MAX_STDIN {
+    let given = body.data.len() + body.paste.as_ref().map_or(0, String::len);
+    if given > MAX_STDIN {
         return Err(Error::invalid(format!(
-            "field `data`: at most {MAX_STDIN} bytes a request"
+            "fields `data` and `paste`: at most {MAX_STDIN} bytes a request"
         )));
+    }
+    let terminal = entry
+        .processes
+        .terminal_modes(process)
+        .map_err(|e| missing_or(e, Kind::InvalidRequest))?;
+    let modes = KeyModes {
+        terminal: terminal.is_some(),
+        application_cursor: terminal.is_some_and(|m| m.application_cursor),
+    };
+    let mut bytes = keys::encode_all(&body.keys, modes)
+        .map_err(|e| Error::invalid(format!("field `keys`: {e}")))?;
+    bytes.extend_from_slice(body.data.as_bytes());
+    if let Some(text) = &body.paste {
+        let bracketed = terminal.is_some_and(|m| m.bracketed_paste);
+        bytes.extend(keys::paste(text, modes, bracketed));
+    }
+    if body.submit {
+        bytes.extend_from_slice(keys::submit(modes));
     }
     entry.touch();
     let processes = entry.processes.clone();
-    tokio::task::spawn_blocking(move || {
-        processes.write_stdin(process, body.data.as_bytes(), body.close)
+    tokio::task::spawn_blocking(move || processes.write_stdin(process, &bytes, body.close))
+        .await
+        .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
+        .map_err(|e| missing_or(e, Kind::InvalidRequest))
+}
+
+/// Process `process`'s terminal as a person would see it now (rows of text, the cursor,
+/// the size, the title, the modes that change what keys send).
+pub fn screen_process(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    process: u64,
+) -> Result<ScreenView, Error> {
+    let entry = lookup(state, caller, id)?;
+    tend(&entry);
+    entry.touch();
+    let screen = entry
+        .processes
+        .screen(process)
+        .map_err(|e| missing_or(e, Kind::InvalidRequest))?;
+    let status = entry
+        .processes
+        .poll(process, u64::MAX, u64::MAX)
+        .map_or(Status::Exited, |p| p.status);
+    Ok(ScreenView {
+        process_id: process,
+        status,
+        rows: screen.lines,
+        cursor: CursorView {
+            row: screen.cursor.0,
+            col: screen.cursor.1,
+            visible: screen.cursor_visible,
+        },
+        size: screen.size,
+        title: screen.title,
+        alternate_screen: screen.alternate_screen,
+        application_cursor: screen.modes.application_cursor,
+        bracketed_paste: screen.modes.bracketed_paste,
     })
-    .await
-    .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
-    .map_err(|e| missing_or(e, Kind::InvalidRequest))
+}
+
+/// Resizes a process's terminal: the kernel sends SIGWINCH to its foreground process
+/// group, and the screen takes the new size.
+pub fn resize_process(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    process: u64,
+    body: ResizeRequest,
+) -> Result<(), Error> {
+    let entry = lookup(state, caller, id)?;
+    let size = TermSize {
+        cols: body.cols,
+        rows: body.rows,
+    };
+    entry.touch();
+    entry
+        .processes
+        .resize(process, size)
+        .map_err(|e| missing_or(e, Kind::InvalidRequest))
 }
 
 /// Sends a signal to a process's process group (`DELETE` sends SIGKILL).

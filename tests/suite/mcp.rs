@@ -872,12 +872,10 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
             tool("exec", json!({"command": "echo made > shared.txt; pwd; exit 3", "workdir": "/work"})),
             tool("execute_shell", json!({"command": "cat /work/shared.txt"})),
             poll(99),
-            tool("exec", json!({"command": "true", "pty": true})),
-            tool("process", json!({"action": "send-keys", "sessionId": 1, "keys": ["Enter"]})),
             tool("exec", json!({"command": "true", "env": {"LD_PRELOAD": "/x.so"}})),
         ]);
         let results = drive(python, mcp_stdio(&[]), steps);
-        // The schemas: the seeds' names, and nothing that does not work yet.
+        // The schemas: the seeds' names.
         let tools = results[0]["tools"].as_array().unwrap();
         let exec = tools.iter().find(|t| t["name"] == "exec").unwrap();
         let properties = exec["inputSchema"]["properties"].as_object().unwrap();
@@ -888,10 +886,10 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
             "yieldMs",
             "background",
             "timeout",
+            "pty",
         ] {
             assert!(properties.contains_key(name), "{name}: {exec}");
         }
-        assert!(!properties.contains_key("pty"), "{exec}");
         assert_eq!(exec["inputSchema"]["required"], json!(["command"]));
         let process = tools.iter().find(|t| t["name"] == "process").unwrap();
         let schema = process["inputSchema"].to_string();
@@ -899,10 +897,9 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
             schema.contains("sessionId") && schema.contains("\"poll\""),
             "{schema}"
         );
-        assert!(
-            !schema.contains("send-keys") && !schema.contains("paste"),
-            "{schema}"
-        );
+        for action in ["send-keys", "paste", "submit", "screen"] {
+            assert!(schema.contains(action), "{action}: {schema}");
+        }
         // The build-like command: running after about a second, then polled to its end.
         let first = &results[1];
         assert!(!is_error(first), "{first}");
@@ -1000,19 +997,101 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
             results[18]
         );
         assert!(
-            is_error(&results[19]) && text(&results[19]).contains("pty"),
+            is_error(&results[19]) && text(&results[19]).contains("[policy]"),
             "{}",
             results[19]
         );
-        let keys = &results[20];
+    });
+}
+
+/// `exec` with `pty: true` and `process` send-keys, paste, submit and screen (the seeds'
+/// examples) driven by the SDK client: Python's REPL on a terminal takes a pasted line
+/// and Enter and its screen shows 42; `C-c` stops `sleep 100` on a terminal by SIGINT;
+/// `C-d` ends the REPL; keys for a process that is not there, or no keys, say so.
+#[test]
+fn exec_on_a_terminal_takes_keys_and_shows_its_screen() {
+    mcp_test(|python| {
+        let screen_until = |id: u64, until: &str| {
+            json!({"repeat": {"tool": "process", "args": {"action": "screen", "sessionId": id}},
+                   "until": until, "every": 0.3, "max": 60})
+        };
+        let poll_until = |id: u64, until: &str| {
+            json!({"repeat": {"tool": "process", "args": {"action": "poll", "sessionId": id}},
+                   "until": until, "every": 0.3, "max": 60})
+        };
+        let steps = json!([
+            tool(
+                "exec",
+                json!({"command": "python3 -i -q", "pty": true, "background": true})
+            ),
+            screen_until(1, ">>>"),
+            tool(
+                "process",
+                json!({"action": "paste", "sessionId": 1, "text": "print(6*7)"})
+            ),
+            tool("process", json!({"action": "submit", "sessionId": 1})),
+            screen_until(1, "\n42\n"),
+            tool(
+                "exec",
+                json!({"command": "sleep 100", "pty": true, "background": true})
+            ),
+            tool(
+                "process",
+                json!({"action": "send-keys", "sessionId": 2, "keys": ["C-c"]})
+            ),
+            poll_until(2, "killed by"),
+            tool(
+                "process",
+                json!({"action": "send-keys", "sessionId": 1, "keys": ["C-d"]})
+            ),
+            poll_until(1, "exited"),
+            tool(
+                "process",
+                json!({"action": "send-keys", "sessionId": 9, "keys": ["Enter"]})
+            ),
+            tool("process", json!({"action": "send-keys", "sessionId": 1})),
+            tool(
+                "process",
+                json!({"action": "send-keys", "sessionId": 1, "keys": ["C-nothing"]})
+            ),
+        ]);
+        let results = drive(python, mcp_stdio(&[]), steps);
+        assert!(!is_error(&results[0]), "{}", results[0]);
+        assert!(text(&results[0]).contains("sessionId 1"), "{}", results[0]);
+        let last = |r: &Value| text(r["results"].as_array().unwrap().last().unwrap());
+        assert!(last(&results[1]).starts_with(">>>\n"), "{}", results[1]);
+        assert!(!is_error(&results[2]), "{}", results[2]);
+        assert!(!is_error(&results[3]), "{}", results[3]);
+        let screen = last(&results[4]);
+        assert!(screen.contains(">>> print(6*7)\n42\n"), "{screen}");
         assert!(
-            keys.get("exception").is_some() || is_error(keys),
-            "send-keys is not offered: {keys}"
+            screen.contains("[screen 80x24; cursor at row 2"),
+            "{screen}"
         );
         assert!(
-            is_error(&results[21]) && text(&results[21]).contains("[policy]"),
+            last(&results[7]).contains("was killed by SIGINT"),
             "{}",
-            results[21]
+            results[7]
+        );
+        assert!(
+            last(&results[9]).contains("exited with status 0"),
+            "{}",
+            results[9]
+        );
+        assert!(
+            is_error(&results[10]) && text(&results[10]).contains("no process 9"),
+            "{}",
+            results[10]
+        );
+        assert!(
+            is_error(&results[11]) && text(&results[11]).contains("give `keys`"),
+            "{}",
+            results[11]
+        );
+        assert!(
+            is_error(&results[12]) && text(&results[12]).contains("C-nothing"),
+            "{}",
+            results[12]
         );
     });
 }

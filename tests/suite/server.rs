@@ -773,6 +773,63 @@ fn session_ids_carry_their_route_and_node_behind_a_router() {
     });
 }
 
+/// A program on a terminal from the shell (issue 24): `exec --pty --background`, then
+/// `send-keys` types into it and `screen` shows what a person would see; `C-d` ends it.
+#[test]
+fn a_terminal_from_the_shell() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, out, err) = server.session_cli(&["create", "--lang", "bash"]);
+        assert_eq!(status, 0, "{err}");
+        let id = out.lines().last().unwrap().to_string();
+        let (status, out, err) = server.session_cli(&[
+            "exec",
+            &id,
+            "--pty",
+            "60x10",
+            "--background",
+            "--",
+            "python3",
+            "-i",
+            "-q",
+        ]);
+        assert_eq!((status, out.trim()), (0, "1"), "{err}");
+        let screen_until = |what: &str| {
+            let deadline = Instant::now() + Duration::from_secs(30 * slowdown());
+            loop {
+                let (status, screen, err) = server.session_cli(&["screen", &id, "1"]);
+                assert_eq!(status, 0, "{err}");
+                if screen.contains(what) || Instant::now() > deadline {
+                    return screen;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
+        assert!(screen_until(">>>").starts_with(">>>"));
+        let (status, _, err) =
+            server.session_cli(&["send-keys", &id, "1", "--text", "print(6*7)", "--submit"]);
+        assert_eq!(status, 0, "{err}");
+        let screen = screen_until("\n42\n");
+        assert_eq!(screen, ">>> print(6*7)\n42\n>>>\n", "{screen}");
+        let (status, json_screen, _) = server.session_cli(&["screen", &id, "1", "--json"]);
+        assert_eq!(status, 0);
+        let v: Value = serde_json::from_str(&json_screen).unwrap();
+        assert_eq!(
+            v["size"],
+            serde_json::json!({"cols": 60, "rows": 10}),
+            "{v}"
+        );
+        let (status, _, err) = server.session_cli(&["send-keys", &id, "1", "Nope"]);
+        assert_eq!(status, 125, "{err}");
+        assert!(err.contains("Nope"), "{err}");
+        assert_eq!(server.session_cli(&["send-keys", &id, "1", "C-d"]).0, 0);
+        let (status, _, err) = server.session_cli(&["logs", &id, "1", "--follow"]);
+        assert_eq!(status, 0, "{err}");
+        assert_eq!(server.session_cli(&["close", &id]).0, 0);
+        server.stop();
+    });
+}
+
 /// Commands beside a session's interpreter from the shell (issue 24): `exec --background`
 /// then `logs --follow` gives a build-like command's every line exactly once and exits with
 /// its status; `ps` lists it; a command that ends is its output and status; one that goes

@@ -1735,3 +1735,586 @@ fn a_context_whose_interpreter_the_image_lacks_says_so() {
         server.stop();
     });
 }
+
+// Processes on a terminal (issue 24: ptys, the screen, keys).
+
+/// Sends input (keys, data, paste, submit) to process `pid`; the answer.
+fn send_input(server: &Server, id: &str, pid: u64, body: Value) -> (u16, Value) {
+    server.tcp_request(
+        USER1,
+        "POST",
+        &format!("/v1/sessions/{id}/processes/{pid}/stdin"),
+        Some(body),
+    )
+}
+
+/// Process `pid`'s screen.
+fn screen(server: &Server, id: &str, pid: u64) -> Value {
+    let (status, out) = server.tcp_request(
+        USER1,
+        "GET",
+        &format!("/v1/sessions/{id}/processes/{pid}/screen"),
+        None,
+    );
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+/// The screen's rows, as strings.
+fn rows(screen: &Value) -> Vec<String> {
+    screen["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Waits until the screen has a row for which `want` holds; the screen then (or the last
+/// one seen, in the panic).
+fn wait_screen(server: &Server, id: &str, pid: u64, want: impl Fn(&str) -> bool) -> Value {
+    let mut last = Value::Null;
+    let found = wait_for(Duration::from_secs(10 * slowdown()), || {
+        last = screen(server, id, pid);
+        rows(&last).iter().any(|r| want(r))
+    });
+    assert!(found, "the screen never showed it: {:#?}", rows(&last));
+    last
+}
+
+/// Waits until process `pid` has exited; its last poll.
+fn wait_exit(server: &Server, id: &str, pid: u64) -> Value {
+    let mut last = Value::Null;
+    assert!(
+        wait_for(Duration::from_secs(10 * slowdown()), || {
+            last = poll_process(server, USER1, id, pid, (0, 0));
+            last["status"] == "exited"
+        }),
+        "{last}"
+    );
+    last
+}
+
+/// The launcher's open fds on a terminal's master (a devpts `ptmx`): the server's.
+fn masters_held(server: &Server) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .map(|l| l.to_string_lossy().ends_with("ptmx"))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// `python3 -i` on a terminal: its prompt on the screen, `print(6*7)` and Enter give 42,
+/// it sees a terminal of the sandbox's own (TERM, a tty of its devpts, owned by the
+/// sandbox user, the size asked), and C-d ends it. With the round trips of a send-keys
+/// and of a screen GET (a client on a kept connection).
+#[test]
+fn python_on_a_terminal_takes_keys_and_shows_its_screen() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let started = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["python3", "-i", "-q"], "pty": {"cols": 90, "rows": 20}, "background": true}),
+        );
+        assert_eq!(started["status"], "running", "{started}");
+        assert_eq!(started["pty"], json!({"cols": 90, "rows": 20}), "{started}");
+        let pid = started["process_id"].as_u64().unwrap();
+        wait_screen(&server, &id, pid, |r| r.starts_with(">>>"));
+        let (status, out) = send_input(&server, &id, pid, json!({"data": "print(6*7)"}));
+        assert_eq!(status, 200, "{out}");
+        let (status, out) = send_input(&server, &id, pid, json!({"keys": ["Enter"]}));
+        assert_eq!((status, out["written"].as_u64()), (200, Some(1)), "{out}");
+        let shown = wait_screen(&server, &id, pid, |r| r == "42");
+        let lines = rows(&shown);
+        assert_eq!(lines.len(), 20, "{lines:#?}");
+        let at = lines.iter().position(|r| r == "42").unwrap();
+        assert_eq!(lines[at - 1], ">>> print(6*7)", "{lines:#?}");
+        assert_eq!(shown["size"], json!({"cols": 90, "rows": 20}), "{shown}");
+        assert_eq!(shown["status"], "running", "{shown}");
+        assert_eq!(shown["cursor"]["visible"], true, "{shown}");
+        // The whole output is one stream, escape codes and all, in the log.
+        let log = poll_process(&server, USER1, &id, pid, (0, 0));
+        assert!(log["stdout"].as_str().unwrap().contains("42\r\n"), "{log}");
+        assert_eq!(log["stderr"], "", "{log}");
+        // What the program sees.
+        let code = "import os; s = os.stat(os.ttyname(0)); \
+                    print('tty', os.environ['TERM'], os.environ['CODECAGE_SHELL'], \
+                    os.ttyname(0), s.st_uid, os.isatty(1), os.get_terminal_size(), \
+                    os.getsid(0) == os.getpid() == os.tcgetpgrp(0))";
+        send_input(&server, &id, pid, json!({"data": code, "submit": true}));
+        let seen = wait_screen(&server, &id, pid, |r| r.starts_with("tty "));
+        let line = rows(&seen)
+            .into_iter()
+            .find(|r| r.starts_with("tty "))
+            .unwrap();
+        assert_eq!(
+            line,
+            "tty xterm-256color exec /dev/pts/0 1000 True os.terminal_size(columns=90, lines=20) True"
+        );
+        // The round trips, on a kept connection (curl's start-up left out).
+        let (host, port) = server
+            .tcp_address()
+            .rsplit_once(':')
+            .map(|(h, p)| (h.to_string(), p.to_string()))
+            .unwrap();
+        let script = format!(
+            "import http.client, json, statistics, sys, time\n\
+             c = http.client.HTTPConnection('{host}', {port})\n\
+             h = {{'Authorization': 'Bearer {USER1}', 'Content-Type': 'application/json'}}\n\
+             def t(method, path, body=None):\n\
+             \x20   s = time.perf_counter(); c.request(method, path, body, h); r = c.getresponse(); r.read()\n\
+             \x20   assert r.status == 200, r.status\n\
+             \x20   return time.perf_counter() - s\n\
+             keys = json.dumps({{'keys': ['a', 'BSpace']}})\n\
+             k = [t('POST', '/v1/sessions/{id}/processes/{pid}/stdin', keys) for _ in range(300)]\n\
+             g = [t('GET', '/v1/sessions/{id}/processes/{pid}/screen') for _ in range(300)]\n\
+             print('%.2f %.2f' % (statistics.median(k) * 1000, statistics.median(g) * 1000))\n"
+        );
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let measured = String::from_utf8_lossy(&out.stdout).to_string();
+        let (keys_ms, screen_ms) = measured.trim().split_once(' ').unwrap();
+        // And with curl, a process and a connection per request, as the other figures.
+        let median = |mut times: Vec<Duration>| {
+            times.sort();
+            times[times.len() / 2].as_secs_f64() * 1000.0
+        };
+        let timed = |f: &dyn Fn()| {
+            (0..100)
+                .map(|_| {
+                    let start = Instant::now();
+                    f();
+                    start.elapsed()
+                })
+                .collect::<Vec<_>>()
+        };
+        let curl_keys = median(timed(&|| {
+            let (status, _) = send_input(&server, &id, pid, json!({"keys": ["a", "BSpace"]}));
+            assert_eq!(status, 200);
+        }));
+        let curl_screen = median(timed(&|| {
+            screen(&server, &id, pid);
+        }));
+        eprintln!(
+            "figures: round trip (median of 300, kept connection): send-keys {keys_ms} ms, \
+             screen {screen_ms} ms; with curl (median of 100): send-keys {curl_keys:.2} ms, \
+             screen {curl_screen:.2} ms"
+        );
+        // C-d at an empty prompt: end of file, and python exits 0.
+        send_input(&server, &id, pid, json!({"keys": ["C-u", "C-d"]}));
+        let end = wait_exit(&server, &id, pid);
+        assert_eq!(end["exit_code"], 0, "{end}");
+        // Its last screen stays, and its terminal is closed.
+        assert_eq!(screen(&server, &id, pid)["status"], "exited");
+        let (status, out) = send_input(&server, &id, pid, json!({"keys": ["Enter"]}));
+        assert_eq!(status, 400, "{out}");
+        assert!(out["message"].as_str().unwrap().contains("exited"), "{out}");
+        figures(&server, "python on a terminal");
+        server.stop();
+    });
+}
+
+/// C-c on a terminal is SIGINT to its foreground process group (a person's ^C), sent as
+/// soon as the start has answered; keys to a process without a terminal are bytes on its
+/// stdin pipe; an unknown key is a 400 naming it and the forms allowed; a screen or a
+/// resize of a process without a terminal, and a terminal out of range, are 400s too.
+#[test]
+fn c_c_stops_a_program_on_a_terminal_and_keys_are_checked() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        // In the foreground, a short one is its whole result: one stream, the terminal's
+        // line ends.
+        let short = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "tput cols; tty; echo oops >&2", "pty": {"cols": 77, "rows": 10}}),
+        );
+        assert_eq!(short["status"], "exited", "{short}");
+        assert_eq!(short["exit_code"], 0, "{short}");
+        assert_eq!(short["stdout"], "77\r\n/dev/pts/0\r\noops\r\n", "{short}");
+        assert_eq!(short["stderr"], "", "{short}");
+        let sleeper = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "sleep 100", "pty": true, "background": true}),
+        );
+        let pid = sleeper["process_id"].as_u64().unwrap();
+        let (status, out) = send_input(&server, &id, pid, json!({"keys": ["C-c"]}));
+        assert_eq!(status, 200, "{out}");
+        let end = wait_exit(&server, &id, pid);
+        assert_eq!(
+            (end["signal"].as_i64(), end["exit_code"].as_i64()),
+            (Some(2), None),
+            "{end}"
+        );
+        assert_eq!(end["timed_out"], false, "{end}");
+        // An unknown key: named, with the forms, and nothing is written.
+        let cat = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["cat"], "stdin": true, "background": true}),
+        );
+        let cat_pid = cat["process_id"].as_u64().unwrap();
+        assert_eq!(cat.get("pty"), None, "{cat}");
+        let (status, out) = send_input(
+            &server,
+            &id,
+            cat_pid,
+            json!({"keys": ["a", "Bogus"], "data": "x"}),
+        );
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (400, Some("invalid_request")),
+            "{out}"
+        );
+        let message = out["message"].as_str().unwrap();
+        assert!(message.contains("`Bogus`"), "{message}");
+        assert!(message.contains("Enter, Escape, Tab"), "{message}");
+        assert!(message.contains("C-c"), "{message}");
+        // Keys on a pipe: the bytes, Enter a line feed; then EOF.
+        let (status, out) = send_input(
+            &server,
+            &id,
+            cat_pid,
+            json!({"keys": ["a", "Space", "Tab", "b"], "data": "c", "paste": "d\ne", "submit": true, "close": true}),
+        );
+        assert_eq!((status, out["written"].as_u64()), (200, Some(9)), "{out}");
+        let end = wait_exit(&server, &id, cat_pid);
+        assert_eq!(end["stdout"], "a \tbcd\ne\n", "{end}");
+        // A pipe has no screen and no size.
+        let base = format!("/v1/sessions/{id}/processes/{cat_pid}");
+        let (status, out) = server.tcp_request(USER1, "GET", &format!("{base}/screen"), None);
+        assert_eq!(status, 400, "{out}");
+        assert!(
+            out["message"]
+                .as_str()
+                .unwrap()
+                .contains("does not run on a terminal"),
+            "{out}"
+        );
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("{base}/resize"),
+            Some(json!({"cols": 100, "rows": 30})),
+        );
+        assert_eq!(status, 400, "{out}");
+        // A terminal out of range, and a terminal with `stdin`.
+        for body in [
+            json!({"command": "true", "pty": {"cols": 0, "rows": 24}}),
+            json!({"command": "true", "pty": {"cols": 80, "rows": 5000}}),
+            json!({"command": "true", "pty": {"cols": 80, "lines": 24}}),
+            json!({"command": "true", "pty": "yes"}),
+            json!({"command": "true", "pty": true, "stdin": true}),
+        ] {
+            let (status, out) = server.tcp_request(
+                USER1,
+                "POST",
+                &format!("/v1/sessions/{id}/processes"),
+                Some(body.clone()),
+            );
+            assert_eq!(status, 400, "{body}: {out}");
+            assert!(
+                out["message"].as_str().unwrap().contains("pty")
+                    || out["message"].as_str().unwrap().contains("stdin"),
+                "{body}: {out}"
+            );
+        }
+        server.stop();
+    });
+}
+
+/// A resize reaches the program: `stty size` says the new size, a SIGWINCH handler runs,
+/// and the screen takes it.
+#[test]
+fn a_terminal_follows_a_resize() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let started = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "trap 'echo winch' WINCH; stty size; read line; stty size; read line",
+                   "pty": {"cols": 100, "rows": 30}, "background": true}),
+        );
+        let pid = started["process_id"].as_u64().unwrap();
+        wait_screen(&server, &id, pid, |r| r == "30 100");
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/processes/{pid}/resize"),
+            Some(json!({"cols": 120, "rows": 40})),
+        );
+        assert_eq!(status, 204, "{out}");
+        send_input(&server, &id, pid, json!({"submit": true}));
+        let shown = wait_screen(&server, &id, pid, |r| r == "40 120");
+        assert_eq!(shown["size"], json!({"cols": 120, "rows": 40}), "{shown}");
+        assert_eq!(rows(&shown).len(), 40);
+        assert!(
+            rows(&shown).iter().any(|r| r == "winch"),
+            "{:#?}",
+            rows(&shown)
+        );
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/processes/{pid}/resize"),
+            Some(json!({"cols": 120, "rows": 0})),
+        );
+        assert_eq!(status, 400, "{out}");
+        send_input(&server, &id, pid, json!({"submit": true}));
+        assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 0);
+        server.stop();
+    });
+}
+
+/// Full-screen programs read as a person sees them: the image's pager (`more`: the image
+/// has neither less nor vim) shows a file's first page and its prompt, and pages on; a
+/// curses program takes the alternate screen and application cursor keys, and `Up` reaches
+/// it as the key curses decodes; bash's readline asks for bracketed paste, and a paste of
+/// two lines arrives as one edit.
+#[test]
+fn full_screen_programs_render_on_the_screen() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "seq 1 100 | sed 's/^/line /' > file.txt"})),
+        );
+        assert_eq!(status, 200, "{out}");
+        let pager = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["more", "file.txt"], "pty": {"cols": 80, "rows": 24}, "background": true}),
+        );
+        let pid = pager["process_id"].as_u64().unwrap();
+        let page = wait_screen(&server, &id, pid, |r| r.contains("--More--"));
+        let lines = rows(&page);
+        assert_eq!(lines[0], "line 1", "{lines:#?}");
+        assert_eq!(lines[22], "line 23", "{lines:#?}");
+        assert!(
+            lines[23].starts_with("--More--(") && lines[23].contains('%'),
+            "{lines:#?}"
+        );
+        send_input(&server, &id, pid, json!({"keys": ["Space"]}));
+        let next = wait_screen(&server, &id, pid, |r| r == "line 46");
+        assert!(rows(&next)[23].contains("--More--"), "{:#?}", rows(&next));
+        send_input(&server, &id, pid, json!({"keys": ["q"]}));
+        assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 0);
+
+        let curses = "import curses\n\
+                      def main(s):\n\
+                      \x20   s.addstr(2, 4, 'curses ready'); s.refresh()\n\
+                      \x20   k = s.getkey()\n\
+                      \x20   s.addstr(3, 4, 'got ' + k); s.move(5, 7); s.refresh(); s.getkey()\n\
+                      curses.wrapper(main)\n";
+        let tui = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["python3", "-c", curses], "pty": {"cols": 60, "rows": 12}, "background": true}),
+        );
+        let pid = tui["process_id"].as_u64().unwrap();
+        let ready = wait_screen(&server, &id, pid, |r| r == "    curses ready");
+        assert_eq!(ready["alternate_screen"], true, "{ready}");
+        assert_eq!(ready["application_cursor"], true, "{ready}");
+        send_input(&server, &id, pid, json!({"keys": ["Up"]}));
+        let got = wait_screen(&server, &id, pid, |r| r.starts_with("    got "));
+        assert_eq!(rows(&got)[3], "    got KEY_UP", "{:#?}", rows(&got));
+        assert_eq!(got["cursor"]["row"], 5, "{got}");
+        assert_eq!(got["cursor"]["col"], 7, "{got}");
+        send_input(&server, &id, pid, json!({"keys": ["q"]}));
+        assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 0);
+        // Back from the alternate screen: curses restored the normal one.
+        let after = screen(&server, &id, pid);
+        assert_eq!(after["alternate_screen"], false, "{after}");
+
+        let shell = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["bash", "--norc", "-i"], "env": {"PS1": "$ "}, "pty": true, "background": true}),
+        );
+        let pid = shell["process_id"].as_u64().unwrap();
+        let prompt = wait_screen(&server, &id, pid, |r| r.starts_with('$'));
+        assert_eq!(prompt["bracketed_paste"], true, "{prompt}");
+        // Pasted, the two lines are one edit: nothing runs until Enter.
+        send_input(&server, &id, pid, json!({"paste": "echo one\necho two"}));
+        std::thread::sleep(Duration::from_millis(300));
+        let pasted = screen(&server, &id, pid);
+        assert!(
+            !rows(&pasted).iter().any(|r| r == "one"),
+            "{:#?}",
+            rows(&pasted)
+        );
+        send_input(&server, &id, pid, json!({"submit": true}));
+        let ran = wait_screen(&server, &id, pid, |r| r == "two");
+        assert!(rows(&ran).iter().any(|r| r == "one"), "{:#?}", rows(&ran));
+        // A cursor position report, as a terminal answers it (line editors wait for one).
+        send_input(
+            &server,
+            &id,
+            pid,
+            json!({"data": "printf '\\033[5;9H\\033[6n'; read -rs -d R pos; echo; echo \"at ${pos#*[}\"", "submit": true}),
+        );
+        wait_screen(&server, &id, pid, |r| r == "at 5;9");
+        // A title the program sets.
+        send_input(
+            &server,
+            &id,
+            pid,
+            json!({"data": "printf '\\033]2;my title\\007'", "submit": true}),
+        );
+        let mut last = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                last = screen(&server, &id, pid);
+                last["title"] == "my title"
+            }),
+            "{last}"
+        );
+        send_input(&server, &id, pid, json!({"data": "exit 4", "submit": true}));
+        assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 4);
+        server.stop();
+    });
+}
+
+/// No leak: a terminal's master is let go when its program ends (the sandbox's devpts
+/// gets the pty back), and closing the session kills what still runs on one and leaves
+/// no process, no cgroup, and no fd of a terminal in the server.
+#[test]
+fn terminals_leave_nothing_behind() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let before = server.footprint().1;
+        let id = new_session(&server, USER1, "bash");
+        // A time no other test's sleep has.
+        let seconds = format!("1000.{}", std::process::id());
+        start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["sleep", seconds], "pty": true, "background": true}),
+        );
+        let short = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "read x; echo got $x", "pty": true, "background": true}),
+        );
+        assert_eq!(
+            masters_held(&server),
+            4,
+            "a reader's and a writer's fd for each"
+        );
+        let short_pid = short["process_id"].as_u64().unwrap();
+        let start_sleep = || {
+            server.tcp_request(
+                USER1,
+                "POST",
+                &format!("/v1/sessions/{id}/processes"),
+                Some(json!({"argv": ["sleep", seconds], "pty": true, "background": true})),
+            )
+        };
+        // More terminals than a sandbox may hold: the 33rd is refused, by name.
+        let mut more = 0;
+        let refused = loop {
+            let (status, out) = start_sleep();
+            if status != 200 {
+                assert_eq!(status, 400, "{out}");
+                break out;
+            }
+            more += 1;
+            assert!(more < 40, "no limit on terminals");
+        };
+        assert_eq!(more, 30, "{refused}");
+        eprintln!("the 33rd terminal: {}", refused["message"]);
+        assert!(
+            refused["message"]
+                .as_str()
+                .unwrap()
+                .contains("at most 32 terminals"),
+            "{refused}"
+        );
+        // A program that ends gives its terminal back: the launcher lets the master go,
+        // and (once the kernel has released it, which it does in the background) a new
+        // one can be opened.
+        send_input(
+            &server,
+            &id,
+            short_pid,
+            json!({"data": "it", "submit": true}),
+        );
+        let end = wait_exit(&server, &id, short_pid);
+        assert!(end["stdout"].as_str().unwrap().contains("got it"), "{end}");
+        assert!(
+            wait_for(Duration::from_secs(5), || masters_held(&server) == 62),
+            "the ended program's terminal is still held: {}",
+            masters_held(&server)
+        );
+        let mut last = (0, Value::Null);
+        assert!(
+            wait_for(Duration::from_secs(5), || {
+                last = start_sleep();
+                last.0 == 200
+            }),
+            "no terminal came back: {:?}",
+            last
+        );
+        let server_pid = server.pid();
+        let mine = || {
+            run_cgroups()
+                .into_iter()
+                .filter(|(pid, _)| *pid == server_pid)
+                .count()
+        };
+        assert!(mine() > 0);
+        let needle = format!("sleep\0{seconds}");
+        // (A start answers once the process is hardened, just before its exec.)
+        assert!(
+            wait_for(Duration::from_secs(5), || host_pids_with(&needle).len()
+                == 32),
+            "they run on the host: {}",
+            host_pids_with(&needle).len()
+        );
+        let (status, _) = server.tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        assert!(
+            host_pids_with(&needle).is_empty(),
+            "a process on a terminal outlived its session"
+        );
+        assert_eq!(mine(), 0, "the session's cgroup was left");
+        assert!(
+            wait_for(Duration::from_secs(5), || masters_held(&server) == 0),
+            "the server still holds {} terminal fds",
+            masters_held(&server)
+        );
+        let after = server.footprint().1;
+        assert!(after <= before + 2, "fds: {before} before, {after} after");
+        server.stop();
+    });
+}

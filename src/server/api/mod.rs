@@ -74,6 +74,14 @@ pub fn router(state: Shared) -> Router {
             "/v1/sessions/{id}/processes/{pid}/signal",
             post(processes::signal),
         )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/screen",
+            get(processes::screen),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/resize",
+            post(processes::resize),
+        )
         .route("/v1/sessions/{id}/files", get(list_files))
         .route("/v1/sessions/{id}/files/{*path}", get(download).put(upload))
         .route("/v1/audit", get(audit_list))

@@ -10,7 +10,8 @@ use super::ApiError;
 use crate::server::openapi::{CallRefusals, Missing, Unauthenticated};
 use crate::server::{Caller, Shared};
 use crate::service::processes::{
-    self as procs, ProcessRequest, ProcessView, SignalRequest, StdinRequest,
+    self as procs, ProcessRequest, ProcessView, ResizeRequest, ScreenView, SignalRequest,
+    StdinRequest,
 };
 
 /// A process as the API gives it (the OpenAPI schema of the JSON object the handlers
@@ -31,6 +32,9 @@ pub struct ProcessSchema {
     timed_out: bool,
     /// Why it never started, or that the session's sandbox ended (present only then).
     error: Option<String>,
+    /// Its terminal's size, when it runs on one (present only then); its output is then
+    /// all in `stdout`.
+    pty: Option<codecage::processes::TermSize>,
     started_at: String,
     duration_ms: u64,
     /// Its output from the cursor asked (text, or base64 with `stdout_encoding`).
@@ -132,13 +136,20 @@ pub(crate) async fn poll(
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/stdin", operation_id = "process_stdin", tag = "processes",
-    summary = "Write to a process's stdin (started with `stdin: true`), and close it if asked",
+    summary = "Send input to a process: keys by tmux's names, text, a paste, Enter; to its terminal or its stdin",
+    description = "For a process on a terminal (`pty`) or one started with `stdin: true`. In this \
+        order: `keys` (`Enter`, `C-c`, `Up`, `Tab`, `Escape`, `BSpace`, `Home`, `End`, `PPage`, \
+        `NPage`, `DC`, `F1`..`F12`, `M-x`, `Space`, a single character; cursor keys in application \
+        mode when the screen says so), `data` as it is, `paste` (bracketed when the program enabled \
+        bracketed paste), then Enter if `submit`. On a terminal, `C-c` is SIGINT to its foreground \
+        process group, as a person's ^C; on a pipe it is the byte 0x03 and Enter is a line feed. \
+        `close` closes a pipe (a terminal's program reads EOF from `C-d`).",
     params(("id" = String, Path, description = "the session's id"),
         ("pid" = u64, Path, description = "the process's id")),
     request_body = StdinRequest,
     security(("bearer" = [])),
     responses((status = 200, description = "the bytes written", body = StdinWritten),
-        (status = 400, description = "its stdin is closed, or it did not read within 5 s", body = super::ErrorBody),
+        (status = 400, description = "an unknown key (named, with the forms allowed), its stdin is closed, or it did not read within 5 s", body = super::ErrorBody),
         Missing, Unauthenticated))]
 pub(crate) async fn stdin(
     State(state): State<Shared>,
@@ -183,5 +194,44 @@ pub(crate) async fn kill(
     Path((id, pid)): Path<(String, u64)>,
 ) -> Result<StatusCode, ApiError> {
     procs::signal_process(&state, &caller, &id, pid, &procs::kill_signal())?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}/screen", operation_id = "process_screen", tag = "processes",
+    summary = "A process's terminal as a person would see it now: rows of text, the cursor, the size, the title",
+    description = "For a process started with `pty`. The launcher feeds everything the program \
+        writes to a terminal emulator (the `vt100` crate), so a full-screen program (an editor, a \
+        pager, `top`) reads as its screen, without escape codes. An exited process keeps its last \
+        screen.",
+    params(("id" = String, Path, description = "the session's id"),
+        ("pid" = u64, Path, description = "the process's id")),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the screen", body = ScreenView),
+        (status = 400, description = "the process does not run on a terminal", body = super::ErrorBody),
+        Missing, Unauthenticated))]
+pub(crate) async fn screen(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, pid)): Path<(String, u64)>,
+) -> Result<Json<ScreenView>, ApiError> {
+    Ok(Json(procs::screen_process(&state, &caller, &id, pid)?))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/resize", operation_id = "resize_process", tag = "processes",
+    summary = "Resize a process's terminal (its foreground process group gets SIGWINCH)",
+    params(("id" = String, Path, description = "the session's id"),
+        ("pid" = u64, Path, description = "the process's id")),
+    request_body = ResizeRequest,
+    security(("bearer" = [])),
+    responses((status = 204, description = "resized"),
+        (status = 400, description = "no terminal, it has exited, or a size out of range (1 to 500 columns, 1 to 200 rows)", body = super::ErrorBody),
+        Missing, Unauthenticated))]
+pub(crate) async fn resize(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, pid)): Path<(String, u64)>,
+    super::JsonBody(body): super::JsonBody<ResizeRequest>,
+) -> Result<StatusCode, ApiError> {
+    procs::resize_process(&state, &caller, &id, pid, body)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -100,9 +100,11 @@ impl CodecageMcp {
                      answers at once. Its output is kept as it comes, whoever polls (the last 1 MiB of each \
                      stream; the answers say how many bytes were dropped before it). Its stdin stays open for \
                      process action=write. timeout: seconds before it is killed (default 1800, at most the \
-                     profile's). {} No terminal (pty) yet.",
+                     profile's). pty: true runs it on a terminal (80x24, TERM=xterm-256color) for programs that \
+                     need one (REPLs, editors, pagers, TUIs): its output is then one stream, and process \
+                     action=screen shows the terminal as a person sees it. {}",
                     if self.connection.is_some() {
-                        "It runs in this connection's shell sandbox (execute_shell's: the same /work and files), or in \
+                        "It runs in this connection's sandbox (the execute tools': the same /work and files), or in \
                          session_id's session."
                     } else {
                         "Needs the session_id of a session from create_session; it runs in that sandbox."
@@ -117,7 +119,10 @@ impl CodecageMcp {
                      the output since your last poll of it, every byte once; each answer ends with [cursor \
                      STDOUT:STDERR]: give it back as cursor to resume from there, e.g. after reconnecting); log \
                      (the output kept, as lines: offset and limit, by default the last 200); write (data to its \
-                     stdin; eof: true closes it); kill (signal, KILL by default: TERM, INT, HUP, ...). {}",
+                     stdin; eof: true closes it); kill (signal, KILL by default: TERM, INT, HUP, ...); send-keys \
+                     (keys by tmux's names: Enter, C-c, C-d, Up, Down, Tab, Escape, BSpace, PPage, F1, a character; \
+                     modifiers C-, M-, S-); paste (text, bracketed when the program asked for it); submit (Enter); \
+                     screen (a terminal's rows of text and cursor now). {}",
                     if self.connection.is_some() {
                         "session_id: optional, as for exec."
                     } else {

@@ -50,10 +50,10 @@ pub struct ExecArgs {
     pub timeout: Option<f64>,
     /// A session from `create_session`. Over stdio, optional: the connection has its own.
     pub session_id: Option<String>,
-    /// Not offered yet (no terminal): refused, rather than run without one.
-    #[serde(default)]
-    #[schemars(skip)]
-    pub pty: Option<serde_json::Value>,
+    /// Run it on a terminal (80x24, TERM=xterm-256color): for programs that need one
+    /// (REPLs, editors, pagers, TUIs). Its output is then one stream; process
+    /// action=screen shows the terminal as a person sees it, send-keys/paste/submit type.
+    pub pty: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -69,6 +69,15 @@ pub enum Action {
     Write,
     /// A signal (KILL by default).
     Kill,
+    /// Keys by tmux's names (`keys`: Enter, C-c, Up, Tab, Escape, ...).
+    #[serde(rename = "send-keys", alias = "send_keys")]
+    SendKeys,
+    /// Text pasted (`text`), bracketed when the program asked for it.
+    Paste,
+    /// Enter (a carriage return on a terminal).
+    Submit,
+    /// A terminal's screen now: its rows of text and the cursor.
+    Screen,
 }
 
 /// A process's id: a number, or a string of one (as the seeds give it).
@@ -81,7 +90,7 @@ pub enum ProcessId {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ProcessArgs {
-    /// list, poll, log, write or kill.
+    /// list, poll, log, write, kill, send-keys, paste, submit or screen.
     pub action: Action,
     /// The process (every action but list): the id exec's answer gives.
     #[serde(rename = "sessionId", alias = "process_id")]
@@ -99,6 +108,12 @@ pub struct ProcessArgs {
     pub eof: Option<bool>,
     /// kill: the signal's name (KILL by default; TERM, INT, HUP, QUIT, USR1, ...).
     pub signal: Option<String>,
+    /// send-keys: keys by tmux's names (`Enter`, `C-c`, `Up`, `Tab`, `Escape`, `BSpace`,
+    /// `PPage`, `F1`, a character; modifiers `C-`, `M-`, `S-`).
+    pub keys: Option<Vec<String>>,
+    /// paste: the text (line ends become Enter; bracketed-paste markers when the program
+    /// enabled them).
+    pub text: Option<String>,
     /// The codecage session the process runs in (from `create_session`). Over stdio,
     /// optional: the connection has its own.
     pub session_id: Option<String>,
@@ -106,16 +121,6 @@ pub struct ProcessArgs {
 
 impl CodecageMcp {
     pub(super) async fn run_exec(&self, args: ExecArgs, caller: &Caller) -> CallToolResult {
-        if args
-            .pty
-            .as_ref()
-            .is_some_and(|p| p != &serde_json::Value::Bool(false))
-        {
-            return tool_error(
-                "pty: this server does not run commands on a terminal yet; run it without `pty` (its \
-                 stdin is a pipe that process action=write feeds)",
-            );
-        }
         if let Some(ms) = args
             .yield_ms
             .filter(|ms| *ms > MAX_YIELD.as_millis() as u64)
@@ -143,13 +148,16 @@ impl CodecageMcp {
             Ok(entry) => entry,
             Err(e) => return e,
         };
+        let pty = args.pty.unwrap_or(false);
         let request = ProcessRequest {
             command: Some(args.command),
             argv: None,
             cwd: args.workdir,
             env: args.env.unwrap_or_default(),
-            // Open, for process action=write (a program that reads it waits for that).
-            stdin: true,
+            // Open, for process action=write (a program that reads it waits for that); on a
+            // terminal, the terminal is its input.
+            stdin: !pty,
+            pty: procs::PtyOption(pty.then_some(codecage::processes::TermSize::DEFAULT)),
             background: args.background.unwrap_or(false),
             yield_ms: args.yield_ms,
             timeout,
@@ -265,7 +273,11 @@ impl CodecageMcp {
                         "write: give `data` (the text to write) and/or `eof: true` (to close its stdin)",
                     );
                 }
-                let body = StdinRequest { data, close: eof };
+                let body = StdinRequest {
+                    data,
+                    close: eof,
+                    ..StdinRequest::default()
+                };
                 match procs::write_stdin(&self.state, caller, &session, id, body).await {
                     Ok(written) => text_result(format!(
                         "wrote {written} bytes to the stdin of process {id}{}",
@@ -274,6 +286,40 @@ impl CodecageMcp {
                     Err(e) => api_error(e),
                 }
             }
+            Action::SendKeys | Action::Paste | Action::Submit => {
+                let body = match args.action {
+                    Action::SendKeys => match args.keys {
+                        Some(keys) if !keys.is_empty() => StdinRequest {
+                            keys,
+                            ..StdinRequest::default()
+                        },
+                        _ => {
+                            return tool_error(
+                                "send-keys: give `keys`, e.g. [\"C-c\"] or [\"Up\", \"Enter\"] (tmux's names)",
+                            )
+                        }
+                    },
+                    Action::Paste => match args.text {
+                        Some(text) if !text.is_empty() => StdinRequest {
+                            paste: Some(text),
+                            ..StdinRequest::default()
+                        },
+                        _ => return tool_error("paste: give `text`, the text to paste"),
+                    },
+                    _ => StdinRequest {
+                        submit: true,
+                        ..StdinRequest::default()
+                    },
+                };
+                match procs::write_stdin(&self.state, caller, &session, id, body).await {
+                    Ok(written) => text_result(format!("sent {written} bytes to process {id}")),
+                    Err(e) => api_error(e),
+                }
+            }
+            Action::Screen => match procs::screen_process(&self.state, caller, &session, id) {
+                Ok(screen) => text_result(screen_text(&screen)),
+                Err(e) => api_error(e),
+            },
             Action::Kill => {
                 let name = args.signal.unwrap_or_else(|| "KILL".into());
                 let signal = serde_json::Value::String(name.clone());
@@ -302,6 +348,45 @@ impl CodecageMcp {
             }
         }
     }
+}
+
+/// A terminal's screen as text: its rows (trailing empty rows left out), then a line with
+/// the cursor, the size, the title and the status.
+fn screen_text(screen: &procs::ScreenView) -> String {
+    let last = screen
+        .rows
+        .iter()
+        .rposition(|r| !r.is_empty())
+        .map_or(0, |i| i + 1)
+        .max(usize::from(screen.cursor.row) + 1)
+        .min(screen.rows.len());
+    let mut text = String::new();
+    for row in &screen.rows[..last] {
+        text.push_str(row);
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        "[screen {}x{}; cursor at row {}, column {}{}{}; {}]\n",
+        screen.size.cols,
+        screen.size.rows,
+        screen.cursor.row,
+        screen.cursor.col,
+        if screen.cursor.visible {
+            ""
+        } else {
+            " (hidden)"
+        },
+        screen
+            .title
+            .as_deref()
+            .map(|t| format!("; title {t:?}"))
+            .unwrap_or_default(),
+        match screen.status {
+            Status::Running => "running",
+            Status::Exited => "exited",
+        }
+    ));
+    text
 }
 
 fn text_result(text: impl Into<String>) -> CallToolResult {

@@ -187,7 +187,7 @@ impl CodecageMcp {
 
     #[tool(
         name = "process",
-        description = "List, poll, read, feed and kill the commands exec started."
+        description = "List, poll, read, feed, type into and kill the commands exec started; read a terminal's screen."
     )]
     async fn process(
         &self,
