@@ -57,7 +57,11 @@ main_pid() { systemctl show -P MainPID codecage; }
 profile=/etc/codecage/profiles/vmcheck.toml
 write_profile() {
 	printf 'description = "vm-check: python on the host'"'"'s /usr"\nlanguage = "python"\nrootfs = "host"\n' >"$profile"
+	# The same with the restricted network: the gateway's link through /dev/net/tun, what
+	# a unit's device policy (ProtectClock=, PrivateDevices=, DevicePolicy=) takes away.
+	{ cat "$profile"; printf '[network]\nmode = "restricted"\nallowed_hosts = ["pypi.org"]\n'; } >"$net_profile"
 }
+net_profile=/etc/codecage/profiles/vmcheck-net.toml
 # session_check: a session through the service, its cgroup under the unit's, its
 # removal on close. Prints why on failure (status 1).
 session_check() {
@@ -105,7 +109,17 @@ session_check() {
 		echo "left after close: $(find "$cg/codecage" -mindepth 1 -type d | tr '\n' ' ')"
 		return 1
 	}
-	echo "the session's python (pid $found)"
+	id=$(codecage session create --lang python --profile vmcheck-net 2>&1 | tail -n 1) || {
+		echo "session create with the restricted network: $id"
+		return 1
+	}
+	out=$(codecage session exec "$id" -c 'import socket; print(len(socket.if_nameindex()) > 1)' 2>&1)
+	codecage session close "$id" >/dev/null 2>&1
+	[ "$out" = True ] || {
+		echo "session exec with the restricted network printed: $out"
+		return 1
+	}
+	echo "the session's python (pid $found), and one with the restricted network"
 }
 
 step=system
@@ -215,7 +229,7 @@ systemctl start codecage
 wait_active || fail "the service does not start again"
 
 step=purge
-rm -f "$profile"
+rm -f "$profile" "$net_profile"
 apt-get purge -y codecage >"$work/apt.log" 2>&1 || {
 	sed 's/^/    apt: /' "$work/apt.log"
 	fail "apt-get purge"

@@ -62,9 +62,24 @@ pub struct Args {
     /// time, and say which work.
     #[arg(long, requires = "vm_check")]
     try_hardening: bool,
+    /// Package the debug build (target/debug, into target/dist/debug) instead of the
+    /// release build: what `cargo xtask test` checks in the VM, not for distribution.
+    #[arg(long)]
+    debug: bool,
 }
 
 impl Args {
+    /// `cargo xtask test`'s: the debug build's package, checked in the VM.
+    pub fn vm_check_of_the_debug_build() -> Args {
+        Args {
+            no_build: false,
+            out: None,
+            vm_check: true,
+            try_hardening: false,
+            debug: true,
+        }
+    }
+
     /// Whether the task boots a VM (it then polls interrupts to stop QEMU).
     pub fn boots_a_vm(&self) -> bool {
         self.vm_check
@@ -85,7 +100,12 @@ pub fn dist(args: &Args) -> Result<i32> {
     let root = workspace_root();
     let version = package_version(&std::fs::read_to_string(root.join("Cargo.toml"))?)?;
     let arch = output(Command::new("dpkg").arg("--print-architecture"))?;
-    let dist = root.join("target/dist");
+    let profile = if args.debug { "debug" } else { "release" };
+    let dist = if args.debug {
+        root.join("target/dist/debug")
+    } else {
+        root.join("target/dist")
+    };
     let out = args.out.clone().unwrap_or_else(|| dist.clone());
     let stage = dist.join(format!("{PACKAGE}_{version}_{arch}"));
 
@@ -97,19 +117,16 @@ pub fn dist(args: &Args) -> Result<i32> {
     };
 
     if !args.no_build {
-        host::status("building", "the release binary (cargo build --release)");
-        run(Command::new("cargo").current_dir(&root).args([
-            "build",
-            "--release",
-            "--locked",
-            "--bin",
-            PACKAGE,
-            "--bin",
-            INIT,
-        ]))?;
+        host::status("building", format!("the {profile} binaries (cargo build)"));
+        let mut build = Command::new("cargo");
+        build.current_dir(&root).arg("build");
+        if !args.debug {
+            build.arg("--release");
+        }
+        run(build.args(["--locked", "--bin", PACKAGE, "--bin", INIT]))?;
     }
-    let binary = root.join("target/release/codecage");
-    let init = root.join("target/release").join(INIT);
+    let binary = root.join("target").join(profile).join(PACKAGE);
+    let init = root.join("target").join(profile).join(INIT);
     for file in [&binary, &init] {
         ensure!(
             file.is_file(),
@@ -334,7 +351,10 @@ fn vm_check(
     version: &str,
     try_hardening: bool,
 ) -> Result<i32> {
-    let tmp = host::TempTree::create_in(&root.join("target/dist"), "vm-check-")?;
+    let tmp = host::TempTree::create_in(
+        deb.parent().expect("the package is in a directory"),
+        "vm-check-",
+    )?;
     let dir = tmp.path();
     std::fs::copy(deb, dir.join("this.deb"))?;
     let unpacked = dir.join("next");
