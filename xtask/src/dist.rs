@@ -643,6 +643,36 @@ mod tests {
     }
 
     #[test]
+    fn the_upgrade_is_one_patch_level_up() {
+        assert_eq!(next_version("0.1.0").unwrap(), "0.1.1");
+        assert_eq!(next_version("1.2.9").unwrap(), "1.2.10");
+        assert!(next_version("7").is_err());
+        assert!(next_version("1.x").is_err());
+    }
+
+    #[test]
+    fn the_vm_check_script_parses() {
+        let script = workspace_root().join("packaging/debian/vm-check.sh");
+        let out = Command::new("bash")
+            .arg("-n")
+            .arg(&script)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let job = workspace_root().join("xtask/vm/systemd-job.sh");
+        let out = Command::new("sh").arg("-n").arg(&job).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
     fn libc6_is_the_newest_glibc_symbol_version() {
         let objdump = "0000 DF *UND* 0000 (GLIBC_2.2.5) memcpy\n\
                        0000 DF *UND* 0000 (GLIBC_2.34) pthread_create\n\
