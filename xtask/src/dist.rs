@@ -53,6 +53,37 @@ pub struct Args {
     /// The directory the .deb is written to (default target/dist).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Then install, run, upgrade and purge the package in the debian12-systemd VM
+    /// (Debian 12, systemd as pid 1; packaging/debian/vm-check.sh), building its image
+    /// first when needed (as root).
+    #[arg(long)]
+    vm_check: bool,
+    /// With --vm-check: also try each hardening directive the unit does not have, one at a
+    /// time, and say which work.
+    #[arg(long, requires = "vm_check")]
+    try_hardening: bool,
+    /// Package the debug build (target/debug, into target/dist/debug) instead of the
+    /// release build: what `cargo xtask test` checks in the VM, not for distribution.
+    #[arg(long)]
+    debug: bool,
+}
+
+impl Args {
+    /// `cargo xtask test`'s: the debug build's package, checked in the VM.
+    pub fn vm_check_of_the_debug_build() -> Args {
+        Args {
+            no_build: false,
+            out: None,
+            vm_check: true,
+            try_hardening: false,
+            debug: true,
+        }
+    }
+
+    /// Whether the task boots a VM (it then polls interrupts to stop QEMU).
+    pub fn boots_a_vm(&self) -> bool {
+        self.vm_check
+    }
 }
 
 /// The package's name, its unit and its conffiles.
@@ -69,24 +100,33 @@ pub fn dist(args: &Args) -> Result<i32> {
     let root = workspace_root();
     let version = package_version(&std::fs::read_to_string(root.join("Cargo.toml"))?)?;
     let arch = output(Command::new("dpkg").arg("--print-architecture"))?;
-    let dist = root.join("target/dist");
+    let profile = if args.debug { "debug" } else { "release" };
+    let dist = if args.debug {
+        root.join("target/dist/debug")
+    } else {
+        root.join("target/dist")
+    };
     let out = args.out.clone().unwrap_or_else(|| dist.clone());
     let stage = dist.join(format!("{PACKAGE}_{version}_{arch}"));
 
+    // The VM first: a check that cannot boot should fail before a release build.
+    let vm_image = if args.vm_check {
+        Some(crate::vm::systemd::ensure_systemd_image()?)
+    } else {
+        None
+    };
+
     if !args.no_build {
-        host::status("building", "the release binary (cargo build --release)");
-        run(Command::new("cargo").current_dir(&root).args([
-            "build",
-            "--release",
-            "--locked",
-            "--bin",
-            PACKAGE,
-            "--bin",
-            INIT,
-        ]))?;
+        host::status("building", format!("the {profile} binaries (cargo build)"));
+        let mut build = Command::new("cargo");
+        build.current_dir(&root).arg("build");
+        if !args.debug {
+            build.arg("--release");
+        }
+        run(build.args(["--locked", "--bin", PACKAGE, "--bin", INIT]))?;
     }
-    let binary = root.join("target/release/codecage");
-    let init = root.join("target/release").join(INIT);
+    let binary = root.join("target").join(profile).join(PACKAGE);
+    let init = root.join("target").join(profile).join(INIT);
     for file in [&binary, &init] {
         ensure!(
             file.is_file(),
@@ -283,7 +323,101 @@ pub fn dist(args: &Args) -> Result<i32> {
         pages.len(),
         installed_kib as f64 / 1024.0
     );
+    if let Some(image) = vm_image {
+        return vm_check(&root, &image, &deb, &version, args.try_hardening);
+    }
     Ok(0)
+}
+
+/// The version of the upgrade `--vm-check` installs: one patch level up.
+fn next_version(version: &str) -> Result<String> {
+    let (head, last) = version
+        .rsplit_once('.')
+        .with_context(|| format!("version {version} has no patch level"))?;
+    let digits: String = last.chars().take_while(char::is_ascii_digit).collect();
+    let patch: u64 = digits
+        .parse()
+        .with_context(|| format!("version {version}'s last part is not a number"))?;
+    Ok(format!("{head}.{}", patch + 1))
+}
+
+/// `--vm-check`: the package and its upgrade (the same files, the version one patch level
+/// up) in a directory under target/dist, packaging/debian/vm-check.sh run on them in the
+/// debian12-systemd VM; its status.
+fn vm_check(
+    root: &Path,
+    image: &crate::vm::Image,
+    deb: &Path,
+    version: &str,
+    try_hardening: bool,
+) -> Result<i32> {
+    let tmp = host::TempTree::create_in(
+        deb.parent().expect("the package is in a directory"),
+        "vm-check-",
+    )?;
+    let dir = tmp.path();
+    std::fs::copy(deb, dir.join("this.deb"))?;
+    let unpacked = dir.join("next");
+    run(Command::new("dpkg-deb").arg("-R").arg(deb).arg(&unpacked))?;
+    let next = next_version(version)?;
+    let control = unpacked.join("DEBIAN/control");
+    let text = std::fs::read_to_string(&control)?;
+    std::fs::write(
+        &control,
+        text.replace(
+            &format!("\nVersion: {version}\n"),
+            &format!("\nVersion: {next}\n"),
+        ),
+    )?;
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "-Zxz", "--build"])
+        .arg(&unpacked)
+        .arg(dir.join("next.deb"))
+        .stdout(std::process::Stdio::null()))?;
+    ensure!(
+        output(
+            Command::new("dpkg-deb")
+                .args(["-f"])
+                .arg(dir.join("next.deb"))
+                .arg("Version")
+        )? == next,
+        "the upgrade's control file did not take version {next}"
+    );
+    let script = root.join("packaging/debian/vm-check.sh");
+    let mut opts = crate::vm::run::RunOptions::new(vec![
+        "bash".into(),
+        script.display().to_string(),
+        dir.display().to_string(),
+    ]);
+    opts.share = root.canonicalize()?;
+    opts.cwd = opts.share.clone();
+    opts.timeout = if try_hardening { 1800 } else { 900 };
+    if try_hardening {
+        opts.env.push(("TRY_HARDENING".into(), "1".into()));
+    }
+    host::status(
+        "Checking",
+        format!(
+            "{} under systemd in the {} VM",
+            deb.display(),
+            crate::vm::systemd::LANE.name
+        ),
+    );
+    let start = std::time::Instant::now();
+    let rc = crate::vm::run::run(&crate::vm::systemd::LANE, image, &opts)?;
+    if rc == 0 {
+        host::status(
+            "Finished",
+            format!("the VM check passed in {}", host::secs(start.elapsed())),
+        );
+    } else {
+        eprintln!(
+            "error: the VM check of {} failed (status {rc}) after {}",
+            deb.display(),
+            host::secs(start.elapsed())
+        );
+    }
+    Ok(rc)
 }
 
 /// The paths (absolute, directories with a trailing slash) in `dpkg-deb -c` output.
@@ -506,6 +640,36 @@ mod tests {
         assert!(package_version(&real)
             .unwrap()
             .starts_with(|c: char| c.is_ascii_digit()));
+    }
+
+    #[test]
+    fn the_upgrade_is_one_patch_level_up() {
+        assert_eq!(next_version("0.1.0").unwrap(), "0.1.1");
+        assert_eq!(next_version("1.2.9").unwrap(), "1.2.10");
+        assert!(next_version("7").is_err());
+        assert!(next_version("1.x").is_err());
+    }
+
+    #[test]
+    fn the_vm_check_script_parses() {
+        let script = workspace_root().join("packaging/debian/vm-check.sh");
+        let out = Command::new("bash")
+            .arg("-n")
+            .arg(&script)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let job = workspace_root().join("xtask/vm/systemd-job.sh");
+        let out = Command::new("sh").arg("-n").arg(&job).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]

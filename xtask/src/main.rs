@@ -63,6 +63,9 @@ impl Task {
     /// that they can stop QEMU or mmdebstrap and clean up. (`rootfs` installs the same
     /// handlers itself, around the build only.)
     fn polls_interrupts(&self) -> bool {
+        if let Task::Dist(args) = self {
+            return args.boots_a_vm();
+        }
         matches!(
             self,
             Task::Test(_)

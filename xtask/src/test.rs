@@ -4,7 +4,9 @@
 //! integration test natively (this host's cgroup layout); then the integration tests again
 //! in every VM lane (`cargo xtask vm-test --lane all`: pure v2 on 6.12 with every suite,
 //! Debian 12's 6.1, pure cgroup v1 and Debian 11's 5.10 without landlock with a subset), so
-//! the kernels and layouts users run are proven on every change.
+//! the kernels and layouts users run are proven on every change; and, after every lane, the
+//! debug build's Debian package installed, run, upgraded and purged under systemd in the
+//! debian12-systemd VM (`cargo xtask dist --debug --vm-check`).
 
 use std::process::Command;
 
@@ -18,7 +20,8 @@ use crate::host::{install_missing, Recommends, Runner};
 /// when missing, builds the default image (cargo xtask rootfs), runs the unit and
 /// integration tests of the workspace (cargo nextest when installed, else cargo test), then
 /// the integration tests in every VM lane (cargo xtask vm-test --lane all; --lane picks
-/// some, --native-only none), with a summary per lane and the support matrix. Must run as
+/// some, --native-only none), with a summary per lane and the support matrix, then (with
+/// every lane) the package under systemd (cargo xtask dist --debug --vm-check). Must run as
 /// root: the tests build real sandboxes. --repeat N runs all of it N times in a row;
 /// --stress runs a CPU and memory load beside (stress-ng, 2+2 workers; README "Testing").
 #[derive(clap::Args, Debug)]
@@ -205,7 +208,16 @@ fn test_once(args: &Args) -> Result<i32> {
         lanes.join(" --lane ")
     );
     let vm_start = std::time::Instant::now();
-    let vm = crate::vm::lane::vm_test(&crate::vm::lane::TestArgs::new(lanes))?;
+    let mut vm = crate::vm::lane::vm_test(&crate::vm::lane::TestArgs::new(lanes.clone()))?;
+    // The package under systemd (debian12-systemd), with every lane only: the debug
+    // build's package, installed, run, upgraded and purged (about 90 s under TCG).
+    if lanes == ["all"] {
+        eprintln!("xtask: the package under systemd (cargo xtask dist --debug --vm-check)");
+        let code = crate::dist::dist(&crate::dist::Args::vm_check_of_the_debug_build())?;
+        if vm == 0 {
+            vm = code;
+        }
+    }
     eprintln!(
         "xtask: native tests exited {native} in {}, VM lanes exited {vm} in {}",
         crate::host::secs(native_time),

@@ -25,6 +25,7 @@ pub mod lanes;
 pub mod matrix;
 mod qemu;
 pub mod run;
+pub mod systemd;
 
 use anyhow::Result;
 use std::path::PathBuf;

@@ -20,7 +20,7 @@
 
 use super::lanes::{self, Cgroups, Lane};
 use super::qemu::{self, Machine};
-use super::{ensure_image, Image, EXIT_TIMEOUT, EXIT_VM_FAILED};
+use super::{ensure_image, systemd, Image, EXIT_TIMEOUT, EXIT_VM_FAILED};
 use crate::host::{
     find_command, interrupted, orphans, remove_tree, secs, shell_quote, signal_group,
     workspace_root, TempTree,
@@ -34,6 +34,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const GUEST_INIT_SH: &str = include_str!("../../vm/guest-init.sh");
+/// The same for the image with systemd as pid 1 (`systemd.rs`), run by a unit of its own.
+const SYSTEMD_JOB_SH: &str = include_str!("../../vm/systemd-job.sh");
 
 /// Control directories are `$TMPDIR/codecage-vm-<pid>-<n>`.
 const CONTROL_DIR_PREFIX: &str = "codecage-vm-";
@@ -67,8 +69,9 @@ const QEMU_TAIL_LINES: usize = 20;
     override_usage = "cargo xtask vm-run [OPTIONS] [--] CMD [ARGS...]"
 )]
 pub struct RunOptions {
-    /// The lane whose kernel and cgroup layout to boot (default: v2-6.12)
-    #[arg(long, value_name = "NAME", value_parser = lanes::parse_lane)]
+    /// The lane whose kernel and cgroup layout to boot (default: v2-6.12), or
+    /// debian12-systemd: Debian 12 with systemd as pid 1 (`cargo xtask dist --vm-check`'s)
+    #[arg(long, value_name = "NAME", value_parser = parse_run_lane)]
     pub lane: Option<String>,
     /// Time limit of the command in whole seconds (boot time not included)
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT_SECS, value_parser = parse_timeout)]
@@ -118,6 +121,15 @@ pub fn parse_timeout(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `vm-run --lane`: a lane's name, or the systemd VM's.
+fn parse_run_lane(s: &str) -> Result<String, String> {
+    if s == systemd::LANE.name {
+        Ok(s.to_string())
+    } else {
+        lanes::parse_lane(s).map_err(|e| format!("{e}, or {} (vm-run only)", systemd::LANE.name))
+    }
+}
+
 /// `K=V`, or `K` for the host's value of K.
 pub fn parse_env(s: &str) -> Result<(String, String), String> {
     let (k, v) = match s.split_once('=') {
@@ -148,6 +160,9 @@ pub fn vm_run(opts: &RunOptions) -> Result<i32> {
     let lane = match &opts.lane {
         Some(name) if name == "all" => {
             anyhow::bail!("vm-run boots one lane: name it (`all` is for vm-test and vm-check)")
+        }
+        Some(name) if name == systemd::LANE.name => {
+            return run(&systemd::LANE, &systemd::ensure_systemd_image()?, opts)
         }
         Some(name) => *Lane::named(name)?,
         None => Lane::default_from_env(),
@@ -326,6 +341,7 @@ impl ControlDir {
         let dir = TempTree::create_in(&std::env::temp_dir(), CONTROL_DIR_PREFIX)?;
         let path = dir.path();
         fs::write(path.join("guest-init.sh"), GUEST_INIT_SH)?;
+        fs::write(path.join("systemd-job.sh"), SYSTEMD_JOB_SH)?;
         fs::write(
             path.join("config"),
             format!(
