@@ -629,6 +629,7 @@ mod tests {
                 dropped,
             },
             stderr: Window::default(),
+            pty: None,
         }
     }
 
