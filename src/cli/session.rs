@@ -151,9 +151,36 @@ enum SessionCommand {
         id: String,
         #[arg(default_value = "")]
         path: String,
+        /// List to this many levels (1: the directory's own entries), with each entry's
+        /// path, permissions and owner.
+        #[arg(long)]
+        depth: Option<u32>,
         #[arg(long)]
         json: bool,
     },
+    /// Describe an entry of /work (type, size, permissions, owner, time; a symlink's
+    /// target, never followed). Works while a call runs.
+    Stat {
+        id: String,
+        /// Relative to /work, or absolute under it (default: /work itself).
+        #[arg(default_value = "")]
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a directory under /work, with its parents (`mkdir -p`).
+    Mkdir { id: String, path: String },
+    /// Move or rename an entry of /work; an existing DEST is refused unless --force.
+    Mv {
+        id: String,
+        src: String,
+        dest: String,
+        /// Replace an existing DEST (a file, or an empty directory).
+        #[arg(long, short)]
+        force: bool,
+    },
+    /// Remove a file, a symlink (not its target) or a directory tree of /work.
+    Rm { id: String, path: String },
     /// Fresh interpreters in the same sandbox (/work is kept): every context and background
     /// process, or with --lang that context only.
     Reset {
@@ -553,7 +580,33 @@ pub fn main(args: SessionArgs) -> i32 {
                 }
             })
         }
-        SessionCommand::Ls { id, path, json } => {
+        SessionCommand::Ls {
+            id,
+            path,
+            depth: Some(depth),
+            json,
+        } => call(
+            "GET",
+            format!(
+                "/v1/sessions/{id}/fs/list?path={}&depth={depth}",
+                encode_path(&path)
+            ),
+            None,
+        )
+        .map(|answer| {
+            ok_or_report(answer.status, &answer.body, |v| {
+                if json {
+                    println!("{v}");
+                } else {
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .for_each(|e| println!("{}", entry_line(e)));
+                }
+                0
+            })
+        }),
+        SessionCommand::Ls { id, path, json, .. } => {
             let path = path.trim_start_matches("/work").trim_start_matches('/');
             send(
                 "GET",
@@ -579,6 +632,53 @@ pub fn main(args: SessionArgs) -> i32 {
                 })
             })
         }
+        SessionCommand::Stat { id, path, json } => call(
+            "GET",
+            format!("/v1/sessions/{id}/fs/stat?path={}", encode_path(&path)),
+            None,
+        )
+        .map(|answer| {
+            ok_or_report(answer.status, &answer.body, |v| {
+                if json {
+                    println!("{v}");
+                } else {
+                    println!("{}", entry_line(v));
+                }
+                0
+            })
+        }),
+        SessionCommand::Mkdir { id, path } => call(
+            "POST",
+            format!("/v1/sessions/{id}/fs/mkdir"),
+            Some(json!({ "path": path })),
+        )
+        .map(|answer| {
+            ok_or_report(answer.status, &answer.body, |v| {
+                let path = v["entry"]["path"].as_str().unwrap_or_default();
+                match v["created"].as_bool() {
+                    Some(true) => println!("made {path}"),
+                    _ => println!("{path} was there"),
+                }
+                0
+            })
+        }),
+        SessionCommand::Mv {
+            id,
+            src,
+            dest,
+            force,
+        } => call(
+            "POST",
+            format!("/v1/sessions/{id}/fs/move"),
+            Some(json!({ "source": src, "destination": dest, "overwrite": force })),
+        )
+        .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
+        SessionCommand::Rm { id, path } => call(
+            "POST",
+            format!("/v1/sessions/{id}/fs/remove"),
+            Some(json!({ "path": path })),
+        )
+        .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
         SessionCommand::Reset { id, lang } => call(
             "POST",
             match lang {
@@ -695,6 +795,24 @@ fn print_streams(v: &Value) {
         let _ = out.write_all(&bytes);
         let _ = out.flush();
     }
+}
+
+/// An entry of `/fs/stat` or `/fs/list` as `ls -l` would print it.
+fn entry_line(e: &Value) -> String {
+    let text = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+    let mut line = format!(
+        "{} {:<8} {:<8} {:>10}  {}  {}",
+        text("permissions"),
+        text("owner"),
+        text("group"),
+        e["size"].as_u64().unwrap_or(0),
+        text("modified_time"),
+        text("path")
+    );
+    if let Some(target) = e["symlink_target"].as_str() {
+        line.push_str(&format!(" -> {target}"));
+    }
+    line
 }
 
 /// Percent-encodes a path for a URL, keeping its `/` separators.
