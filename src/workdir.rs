@@ -541,6 +541,262 @@ impl WorkDir {
     }
 }
 
+/// The directories one watch follows at most (each costs the host an inotify watch, a
+/// shared per-user budget): past it, new subdirectories are not followed.
+pub const MAX_WATCHED_DIRS: usize = 1024;
+
+/// What happened to an entry of a watched directory (E2B's `EventType`, fsnotify's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// Made, or moved in.
+    Create,
+    /// Its content changed.
+    Write,
+    Remove,
+    /// Moved away (or renamed: the new name comes as a `Create`).
+    Rename,
+    /// Its mode, owner or times changed.
+    Chmod,
+    /// The kernel's queue overflowed: events were lost.
+    Overflow,
+}
+
+impl EventKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Create => "create",
+            EventKind::Write => "write",
+            EventKind::Remove => "remove",
+            EventKind::Rename => "rename",
+            EventKind::Chmod => "chmod",
+            EventKind::Overflow => "overflow",
+        }
+    }
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsEvent {
+    /// The entry's path relative to the watched directory (`sub/file.txt`; empty for the
+    /// directory itself or an overflow).
+    pub name: String,
+    /// Its absolute path in the sandbox.
+    pub path: String,
+    pub kind: EventKind,
+}
+
+/// A watch on a directory of /work (inotify on the host, on directories opened beneath
+/// /work as every path is): read its events with [`Watch::read`] when its fd is readable
+/// (it is non-blocking). It holds /work only weakly: once the session's sandbox is gone,
+/// `read` says so and the watch should be dropped (its inotify watches pin the tmpfs).
+pub struct Watch {
+    inotify: nix::sys::inotify::Inotify,
+    work: std::sync::Weak<WorkDir>,
+    root: WorkPath,
+    recursive: bool,
+    /// Each watched directory, relative to `root`.
+    dirs: std::collections::HashMap<i32, WorkPath>,
+    /// The watched directory itself is gone.
+    ended: bool,
+}
+
+impl AsFd for Watch {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inotify.as_fd()
+    }
+}
+
+impl WorkDir {
+    /// Watches directory `path` (and with `recursive` every directory under it, as they
+    /// come too: never through a symlink or a mount).
+    pub fn watch(
+        self: &std::sync::Arc<Self>,
+        path: &WorkPath,
+        recursive: bool,
+    ) -> Result<Watch, FsError> {
+        use nix::sys::inotify::{InitFlags, Inotify};
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| FsError::new(FsErrorKind::Failed, format!("cannot start a watch: {e}")))?;
+        let mut watch = Watch {
+            inotify,
+            work: std::sync::Arc::downgrade(self),
+            root: path.clone(),
+            recursive,
+            dirs: Default::default(),
+            ended: false,
+        };
+        let top = self.open_dir(path)?;
+        watch.add(top, WorkPath { components: vec![] })?;
+        Ok(watch)
+    }
+}
+
+impl Watch {
+    /// The watched directory, `/work/...`.
+    pub fn path(&self) -> String {
+        self.root.absolute()
+    }
+
+    /// Watches directory `fd` (at `rel` under the root) and, if recursive, its
+    /// subdirectories.
+    fn add(&mut self, fd: OwnedFd, rel: WorkPath) -> Result<(), FsError> {
+        use nix::sys::inotify::AddWatchFlags as F;
+        use std::os::fd::AsRawFd;
+        if self.dirs.len() >= MAX_WATCHED_DIRS {
+            return Ok(());
+        }
+        let mask = F::IN_CREATE
+            | F::IN_MODIFY
+            | F::IN_DELETE
+            | F::IN_MOVED_FROM
+            | F::IN_MOVED_TO
+            | F::IN_ATTRIB
+            | F::IN_DELETE_SELF
+            | F::IN_ONLYDIR;
+        // The fd's magic link names the very directory openat2 found (the host's /proc).
+        let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let wd = self
+            .inotify
+            .add_watch(proc_path.as_str(), mask)
+            .map_err(|e| {
+                FsError::new(
+                    FsErrorKind::Failed,
+                    format!("cannot watch {}: {e}", self.root_of(&rel).absolute()),
+                )
+            })?;
+        self.dirs.insert(wd.as_raw(), rel.clone());
+        if self.recursive {
+            let Ok(dev) = fstat(&fd).map(|st| st.st_dev) else {
+                return Ok(());
+            };
+            let Ok(listing) = openat(
+                &fd,
+                ".",
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) else {
+                return Ok(());
+            };
+            for name in read_names(&listing).unwrap_or_default() {
+                if let Ok(sub) = open_dir_below(&listing, &name, dev, OFlag::O_PATH) {
+                    self.add(sub, rel.join(&name))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn root_of(&self, rel: &WorkPath) -> WorkPath {
+        let mut components = self.root.components.clone();
+        components.extend(rel.components.iter().cloned());
+        WorkPath { components }
+    }
+
+    /// Why the watch is over, once its directory is gone (its last events were read).
+    pub fn over(&self) -> Option<String> {
+        self.ended
+            .then(|| format!("{} was removed", self.root.absolute()))
+    }
+
+    /// Waits up to `wait` for events (on this thread), then reads them as [`Watch::read`].
+    pub fn wait(&mut self, wait: Duration) -> Result<Vec<FsEvent>, FsError> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let millis = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX),
+        );
+        self.read()
+    }
+
+    /// The events queued since the last read (none if nothing happened). An error once
+    /// the session's sandbox is gone, or the watched directory was removed (after its
+    /// last events).
+    pub fn read(&mut self) -> Result<Vec<FsEvent>, FsError> {
+        use nix::sys::inotify::AddWatchFlags as F;
+        let Some(work) = self.work.upgrade() else {
+            return Err(FsError::new(
+                FsErrorKind::NotFound,
+                "the session was closed: its /work is gone",
+            ));
+        };
+        if let Some(why) = self.over() {
+            return Err(FsError::new(FsErrorKind::NotFound, why));
+        }
+        let raw = match self.inotify.read_events() {
+            Ok(raw) => raw,
+            Err(Errno::EAGAIN) => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(FsError::new(
+                    FsErrorKind::Failed,
+                    format!("cannot read the watch: {e}"),
+                ))
+            }
+        };
+        let mut events = Vec::new();
+        for event in raw {
+            if event.mask.contains(F::IN_Q_OVERFLOW) {
+                events.push(FsEvent {
+                    name: String::new(),
+                    path: self.root.absolute(),
+                    kind: EventKind::Overflow,
+                });
+                continue;
+            }
+            let Some(dir) = self.dirs.get(&event.wd.as_raw()).cloned() else {
+                continue;
+            };
+            if event.mask.contains(F::IN_IGNORED) {
+                self.dirs.remove(&event.wd.as_raw());
+                if dir.is_root() {
+                    self.ended = true;
+                }
+                continue;
+            }
+            if event.mask.contains(F::IN_DELETE_SELF) {
+                if dir.is_root() {
+                    events.push(FsEvent {
+                        name: String::new(),
+                        path: self.root.absolute(),
+                        kind: EventKind::Remove,
+                    });
+                }
+                continue;
+            }
+            let Some(name) = event.name.as_ref().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let rel = dir.join(name);
+            let kind = if event.mask.intersects(F::IN_CREATE | F::IN_MOVED_TO) {
+                EventKind::Create
+            } else if event.mask.contains(F::IN_MODIFY) {
+                EventKind::Write
+            } else if event.mask.contains(F::IN_DELETE) {
+                EventKind::Remove
+            } else if event.mask.contains(F::IN_MOVED_FROM) {
+                EventKind::Rename
+            } else if event.mask.contains(F::IN_ATTRIB) {
+                EventKind::Chmod
+            } else {
+                continue;
+            };
+            events.push(FsEvent {
+                name: rel.components.join("/"),
+                path: self.root_of(&rel).absolute(),
+                kind,
+            });
+            if kind == EventKind::Create && self.recursive && event.mask.contains(F::IN_ISDIR) {
+                // A new directory: followed, through the same beneath-/work walk.
+                if let Ok(fd) = work.open_dir(&self.root_of(&rel)) {
+                    let _ = self.add(fd, rel);
+                }
+            }
+        }
+        Ok(events)
+    }
+}
+
 /// The names in `dir` (but `.` and `..`).
 fn read_names(dir: &OwnedFd) -> nix::Result<Vec<String>> {
     let fd = openat(

@@ -59,6 +59,11 @@ pub struct Entry {
     /// Its /work from the host (stat, list, mkdir, move, remove, watch: while a call runs
     /// too, no claim needed).
     pub work: Option<Arc<codecage::workdir::WorkDir>>,
+    /// Its polled watchers (`POST .../fs/watchers`), by id, with the last number given.
+    pub watchers: Mutex<(
+        u64,
+        std::collections::BTreeMap<String, crate::service::fs::Polled>,
+    )>,
     busy: AtomicBool,
     pub executions: AtomicU64,
     pub caps: Caps,
@@ -95,6 +100,7 @@ impl Entry {
             processes: session.processes(),
             contexts: session.contexts(),
             work: session.work_dir(),
+            watchers: Mutex::new((0, Default::default())),
             session: Mutex::new(Some(session)),
             busy: AtomicBool::new(false),
             executions: AtomicU64::new(0),

@@ -209,3 +209,266 @@ pub struct MoveRequest {
     #[serde(default)]
     pub overwrite: bool,
 }
+
+/// One event of a watch, as the API gives it (E2B's `FilesystemEvent`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct WatchEvent {
+    /// `create` (made, or moved in), `write`, `remove`, `rename` (moved away: the new
+    /// name comes as a `create`), `chmod` (mode, owner or times), `overflow` (the
+    /// kernel's queue overflowed: events were lost).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The entry's path relative to the watched directory (`sub/a.txt`).
+    pub name: String,
+    /// Its absolute path: `/work/...`.
+    pub path: String,
+}
+
+impl From<codecage::workdir::FsEvent> for WatchEvent {
+    fn from(e: codecage::workdir::FsEvent) -> WatchEvent {
+        WatchEvent {
+            kind: e.kind.name().to_string(),
+            name: e.name,
+            path: e.path,
+        }
+    }
+}
+
+/// A watch on a directory of a session's /work, read as its events come (the streaming
+/// front ends: HTTP's NDJSON, MCP). Dropping it ends it.
+pub struct DirWatch {
+    /// None only while a `next` waits on a blocking thread.
+    watch: Option<codecage::workdir::Watch>,
+    path: String,
+}
+
+/// Watches directory `path` of the session's /work (with `recursive`, every directory
+/// under it too, new ones as they come; never through a symlink or a mount).
+pub async fn watch_dir(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    recursive: bool,
+) -> Result<DirWatch, Error> {
+    let path = work_path(path, "path")?;
+    let work = work_of(state, caller, id)?;
+    let watch = tokio::task::spawn_blocking(move || work.watch(&path, recursive))
+        .await
+        .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
+        .map_err(error_of)?;
+    Ok(DirWatch {
+        path: watch.path(),
+        watch: Some(watch),
+    })
+}
+
+impl DirWatch {
+    /// The watched directory, `/work/...`.
+    pub fn path(&self) -> String {
+        self.path.clone()
+    }
+
+    /// The next events, waiting up to `wait` for some on a blocking thread (none:
+    /// nothing happened). An error (404) once the session was closed or the watched
+    /// directory removed; the watch is over then.
+    pub async fn next(&mut self, wait: std::time::Duration) -> Result<Vec<WatchEvent>, Error> {
+        let mut watch = self
+            .watch
+            .take()
+            .ok_or_else(|| Error::new(Kind::Setup, "the watch was lost"))?;
+        let (watch, events) = tokio::task::spawn_blocking(move || {
+            let events = watch.wait(wait);
+            (watch, events)
+        })
+        .await
+        .map_err(|e| Error::new(Kind::Setup, e.to_string()))?;
+        self.watch = Some(watch);
+        Ok(events
+            .map_err(error_of)?
+            .into_iter()
+            .map(WatchEvent::from)
+            .collect())
+    }
+}
+
+/// Watchers a session holds at most (polled ones: see [`create_watcher`]).
+pub const MAX_WATCHERS: usize = 16;
+/// Events a polled watcher keeps for its poller; past it the oldest are dropped and
+/// counted in `lost`.
+pub const WATCHER_BUFFER: usize = 10_000;
+
+/// A watcher a session holds for polling (E2B's CreateWatcher/GetWatcherEvents): its
+/// events wait in the kernel's queue (16 384) and then in a buffer until a poll's cursor
+/// says they were taken.
+pub struct Polled {
+    watch: codecage::workdir::Watch,
+    buffer: std::collections::VecDeque<(u64, WatchEvent)>,
+    next_seq: u64,
+    lost: u64,
+    ended: Option<String>,
+}
+
+/// What a poll of a watcher answers.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct WatcherEvents {
+    /// The events after the cursor asked, oldest first.
+    pub events: Vec<SeqEvent>,
+    /// Give this as `after` next time: the last event's `seq` (or the cursor asked, if
+    /// none came). Events up to the cursor given are forgotten.
+    pub cursor: u64,
+    /// Events dropped because the buffer was full (the poller was too slow).
+    pub lost: u64,
+    /// Why the watch is over (the directory removed, the session closed), once it is:
+    /// the events before it are still given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+}
+
+/// An event with its sequence number (1, 2, ...).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct SeqEvent {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub event: WatchEvent,
+}
+
+/// `POST .../fs/watchers` and `GET .../fs/watch`.
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WatchRequest {
+    /// The directory: relative to /work, or absolute under /work (default /work).
+    #[serde(default)]
+    #[param(required = false)]
+    pub path: String,
+    /// Every directory under it too (default false).
+    #[serde(default)]
+    #[param(required = false)]
+    pub recursive: bool,
+}
+
+/// A watcher made.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct WatcherMade {
+    pub watcher_id: String,
+    /// The watched directory.
+    pub path: String,
+}
+
+/// Makes a watcher on directory `path` that the session keeps until
+/// [`remove_watcher`] or its close; [`poll_watcher`] takes its events.
+pub async fn create_watcher(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    recursive: bool,
+) -> Result<WatcherMade, Error> {
+    let entry = lookup(state, caller, id)?;
+    let path = work_path(path, "path")?;
+    let work = work_of(state, caller, id)?;
+    let watch = tokio::task::spawn_blocking(move || work.watch(&path, recursive))
+        .await
+        .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
+        .map_err(error_of)?;
+    let mut watchers = entry.watchers.lock().unwrap_or_else(|e| e.into_inner());
+    if watchers.1.len() >= MAX_WATCHERS {
+        return Err(Error::new(
+            Kind::Policy,
+            format!("session {id} holds {MAX_WATCHERS} watchers already, the most it may: remove one first"),
+        ));
+    }
+    watchers.0 += 1;
+    let watcher_id = format!("w{}", watchers.0);
+    let made = WatcherMade {
+        watcher_id: watcher_id.clone(),
+        path: watch.path(),
+    };
+    watchers.1.insert(
+        watcher_id,
+        Polled {
+            watch,
+            buffer: Default::default(),
+            next_seq: 1,
+            lost: 0,
+            ended: None,
+        },
+    );
+    Ok(made)
+}
+
+fn no_watcher(id: &str, watcher: &str) -> Error {
+    Error::new(
+        Kind::NotFound,
+        format!("session {id} has no watcher {watcher}: make one with POST .../fs/watchers"),
+    )
+}
+
+/// The events of watcher `watcher` after `after` (its last answer's cursor; 0 or None:
+/// all it keeps). Never waits.
+pub fn poll_watcher(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    watcher: &str,
+    after: Option<u64>,
+) -> Result<WatcherEvents, Error> {
+    let entry = lookup(state, caller, id)?;
+    let mut watchers = entry.watchers.lock().unwrap_or_else(|e| e.into_inner());
+    let polled = watchers
+        .1
+        .get_mut(watcher)
+        .ok_or_else(|| no_watcher(id, watcher))?;
+    let after = after.unwrap_or(0);
+    while polled.buffer.front().is_some_and(|(seq, _)| *seq <= after) {
+        polled.buffer.pop_front();
+    }
+    if polled.ended.is_none() {
+        match polled.watch.read() {
+            Ok(events) => {
+                for event in events {
+                    polled.buffer.push_back((polled.next_seq, event.into()));
+                    polled.next_seq += 1;
+                }
+                while polled.buffer.len() > WATCHER_BUFFER {
+                    polled.buffer.pop_front();
+                    polled.lost += 1;
+                }
+                polled.ended = polled.watch.over();
+            }
+            Err(e) => polled.ended = Some(e.message),
+        }
+    }
+    let events: Vec<SeqEvent> = polled
+        .buffer
+        .iter()
+        .filter(|(seq, _)| *seq > after)
+        .map(|(seq, event)| SeqEvent {
+            seq: *seq,
+            event: event.clone(),
+        })
+        .collect();
+    Ok(WatcherEvents {
+        cursor: events.last().map_or(after, |e| e.seq),
+        events,
+        lost: polled.lost,
+        ended: polled.ended.clone(),
+    })
+}
+
+/// Ends watcher `watcher`.
+pub fn remove_watcher(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    watcher: &str,
+) -> Result<(), Error> {
+    let entry = lookup(state, caller, id)?;
+    let mut watchers = entry.watchers.lock().unwrap_or_else(|e| e.into_inner());
+    watchers
+        .1
+        .remove(watcher)
+        .map(drop)
+        .ok_or_else(|| no_watcher(id, watcher))
+}

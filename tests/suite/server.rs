@@ -736,6 +736,15 @@ fn a_sessions_work_from_the_shell() {
             "{err}"
         );
         assert_eq!(cli(&["exec", "-c", "ls; cat h"]).1, "h\n12345");
+        // watch: the events as they come, until --count.
+        std::thread::scope(|scope| {
+            let watching = scope.spawn(|| cli(&["watch", "--count", "1", "--seconds", "20"]));
+            std::thread::sleep(Duration::from_millis(1500));
+            assert_eq!(cli(&["exec", "-c", "echo > z"]).0, 0);
+            let (status, out, err) = watching.join().unwrap();
+            assert_eq!((status, out.as_str()), (0, "create /work/z\n"), "{err}");
+            assert!(err.contains("watching /work"), "{err}");
+        });
         server.stop();
     });
 }

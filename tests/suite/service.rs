@@ -2751,7 +2751,11 @@ fn a_symlink_raced_under_a_path_never_leads_the_host_out_of_work() {
                 _ => panic!("{status}: {list}"),
             }
             let (status, keep) = fs_get(&server, USER1, &id, "stat", "r/keep", "");
-            assert!(status != 200 || keep["size"] == 5, "{keep}");
+            // The sandbox's own file (empty or written), never the host's ("host secret").
+            assert!(
+                status != 200 || (keep["owner"] == "sandbox" && keep["size"] != 11),
+                "{keep}"
+            );
             let (status, out) = fs_call(
                 &server,
                 USER1,
@@ -2763,6 +2767,11 @@ fn a_symlink_raced_under_a_path_never_leads_the_host_out_of_work() {
             canary.intact();
         }
         eprintln!("figures: raced symlink: {listed} listings of the directory, {refused} refused or missing");
+        // Both sides of the race were met: the directory, and the link in its place.
+        assert!(
+            listed > 0 && refused > 0,
+            "{listed} listed, {refused} refused"
+        );
         let pid = racer["process_id"].as_u64().unwrap();
         server.tcp_request(
             USER1,
@@ -2771,6 +2780,253 @@ fn a_symlink_raced_under_a_path_never_leads_the_host_out_of_work() {
             None,
         );
         canary.intact();
+        server.stop();
+    });
+}
+
+/// `curl -N` on a watch stream: its lines as they come, on a channel.
+struct WatchStream {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl WatchStream {
+    fn open(server: &Server, token: &str, path: &str) -> WatchStream {
+        let mut child = Command::new("curl")
+            .args(["-s", "-N", "-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("http://{}{path}", server.tcp_address()))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                if send.send(value).is_err() {
+                    return;
+                }
+            }
+        });
+        WatchStream { child, lines }
+    }
+
+    /// The next line within `limit`.
+    fn next(&self, limit: Duration) -> Option<Value> {
+        self.lines.recv_timeout(limit).ok()
+    }
+
+    /// Lines until one `until` accepts (included), within `limit`.
+    fn until(&self, limit: Duration, until: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let end = Instant::now() + limit;
+        let mut got = Vec::new();
+        while let Some(line) = self.next(end.saturating_duration_since(Instant::now())) {
+            let last = until(&line);
+            got.push(line);
+            if last {
+                break;
+            }
+        }
+        got
+    }
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A watch sees what the session's code does, as it happens: over an NDJSON stream
+/// (recursive: a directory made meanwhile is followed) and polled from a cursor; a watch
+/// through a symlink or `..` is 400, of a missing directory 404, of another token's
+/// session 404; removing the directory or closing the session ends it.
+#[test]
+fn a_watch_sees_what_the_sessions_code_does() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let execute = format!("/v1/sessions/{id}/execute");
+        let run = |code: &str| {
+            let (status, out) =
+                server.tcp_request(USER1, "POST", &execute, Some(json!({"code": code})));
+            assert_eq!((status, &out["exit_code"]), (200, &json!(0)), "{out}");
+        };
+        run("mkdir w && ln -s /etc etc_link");
+        let fs_url = format!("/v1/sessions/{id}/fs");
+
+        // Streamed, recursive.
+        let stream = WatchStream::open(
+            &server,
+            USER1,
+            &format!("{fs_url}/watch?path=w&recursive=true"),
+        );
+        let start = stream
+            .next(Duration::from_secs(10))
+            .expect("the start line");
+        assert_eq!(start, json!({"type": "start", "path": "/work/w"}));
+        run(
+            "echo hi > w/a.txt; mkdir w/sub; sleep 0.5; echo x > w/sub/b.txt; \
+             mv w/a.txt w/c.txt; chmod 600 w/c.txt; rm w/c.txt",
+        );
+        let lines = stream.until(Duration::from_secs(10), |l| {
+            l["type"] == "remove" && l["name"] == "c.txt"
+        });
+        let seen: Vec<(String, String)> = lines
+            .iter()
+            .map(|l| {
+                (
+                    l["type"].as_str().unwrap().to_string(),
+                    l["name"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        for want in [
+            ("create", "a.txt"),
+            ("write", "a.txt"),
+            ("create", "sub"),
+            ("create", "sub/b.txt"),
+            ("write", "sub/b.txt"),
+            ("rename", "a.txt"),
+            ("create", "c.txt"),
+            ("chmod", "c.txt"),
+            ("remove", "c.txt"),
+        ] {
+            assert!(
+                seen.contains(&(want.0.to_string(), want.1.to_string())),
+                "{want:?} not in {seen:?}"
+            );
+        }
+        let b = lines.iter().find(|l| l["name"] == "sub/b.txt").unwrap();
+        assert_eq!(b["path"], "/work/w/sub/b.txt");
+        drop(stream);
+
+        // Polled from a cursor.
+        let (status, made) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("{fs_url}/watchers"),
+            Some(json!({"path": "/work/w"})),
+        );
+        assert_eq!(status, 201, "{made}");
+        let watcher = format!("{fs_url}/watchers/{}", made["watcher_id"].as_str().unwrap());
+        run("touch w/p1; echo z > w/p2");
+        let (status, polled) =
+            server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
+        assert_eq!(status, 200, "{polled}");
+        let events: Vec<(&str, &str)> = polled["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["type"].as_str().unwrap(), e["name"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            &events[..2],
+            [("create", "p1"), ("chmod", "p1")].as_slice(),
+            "{polled}"
+        );
+        assert!(
+            events.contains(&("create", "p2")) && events.contains(&("write", "p2")),
+            "{polled}"
+        );
+        let cursor = polled["cursor"].as_u64().unwrap();
+        assert_eq!(cursor, events.len() as u64, "{polled}");
+        // The same cursor again: the events kept; past it: nothing new.
+        let (_, again) = server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
+        assert_eq!(again["events"], polled["events"]);
+        let (_, after) =
+            server.tcp_request(USER1, "GET", &format!("{watcher}?after={cursor}"), None);
+        assert_eq!(
+            (after["events"].clone(), after["cursor"].as_u64()),
+            (json!([]), Some(cursor)),
+            "{after}"
+        );
+
+        // Refused: through a symlink, `..`, missing, a file; another token's.
+        for (path, status) in [
+            ("etc_link", 400),
+            ("../etc", 400),
+            ("nope", 404),
+            ("w/p1", 400),
+        ] {
+            let (got, out) = server.tcp_request(
+                USER1,
+                "POST",
+                &format!("{fs_url}/watchers"),
+                Some(json!({"path": path})),
+            );
+            assert_eq!(got, status, "{path}: {out}");
+            let (got, out) = server.tcp_curl(
+                USER1,
+                &[&format!(
+                    "http://{}{fs_url}/watch?path={path}",
+                    server.tcp_address()
+                )],
+            );
+            assert_eq!(got, status, "{path}: {out}");
+        }
+        for (method, path, body) in [
+            ("GET", format!("{fs_url}/watch?path=w"), None),
+            (
+                "POST",
+                format!("{fs_url}/watchers"),
+                Some(json!({"path": "w"})),
+            ),
+            ("GET", format!("{watcher}?after=0"), None),
+            ("DELETE", watcher.clone(), None),
+        ] {
+            let (status, out) = server.tcp_request(USER2, method, &path, body);
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (404, Some("not_found")),
+                "{method} {path}: {out}"
+            );
+        }
+
+        // The directory removed: its last events, then `ended`.
+        run("rm -r w");
+        let (_, last) =
+            server.tcp_request(USER1, "GET", &format!("{watcher}?after={cursor}"), None);
+        assert!(
+            last["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["type"] == "remove" && e["name"] == "p1"),
+            "{last}"
+        );
+        assert!(
+            last["ended"]
+                .as_str()
+                .unwrap()
+                .contains("/work/w was removed"),
+            "{last}"
+        );
+        assert_eq!(server.tcp_request(USER1, "DELETE", &watcher, None).0, 204);
+        assert_eq!(server.tcp_request(USER1, "GET", &watcher, None).0, 404);
+
+        // The session closed under a stream: its last line says so.
+        let stream = WatchStream::open(&server, USER1, &format!("{fs_url}/watch"));
+        assert_eq!(
+            stream.next(Duration::from_secs(10)).unwrap()["type"],
+            "start"
+        );
+        assert_eq!(
+            server
+                .tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        let lines = stream.until(Duration::from_secs(10), |l| l["type"] == "error");
+        let last = lines.last().expect("a last line");
+        assert_eq!(
+            (&last["type"], &last["error"]),
+            (&json!("error"), &json!("not_found")),
+            "{lines:?}"
+        );
+        figures(&server, "watches");
         server.stop();
     });
 }

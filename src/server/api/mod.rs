@@ -64,6 +64,12 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/sessions/{id}/fs/mkdir", post(fs::mkdir))
         .route("/v1/sessions/{id}/fs/move", post(fs::move_path))
         .route("/v1/sessions/{id}/fs/remove", post(fs::remove))
+        .route("/v1/sessions/{id}/fs/watch", get(fs::watch))
+        .route("/v1/sessions/{id}/fs/watchers", post(fs::create_watcher))
+        .route(
+            "/v1/sessions/{id}/fs/watchers/{watcher_id}",
+            get(fs::poll_watcher).delete(fs::remove_watcher),
+        )
         .route(
             "/v1/sessions/{id}/processes",
             post(processes::start).get(processes::list),
