@@ -542,7 +542,8 @@ impl WorkDir {
 }
 
 /// The directories one watch follows at most (each costs the host an inotify watch, a
-/// shared per-user budget): past it, new subdirectories are not followed.
+/// shared per-user budget): past it, or deeper than [`MAX_DEPTH`] below the watched one,
+/// new subdirectories are not followed.
 pub const MAX_WATCHED_DIRS: usize = 1024;
 
 /// What happened to an entry of a watched directory (E2B's `EventType`, fsnotify's).
@@ -665,7 +666,8 @@ impl Watch {
                 )
             })?;
         self.dirs.insert(wd.as_raw(), rel.clone());
-        if self.recursive {
+        // Deeper than a listing goes, subdirectories are not followed (the walk recurses).
+        if self.recursive && (rel.components.len() as u32) < MAX_DEPTH {
             let Ok(dev) = fstat(&fd).map(|st| st.st_dev) else {
                 return Ok(());
             };
@@ -1054,6 +1056,63 @@ mod tests {
         assert_eq!(work.remove(&p("")).unwrap_err().kind, FsErrorKind::Invalid);
         drop((dir, outside));
         let _ = std::fs::remove_dir(&base);
+    }
+
+    /// A recursive watch sees a file made in a directory made after it began, by its path
+    /// relative to the watched one; the directory removed ends it.
+    #[test]
+    fn a_watch_follows_new_directories_and_ends_with_its_own() {
+        let base = std::env::temp_dir().join(format!("codecage-watch-{}", std::process::id()));
+        let dir = Scratch(base.clone());
+        std::fs::create_dir_all(dir.path().join("w")).unwrap();
+        let root = nix::fcntl::open(
+            dir.path(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let work = std::sync::Arc::new(WorkDir::new(root, 0));
+        let mut watch = work.watch(&WorkPath::parse("w").unwrap(), true).unwrap();
+        assert!(watch.read().unwrap().is_empty());
+        std::fs::create_dir(dir.path().join("w/sub")).unwrap();
+        let events = watch.wait(Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            (
+                events[0].kind,
+                events[0].name.as_str(),
+                events[0].path.as_str()
+            ),
+            (EventKind::Create, "sub", "/work/w/sub")
+        );
+        std::fs::write(dir.path().join("w/sub/f"), "x").unwrap();
+        let events = watch.wait(Duration::from_secs(5)).unwrap();
+        let seen: Vec<_> = events.iter().map(|e| (e.kind, e.name.as_str())).collect();
+        assert_eq!(
+            seen,
+            [(EventKind::Create, "sub/f"), (EventKind::Write, "sub/f")]
+        );
+        std::fs::remove_dir_all(dir.path().join("w")).unwrap();
+        let mut last = Vec::new();
+        for _ in 0..10 {
+            if watch.over().is_some() {
+                break;
+            }
+            last.extend(watch.wait(Duration::from_secs(5)).unwrap());
+        }
+        assert!(
+            last.iter()
+                .any(|e| (e.kind, e.name.as_str()) == (EventKind::Remove, "sub/f")),
+            "{last:?}"
+        );
+        assert_eq!(watch.read().unwrap_err().kind, FsErrorKind::NotFound);
+        // /work gone (the session closed): the watch says so.
+        let mut watch = work.watch(&WorkPath::parse("").unwrap(), false).unwrap();
+        drop(work);
+        assert!(watch
+            .read()
+            .unwrap_err()
+            .message
+            .contains("session was closed"));
     }
 
     /// A directory removed when the test ends.
