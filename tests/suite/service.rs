@@ -3027,6 +3027,25 @@ fn a_watch_sees_what_the_sessions_code_does() {
             "{lines:?}"
         );
         figures(&server, "watches");
+        // The server stopping ends an open stream at once (not at the shutdown's grace).
+        let id = new_session(&server, USER1, "bash");
+        let stream = WatchStream::open(&server, USER1, &format!("/v1/sessions/{id}/fs/watch"));
+        assert_eq!(
+            stream.next(Duration::from_secs(10)).unwrap()["type"],
+            "start"
+        );
+        let stopping = Instant::now();
         server.stop();
+        assert!(
+            stopping.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            stopping.elapsed()
+        );
+        let lines = stream.until(Duration::from_secs(5), |l| l["type"] == "error");
+        assert_eq!(
+            lines.last().map(|l| l["error"].clone()),
+            Some(json!("capacity")),
+            "{lines:?}"
+        );
     });
 }

@@ -154,7 +154,7 @@ const WATCH_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
         (`name` relative to the watched directory; a move is `rename` of the old name and `create` \
         of the new; `overflow`: the kernel's queue overflowed and events were lost), \
         `{\"type\":\"heartbeat\"}` after 10 s without one, and a last `{\"type\":\"error\",...}` when the \
-        directory is removed or the session closed. The stream ends when the client goes. With \
+        directory is removed, the session closed (`not_found`) or the server stops (`capacity`). The stream ends when the client goes. With \
         `recursive`, every directory under it is watched too (new ones as they come, at most 1024; \
         never through a symlink or a mount).",
     params(("id" = String, Path, description = "the session's id"), WatchRequest),
@@ -177,6 +177,7 @@ pub(crate) async fn watch(
         bytes.push(b'\n');
         axum::body::Bytes::from(bytes)
     };
+    let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         let start = serde_json::json!({"type": "start", "path": watch.path()});
         if lines.send(line(start)).await.is_err() {
@@ -186,6 +187,11 @@ pub(crate) async fn watch(
         loop {
             let next = tokio::select! {
                 _ = lines.closed() => return,
+                // The server stops: the stream ends at once, not at the shutdown's grace.
+                _ = shutdown.cancelled() => Err(crate::service::Error::new(
+                    crate::service::Kind::Capacity,
+                    "the server is shutting down",
+                )),
                 next = watch.next(std::time::Duration::from_secs(1)) => next,
             };
             match next {
