@@ -298,15 +298,61 @@ pub const MAX_WATCHERS: usize = 16;
 /// counted in `lost`.
 pub const WATCHER_BUFFER: usize = 10_000;
 
-/// A watcher a session holds for polling (E2B's CreateWatcher/GetWatcherEvents): its
-/// events wait in the kernel's queue (16 384) and then in a buffer until a poll's cursor
-/// says they were taken.
+/// A watcher a session holds for polling (E2B's CreateWatcher/GetWatcherEvents): a task
+/// reads its watch as events come (so a new directory is followed at once, and the
+/// kernel's queue does not overflow between polls) into a buffer, where they wait until a
+/// poll's cursor says they were taken. Dropping it (removed, or the session's entry gone)
+/// stops the task.
 pub struct Polled {
-    watch: codecage::workdir::Watch,
+    state: Arc<std::sync::Mutex<PolledState>>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+#[derive(Default)]
+struct PolledState {
     buffer: std::collections::VecDeque<(u64, WatchEvent)>,
-    next_seq: u64,
+    /// The last sequence number given.
+    last_seq: u64,
     lost: u64,
     ended: Option<String>,
+}
+
+impl Polled {
+    fn start(mut watch: DirWatch) -> Polled {
+        let state = Arc::new(std::sync::Mutex::new(PolledState::default()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (shared, stopped) = (state.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    next = watch.next(std::time::Duration::from_secs(1)) => next,
+                };
+                let mut state = shared.lock().unwrap_or_else(|e| e.into_inner());
+                match next {
+                    Ok(events) => {
+                        for event in events {
+                            state.last_seq += 1;
+                            let seq = state.last_seq;
+                            state.buffer.push_back((seq, event));
+                        }
+                        while state.buffer.len() > WATCHER_BUFFER {
+                            state.buffer.pop_front();
+                            state.lost += 1;
+                        }
+                    }
+                    Err(e) => {
+                        state.ended = Some(e.message);
+                        return;
+                    }
+                }
+            }
+        });
+        Polled {
+            state,
+            _stop: stop.drop_guard(),
+        }
+    }
 }
 
 /// What a poll of a watcher answers.
@@ -366,17 +412,14 @@ pub async fn create_watcher(
     recursive: bool,
 ) -> Result<WatcherMade, Error> {
     let entry = lookup(state, caller, id)?;
-    let path = work_path(path, "path")?;
-    let work = work_of(state, caller, id)?;
-    let watch = tokio::task::spawn_blocking(move || work.watch(&path, recursive))
-        .await
-        .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
-        .map_err(error_of)?;
+    let watch = watch_dir(state, caller, id, path, recursive).await?;
     let mut watchers = entry.watchers.lock().unwrap_or_else(|e| e.into_inner());
     if watchers.1.len() >= MAX_WATCHERS {
         return Err(Error::new(
             Kind::Policy,
-            format!("session {id} holds {MAX_WATCHERS} watchers already, the most it may: remove one first"),
+            format!(
+                "session {id} holds {MAX_WATCHERS} watchers already, the most it may: remove one first"
+            ),
         ));
     }
     watchers.0 += 1;
@@ -385,16 +428,7 @@ pub async fn create_watcher(
         watcher_id: watcher_id.clone(),
         path: watch.path(),
     };
-    watchers.1.insert(
-        watcher_id,
-        Polled {
-            watch,
-            buffer: Default::default(),
-            next_seq: 1,
-            lost: 0,
-            ended: None,
-        },
-    );
+    watchers.1.insert(watcher_id, Polled::start(watch));
     Ok(made)
 }
 
@@ -415,30 +449,19 @@ pub fn poll_watcher(
     after: Option<u64>,
 ) -> Result<WatcherEvents, Error> {
     let entry = lookup(state, caller, id)?;
-    let mut watchers = entry.watchers.lock().unwrap_or_else(|e| e.into_inner());
-    let polled = watchers
-        .1
-        .get_mut(watcher)
-        .ok_or_else(|| no_watcher(id, watcher))?;
+    let shared = {
+        let watchers = entry.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        watchers
+            .1
+            .get(watcher)
+            .ok_or_else(|| no_watcher(id, watcher))?
+            .state
+            .clone()
+    };
+    let mut polled = shared.lock().unwrap_or_else(|e| e.into_inner());
     let after = after.unwrap_or(0);
     while polled.buffer.front().is_some_and(|(seq, _)| *seq <= after) {
         polled.buffer.pop_front();
-    }
-    if polled.ended.is_none() {
-        match polled.watch.read() {
-            Ok(events) => {
-                for event in events {
-                    polled.buffer.push_back((polled.next_seq, event.into()));
-                    polled.next_seq += 1;
-                }
-                while polled.buffer.len() > WATCHER_BUFFER {
-                    polled.buffer.pop_front();
-                    polled.lost += 1;
-                }
-                polled.ended = polled.watch.over();
-            }
-            Err(e) => polled.ended = Some(e.message),
-        }
     }
     let events: Vec<SeqEvent> = polled
         .buffer

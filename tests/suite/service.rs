@@ -2736,6 +2736,18 @@ fn a_symlink_raced_under_a_path_never_leads_the_host_out_of_work() {
                 canary.0.display()
             ), "background": true}),
         );
+        // A recursive watcher follows each new `r` it can: never the link in its place.
+        let (status, made) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/fs/watchers"),
+            Some(json!({"path": "", "recursive": true})),
+        );
+        assert_eq!(status, 201, "{made}");
+        let watcher = format!(
+            "/v1/sessions/{id}/fs/watchers/{}",
+            made["watcher_id"].as_str().unwrap()
+        );
         let (mut listed, mut refused) = (0, 0);
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(6) {
@@ -2772,6 +2784,25 @@ fn a_symlink_raced_under_a_path_never_leads_the_host_out_of_work() {
             listed > 0 && refused > 0,
             "{listed} listed, {refused} refused"
         );
+        // The host writes into its directory: the watcher, which saw `r` come and go,
+        // says nothing of it.
+        std::fs::write(canary.0.join("host-write"), "x").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, polled) =
+            server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
+        assert_eq!(status, 200, "{polled}");
+        let events = polled["events"].as_array().unwrap();
+        assert!(
+            events.iter().any(|e| e["name"] == "r/keep"),
+            "the watcher followed no r"
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| e["name"].as_str().unwrap().contains("host-write")),
+            "{polled}"
+        );
+        std::fs::remove_file(canary.0.join("host-write")).unwrap();
         let pid = racer["process_id"].as_u64().unwrap();
         server.tcp_request(
             USER1,
@@ -2913,9 +2944,18 @@ fn a_watch_sees_what_the_sessions_code_does() {
         assert_eq!(status, 201, "{made}");
         let watcher = format!("{fs_url}/watchers/{}", made["watcher_id"].as_str().unwrap());
         run("touch w/p1; echo z > w/p2");
-        let (status, polled) =
-            server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
-        assert_eq!(status, 200, "{polled}");
+        // The watcher reads as events come: they are there within moments.
+        let mut polled = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(5), || {
+                let (status, got) =
+                    server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
+                assert_eq!(status, 200, "{got}");
+                polled = got;
+                polled["events"].as_array().unwrap().len() >= 4
+            }),
+            "{polled}"
+        );
         let events: Vec<(&str, &str)> = polled["events"]
             .as_array()
             .unwrap()
@@ -2987,8 +3027,16 @@ fn a_watch_sees_what_the_sessions_code_does() {
 
         // The directory removed: its last events, then `ended`.
         run("rm -r w");
-        let (_, last) =
-            server.tcp_request(USER1, "GET", &format!("{watcher}?after={cursor}"), None);
+        let mut last = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(5), || {
+                last = server
+                    .tcp_request(USER1, "GET", &format!("{watcher}?after={cursor}"), None)
+                    .1;
+                last["ended"].is_string()
+            }),
+            "{last}"
+        );
         assert!(
             last["events"]
                 .as_array()
