@@ -733,6 +733,20 @@ pub fn renameat2(
     Ok(())
 }
 
+/// `inner`'s fd registered with the tokio reactor (for readiness), owned by the result.
+/// For types that own their fd, open until they are dropped ([`crate::workdir::Watch`]).
+#[cfg(feature = "cli")]
+pub fn register_async<T: OwnsFd>(inner: T) -> io::Result<tokio::io::unix::AsyncFd<T>> {
+    // SAFETY: `OwnsFd` types hold their fd open, the same file description, for as long as
+    // they live, and close it only when dropped, which the AsyncFd that owns them does
+    // after deregistering it.
+    unsafe { tokio::io::unix::AsyncFd::register(inner) }.map_err(|e| e.into_parts().1)
+}
+
+/// A type that owns its fd for its whole life (see [`register_async`]).
+#[cfg(feature = "cli")]
+pub trait OwnsFd: std::os::fd::AsRawFd {}
+
 /// A copy of fd `target` of the process behind `pidfd` (pidfd_getfd, Linux 5.6).
 pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: plain integer arguments; the result is checked.

@@ -607,6 +607,54 @@ impl AsFd for Watch {
     }
 }
 
+impl std::os::fd::AsRawFd for Watch {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.inotify.as_fd().as_raw_fd()
+    }
+}
+
+/// The inotify instance is the watch's own, closed only when it is dropped.
+#[cfg(feature = "cli")]
+impl crate::sys::OwnsFd for Watch {}
+
+/// A watch the tokio reactor tells the readiness of: waiting for its events takes no
+/// thread.
+#[cfg(feature = "cli")]
+pub struct AsyncWatch(tokio::io::unix::AsyncFd<Watch>);
+
+#[cfg(feature = "cli")]
+impl AsyncWatch {
+    pub fn new(watch: Watch) -> std::io::Result<AsyncWatch> {
+        crate::sys::register_async(watch).map(AsyncWatch)
+    }
+
+    pub fn get_ref(&self) -> &Watch {
+        self.0.get_ref()
+    }
+
+    /// The next events, waiting up to `wait` for some (none: nothing happened); an error
+    /// as [`Watch::read`]'s.
+    pub async fn next(&mut self, wait: Duration) -> Result<Vec<FsEvent>, FsError> {
+        let timeout = tokio::time::sleep(wait);
+        tokio::pin!(timeout);
+        loop {
+            let mut ready = tokio::select! {
+                ready = self.0.readable_mut() => ready.map_err(|e| {
+                    FsError::new(FsErrorKind::Failed, format!("cannot poll the watch: {e}"))
+                })?,
+                // Nothing came: still, say so if /work or the directory is gone.
+                _ = &mut timeout => return self.0.get_mut().read(),
+            };
+            let events = ready.get_inner_mut().read()?;
+            if events.is_empty() {
+                ready.clear_ready();
+                continue;
+            }
+            return Ok(events);
+        }
+    }
+}
+
 impl WorkDir {
     /// Watches directory `path` (and with `recursive` every directory under it, as they
     /// come too: never through a symlink or a mount).

@@ -235,11 +235,9 @@ impl From<codecage::workdir::FsEvent> for WatchEvent {
 }
 
 /// A watch on a directory of a session's /work, read as its events come (the streaming
-/// front ends: HTTP's NDJSON, MCP). Dropping it ends it.
+/// front ends: HTTP's NDJSON, MCP; polled watchers). Dropping it ends it.
 pub struct DirWatch {
-    /// None only while a `next` waits on a blocking thread.
-    watch: Option<codecage::workdir::Watch>,
-    path: String,
+    watch: codecage::workdir::AsyncWatch,
 }
 
 /// Watches directory `path` of the session's /work (with `recursive`, every directory
@@ -257,34 +255,25 @@ pub async fn watch_dir(
         .await
         .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
         .map_err(error_of)?;
-    Ok(DirWatch {
-        path: watch.path(),
-        watch: Some(watch),
-    })
+    let watch = codecage::workdir::AsyncWatch::new(watch)
+        .map_err(|e| Error::new(Kind::Setup, format!("cannot poll the watch: {e}")))?;
+    Ok(DirWatch { watch })
 }
 
 impl DirWatch {
     /// The watched directory, `/work/...`.
     pub fn path(&self) -> String {
-        self.path.clone()
+        self.watch.get_ref().path()
     }
 
-    /// The next events, waiting up to `wait` for some on a blocking thread (none:
-    /// nothing happened). An error (404) once the session was closed or the watched
-    /// directory removed; the watch is over then.
+    /// The next events, waiting up to `wait` for some (none: nothing happened; the
+    /// reactor wakes it, no thread waits). An error (404) once the session was closed or
+    /// the watched directory removed; the watch is over then.
     pub async fn next(&mut self, wait: std::time::Duration) -> Result<Vec<WatchEvent>, Error> {
-        let mut watch = self
+        Ok(self
             .watch
-            .take()
-            .ok_or_else(|| Error::new(Kind::Setup, "the watch was lost"))?;
-        let (watch, events) = tokio::task::spawn_blocking(move || {
-            let events = watch.wait(wait);
-            (watch, events)
-        })
-        .await
-        .map_err(|e| Error::new(Kind::Setup, e.to_string()))?;
-        self.watch = Some(watch);
-        Ok(events
+            .next(wait)
+            .await
             .map_err(error_of)?
             .into_iter()
             .map(WatchEvent::from)
