@@ -154,6 +154,7 @@ fn test_once(args: &Args) -> Result<i32> {
     }
     let mcp_python = mcp_client()?;
     let openapi_python = openapi_client()?;
+    let e2b_python = e2b_client()?;
     let nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .output()
@@ -168,6 +169,7 @@ fn test_once(args: &Args) -> Result<i32> {
     cmd.args(&args.nextest_args);
     cmd.env("CODECAGE_MCP_PYTHON", &mcp_python);
     cmd.env("CODECAGE_OPENAPI_PYTHON", &openapi_python);
+    cmd.env("CODECAGE_E2B_PYTHON", &e2b_python);
     eprintln!("xtask: {cmd:?}");
     let native_start = std::time::Instant::now();
     let mut native = cmd.status().context("running cargo")?.code().unwrap_or(1);
@@ -229,6 +231,16 @@ fn test_once(args: &Args) -> Result<i32> {
 /// The MCP tests' client: the official MCP Python SDK, pinned (see [`python_client`]).
 fn mcp_client() -> Result<std::path::PathBuf> {
     python_client("mcp-client", &["mcp==2.3.0"], "the MCP tests")
+}
+
+/// The E2B front end's tests' client: E2B's real Python SDK, pinned (the code
+/// interpreter's package and the `e2b` one it builds on).
+fn e2b_client() -> Result<std::path::PathBuf> {
+    python_client(
+        "e2b-client",
+        &["e2b-code-interpreter==2.11.5", "e2b==2.63.0"],
+        "the E2B SDK tests (e2b::)",
+    )
 }
 
 /// The OpenAPI test's client generator: openapi-python-client, pinned (it brings httpx
