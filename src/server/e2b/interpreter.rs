@@ -258,9 +258,9 @@ async fn execute(
                 json!({"type": "end_of_execution"}),
             ],
         };
-        for value in values {
-            let _ = lines.send(line(value));
-        }
+        // One chunk: the answer's end in one write.
+        let end: Vec<u8> = values.into_iter().flat_map(|v| line(v).to_vec()).collect();
+        let _ = lines.send(Bytes::from(end));
     });
     let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver);
     let stream = tokio_stream::StreamExt::map(stream, move |bytes| {
