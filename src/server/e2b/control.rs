@@ -64,6 +64,8 @@ struct NewSandbox {
     volume_mounts: Option<Vec<Value>>,
     #[serde(default)]
     mcp: Option<Value>,
+    #[serde(default)]
+    network: Option<Value>,
 }
 
 fn refused(what: &str) -> E2bError {
@@ -89,6 +91,15 @@ async fn create(
     if body.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(refused(
             "volumeMounts: codecage's E2B front end does not mount E2B volumes",
+        ));
+    }
+    if body
+        .network
+        .as_ref()
+        .is_some_and(|n| !n.is_null() && n.as_object().is_none_or(|o| !o.is_empty()))
+    {
+        return Err(refused(
+            "network: codecage's E2B front end does not take network rules; a template's profile says what network its sandboxes have",
         ));
     }
     if body.mcp.as_ref().is_some_and(|m| !m.is_null()) {

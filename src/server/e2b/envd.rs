@@ -94,6 +94,15 @@ async fn upload(
             "Content-Encoding: codecage's E2B front end takes uploads uncompressed (write without gzip)",
         ));
     }
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "metadata: codecage's files carry no metadata (write without `metadata`)",
+        ));
+    }
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
