@@ -20,9 +20,10 @@ use crate::server::Shared;
 use crate::service;
 
 pub(super) fn router(state: Shared) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/health", get(health))
-        .route("/files", get(download).post(upload))
+        .route("/files", get(download).post(upload));
+    super::process::routes(router)
         .fallback(not_done)
         .with_state(state)
 }
@@ -195,12 +196,12 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// envd's Connect services (filesystem, process) are not served yet.
+/// envd's filesystem service is not served yet.
 async fn not_done(request: axum::extract::OriginalUri) -> E2bError {
     E2bError::new(
         StatusCode::NOT_IMPLEMENTED,
         format!(
-            "{}: codecage's E2B front end does not serve envd's filesystem and process services yet (files.read and files.write work; see README's E2B compatibility table)",
+            "{}: codecage's E2B front end does not serve envd's filesystem service yet (files.read and files.write work; see README's E2B compatibility table)",
             request.path()
         ),
     )

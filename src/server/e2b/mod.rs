@@ -16,6 +16,7 @@
 mod control;
 mod envd;
 mod interpreter;
+mod process;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
