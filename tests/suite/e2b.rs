@@ -442,3 +442,71 @@ sbx.kill()
         assert_eq!(l["after"], "'alive'", "{l}");
     });
 }
+
+#[test]
+fn commands_run_in_the_foreground_and_the_background_with_stdin_and_kill() {
+    e2b_test(|s| {
+        let lines = s.sdk(
+            TOKEN,
+            r#"
+from e2b import CommandExitException
+sbx = Sandbox.create()
+r = sbx.commands.run("echo hi; echo err >&2; pwd", cwd="/home/user")
+try:
+    sbx.commands.run("exit 3")
+    exit3 = None
+except CommandExitException as e:
+    exit3 = e.exit_code
+cat = sbx.commands.run("cat", background=True, stdin=True)
+listed = [p.pid for p in sbx.commands.list()]
+sbx.commands.send_stdin(cat.pid, "hello stdin\n")
+sbx.commands.close_stdin(cat.pid)
+cat_out = cat.wait().stdout
+sleeper = sbx.commands.run("sleep 1000", background=True)
+joined = sbx.commands.connect(sleeper.pid)
+killed = sbx.commands.kill(sleeper.pid)
+try:
+    joined.wait()
+    after_kill = None
+except CommandExitException as e:
+    after_kill = e.exit_code
+out(stdout=r.stdout, stderr=r.stderr, code=r.exit_code, exit3=exit3, cat_in_list=cat.pid in listed,
+    cat=cat_out, killed=killed, after_kill=after_kill, still=[p.pid for p in sbx.commands.list()])
+sbx.kill()
+"#,
+        );
+        let l = &lines[0];
+        assert_eq!(l["stdout"], "hi\n/work\n", "{l}");
+        assert_eq!(l["stderr"], "err\n", "{l}");
+        assert_eq!(l["code"], 0, "{l}");
+        assert_eq!(l["exit3"], 3, "{l}");
+        assert_eq!(l["cat_in_list"], true, "{l}");
+        assert_eq!(l["cat"], "hello stdin\n", "{l}");
+        assert_eq!(l["killed"], true, "{l}");
+        assert!(l["after_kill"].is_number(), "{l}");
+        assert_eq!(l["still"], serde_json::json!([]), "{l}");
+    });
+}
+
+#[test]
+fn a_pty_is_created_written_to_and_resized() {
+    e2b_test(|s| {
+        let lines = s.sdk(
+            TOKEN,
+            r#"
+from e2b import PtySize
+sbx = Sandbox.create()
+term = sbx.pty.create(PtySize(rows=24, cols=80))
+sbx.pty.resize(term.pid, PtySize(rows=30, cols=100))
+sbx.pty.send_stdin(term.pid, b"stty size; exit\n")
+seen = []
+result = term.wait(on_pty=lambda data: seen.append(bytes(data)))
+out(code=result.exit_code, screen=b"".join(seen).decode(errors="replace"))
+sbx.kill()
+"#,
+        );
+        let l = &lines[0];
+        assert_eq!(l["code"], 0, "{l}");
+        assert!(l["screen"].as_str().unwrap().contains("30 100"), "{l}");
+    });
+}
