@@ -415,6 +415,35 @@ sbx.kill()
         assert_eq!(l["no_token"], 401, "{l}");
         assert_eq!(l["bad_token"], 401, "{l}");
         assert_eq!(l["still"], "'still here'", "{l}");
+        // The refusals are in the audit log, through the E2B front end, with their callers.
+        let (status, list) = s
+            .server
+            .request("GET", "/v1/audit?kind=refused&limit=100", None);
+        assert_eq!(status, 200, "{list}");
+        let refused = list["records"].as_array().unwrap();
+        assert!(
+            refused
+                .iter()
+                .any(|r| r["via"] == "e2b" && r["caller"] == "unauthenticated"),
+            "{list}"
+        );
+        assert!(
+            refused
+                .iter()
+                .any(|r| r["via"] == "e2b" && r["caller"] == "token:other"),
+            "{list}"
+        );
+        let (_, sessions) = s
+            .server
+            .request("GET", "/v1/audit?kind=session&limit=100", None);
+        assert!(
+            sessions["records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["via"] == "e2b" && r["caller"] == "token:tests"),
+            "{sessions}"
+        );
     });
 }
 

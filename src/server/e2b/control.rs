@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::extract::{Path, Query};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{api_caller, E2b, E2bError, E2bResult, Record, ENVD_VERSION};
+use super::{E2b, E2bError, E2bResult, Record, ENVD_VERSION};
 use crate::audit::Via;
 use crate::server::api::JsonBody;
 use crate::server::{Caller, Shared};
@@ -74,10 +74,9 @@ fn refused(what: &str) -> E2bError {
 
 async fn create(
     Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<NewSandbox>,
 ) -> E2bResult<Response> {
-    let caller = api_caller(&e2b.state, &headers)?;
     if body.allow_internet_access == Some(true) {
         return Err(refused(
             "allow_internet_access = true: codecage sandboxes have no network unless their profile gives one; ask the operator for a template whose profile has the network you need",
@@ -234,10 +233,9 @@ fn owned(e2b: &E2b, caller: &Caller, id: &str) -> E2bResult<Arc<Record>> {
 
 async fn detail(
     Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> E2bResult<Json<Value>> {
-    let caller = api_caller(&e2b.state, &headers)?;
     let record = owned(&e2b, &caller, &id)?;
     let mut body = listed(&record);
     body["envdAccessToken"] = json!(record.token);
@@ -255,10 +253,9 @@ struct ListQuery {
 
 async fn list(
     Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<ListQuery>,
 ) -> E2bResult<Json<Vec<Value>>> {
-    let caller = api_caller(&e2b.state, &headers)?;
     let wanted: Vec<(String, String)> = query
         .metadata
         .as_deref()
@@ -313,10 +310,9 @@ pub(super) async fn kill(e2b: &E2b, record: &Record) -> Result<(), service::Erro
 
 async fn kill_handler(
     Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> E2bResult<StatusCode> {
-    let caller = api_caller(&e2b.state, &headers)?;
     let record = owned(&e2b, &caller, &id)?;
     match service::close_session(&e2b.state, &caller, Via::E2b, &record.id).await {
         Ok(()) => {
@@ -368,11 +364,10 @@ fn move_end(e2b: &E2b, record: &Record, timeout: u64, only_later: bool) -> E2bRe
 
 async fn set_timeout(
     Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> E2bResult<StatusCode> {
-    let caller = api_caller(&e2b.state, &headers)?;
     let record = owned(&e2b, &caller, &id)?;
     move_end(&e2b, &record, body.timeout, false)?;
     Ok(StatusCode::NO_CONTENT)
@@ -387,11 +382,10 @@ struct ConnectBody {
 /// and its end moved later if `timeout` asks.
 async fn connect(
     Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Option<Json<ConnectBody>>,
 ) -> E2bResult<Json<Value>> {
-    let caller = api_caller(&e2b.state, &headers)?;
     let record = owned(&e2b, &caller, &id)?;
     if let Some(timeout) = body.and_then(|b| b.0.timeout) {
         move_end(&e2b, &record, timeout, true)?;
@@ -400,12 +394,7 @@ async fn connect(
 }
 
 /// What E2B has and codecage does not: said so, with the status the SDK shows as an error.
-async fn not_done(
-    Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
-    request: axum::extract::OriginalUri,
-) -> E2bResult<Response> {
-    api_caller(&e2b.state, &headers)?;
+async fn not_done(request: axum::extract::OriginalUri) -> E2bResult<Response> {
     let path = request.path();
     let what = if path.ends_with("/pause") || path.ends_with("/resume") {
         "pausing and resuming sandboxes"
@@ -428,12 +417,7 @@ async fn not_done(
     ))
 }
 
-async fn unknown(
-    Extension(e2b): Extension<Arc<E2b>>,
-    headers: HeaderMap,
-    request: axum::extract::OriginalUri,
-) -> E2bResult<Response> {
-    api_caller(&e2b.state, &headers)?;
+async fn unknown(request: axum::extract::OriginalUri) -> E2bResult<Response> {
     Err(E2bError::new(
         StatusCode::NOT_FOUND,
         format!(

@@ -126,17 +126,34 @@ impl E2b {
 }
 
 /// An error as E2B's API and envd answer one: `{"code": status, "message": ...}` (the
-/// SDKs read `message`; 401 becomes their AuthenticationException).
+/// SDKs read `message`; 401 becomes their AuthenticationException). It carries what the
+/// audit of refusals reads (as the API's errors do), and whether the service recorded it
+/// already.
 pub(crate) struct E2bError {
     pub status: StatusCode,
     pub message: String,
+    kind: Kind,
+    audited: bool,
 }
 
 impl E2bError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+        let kind = match status {
+            StatusCode::UNAUTHORIZED => Kind::Unauthorized,
+            StatusCode::NOT_FOUND | StatusCode::BAD_GATEWAY => Kind::NotFound,
+            StatusCode::FORBIDDEN | StatusCode::NOT_IMPLEMENTED => Kind::Policy,
+            StatusCode::CONFLICT => Kind::Busy,
+            StatusCode::PAYLOAD_TOO_LARGE => Kind::PayloadTooLarge,
+            StatusCode::TOO_MANY_REQUESTS => Kind::Quota,
+            StatusCode::SERVICE_UNAVAILABLE => Kind::Capacity,
+            s if s.is_server_error() => Kind::Setup,
+            _ => Kind::InvalidRequest,
+        };
         E2bError {
             status,
             message: message.into(),
+            kind,
+            audited: false,
         }
     }
 
@@ -157,14 +174,27 @@ impl From<service::Error> for E2bError {
             Kind::SessionExpired | Kind::SessionLost => StatusCode::NOT_FOUND,
             kind => super::api::status_of(kind),
         };
-        E2bError::new(status, format!("{}: {}", e.kind.name(), e.message))
+        E2bError {
+            status,
+            message: format!("{}: {}", e.kind.name(), e.message),
+            kind: e.kind,
+            audited: e.audited,
+        }
     }
 }
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
+        // What the API's error answer carries for the audit of refusals.
+        let mut error = service::Error::new(self.kind, self.message.clone());
+        if self.audited {
+            error = error.audited();
+        }
+        let mut api = error.into_response();
         let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        *response.extensions_mut() = std::mem::take(api.extensions_mut());
+        response
     }
 }
 
@@ -191,10 +221,19 @@ pub fn router(state: Shared) -> axum::Router {
         async move {
             let headers = request.headers();
             let Some(id) = header(headers, "e2b-sandbox-id") else {
-                return control
+                let caller = match api_caller(&e2b.state, headers) {
+                    Ok(caller) => caller,
+                    Err(e) => return e.into_response(),
+                };
+                let mut request = request;
+                request.extensions_mut().insert(caller.clone());
+                let mut response = control
                     .oneshot(request)
                     .await
                     .unwrap_or_else(|e| match e {});
+                // For the audit of refusals, which sits outside.
+                response.extensions_mut().insert(caller);
+                return response;
             };
             let port = header(headers, "e2b-sandbox-port").unwrap_or_default();
             let target = match port.as_str() {
@@ -212,9 +251,12 @@ pub fn router(state: Shared) -> axum::Router {
             };
             match sandbox_caller(&e2b, &id, headers) {
                 Ok(record) => {
+                    let caller = record.caller.clone();
                     let mut request = request;
                     request.extensions_mut().insert(record);
-                    target.oneshot(request).await.unwrap_or_else(|e| match e {})
+                    let mut response = target.oneshot(request).await.unwrap_or_else(|e| match e {});
+                    response.extensions_mut().insert(caller);
+                    response
                 }
                 Err(e) => e.into_response(),
             }
@@ -342,7 +384,13 @@ pub(crate) async fn listener(
         .await
         .map_err(|e| format!("[e2b] cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, "e2b: listening");
-    Ok((listener, router(state.clone())))
+    let app = router(state.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::api::audit_errors,
+        ))
+        .layer(axum::Extension(crate::audit::Via::E2b));
+    Ok((listener, app))
 }
 
 #[cfg(test)]
