@@ -539,3 +539,74 @@ sbx.kill()
         assert!(l["screen"].as_str().unwrap().contains("30 100"), "{l}");
     });
 }
+
+/// The directory whose node_modules hold E2B's JavaScript SDK, or why there is none.
+fn e2b_js() -> Result<PathBuf, String> {
+    let dir = std::env::var_os("CODECAGE_E2B_JS").map_or_else(
+        || PathBuf::from("/var/cache/codecage/e2b-js-client"),
+        PathBuf::from,
+    );
+    if dir
+        .join("node_modules/@e2b/code-interpreter/package.json")
+        .exists()
+    {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "E2B's JavaScript SDK (@e2b/code-interpreter in {}; `cargo xtask test` installs it)",
+            dir.display()
+        ))
+    }
+}
+
+#[test]
+fn the_javascript_sdk_runs_code_and_reads_files_too() {
+    e2b_test(|s| {
+        let dir = match e2b_js() {
+            Ok(dir) => dir,
+            Err(why) => return unavailable(&why),
+        };
+        let program = format!(
+            r#"
+import {{ createRequire }} from 'module';
+const require = createRequire({dir:?} + '/');
+const {{ Sandbox }} = require('@e2b/code-interpreter');
+const [url, key] = process.argv.slice(1);
+Object.assign(process.env, {{ E2B_API_URL: url, E2B_SANDBOX_URL: url, E2B_API_KEY: key }});
+const sbx = await Sandbox.create();
+await sbx.runCode('x = 41');
+const text = (await sbx.runCode('x + 1')).text;
+const chart = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()');
+const error = (await sbx.runCode('1/0')).error;
+await sbx.files.write('/home/user/j.txt', 'from the js sdk');
+const read = await sbx.files.read('/home/user/j.txt');
+const command = (await sbx.commands.run('echo hi')).stdout;
+await sbx.kill();
+let badKey = null;
+try {{ await Sandbox.create({{ apiKey: 'not-a-key' }}); }} catch (e) {{ badKey = e.constructor.name; }}
+console.log(JSON.stringify({{ text, png: chart.results.some(r => !!r.png), name: error.name,
+  read, command, running: await sbx.isRunning(), badKey }}));
+"#,
+            dir = dir.display().to_string()
+        );
+        let out = Command::new("node")
+            .args(["--input-type=module", "-e", &program, &s.url, TOKEN])
+            .output()
+            .expect("node");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the JS SDK program failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let l: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(l["text"], "42", "{l}");
+        assert_eq!(l["png"], true, "{l}");
+        assert_eq!(l["name"], "ZeroDivisionError", "{l}");
+        assert_eq!(l["read"], "from the js sdk", "{l}");
+        assert_eq!(l["command"], "hi\n", "{l}");
+        assert_eq!(l["running"], false, "{l}");
+        assert_eq!(l["badKey"], "AuthenticationError", "{l}");
+        assert!(s.sessions().is_empty());
+    });
+}
