@@ -499,7 +499,14 @@ try:
     after_kill = None
 except CommandExitException as e:
     after_kill = e.exit_code
+try:
+    sbx.commands.run("id -u", user="root")
+    as_root = None
+except Exception as e:
+    as_root = type(e).__name__
+uid = sbx.commands.run("id -u", user="user").stdout
 out(stdout=r.stdout, stderr=r.stderr, code=r.exit_code, exit3=exit3, cat_in_list=cat.pid in listed,
+    as_root=as_root, uid=uid,
     cat=cat_out, killed=killed, after_kill=after_kill, still=[p.pid for p in sbx.commands.list()])
 sbx.kill()
 "#,
@@ -514,6 +521,8 @@ sbx.kill()
         assert_eq!(l["killed"], true, "{l}");
         assert!(l["after_kill"].is_number(), "{l}");
         assert_eq!(l["still"], serde_json::json!([]), "{l}");
+        assert!(l["as_root"].is_string(), "{l}");
+        assert_eq!(l["uid"], "1000\n", "{l}");
     });
 }
 

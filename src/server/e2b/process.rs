@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
@@ -196,11 +196,44 @@ fn cwd_of(cwd: Option<String>) -> Option<String> {
     })
 }
 
+/// The user a call names (`Authorization: Basic base64("USER:")`, as the SDK sends it
+/// when given `user`): the sandbox has one, E2B's `user`.
+fn check_user(headers: &HeaderMap) -> Result<(), ConnectError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(());
+    };
+    let user = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+        .map(|v| {
+            String::from_utf8_lossy(&v)
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default();
+    if user.is_empty() || user == "user" {
+        return Ok(());
+    }
+    Err(ConnectError {
+        code: "permission_denied",
+        status: StatusCode::FORBIDDEN,
+        message: format!(
+            "user {user:?}: a codecage sandbox has one user, `user` (uid 1000); there is no root in it"
+        ),
+    })
+}
+
 async fn start(
     Extension(e2b): Extension<Arc<E2b>>,
     Extension(record): Extension<Arc<Record>>,
+    headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Unary {
+    check_user(&headers)?;
     let body: StartBody = message(&body, true)?;
     let config = body
         .process
@@ -322,6 +355,10 @@ fn stream(e2b: Arc<E2b>, record: Arc<Record>, pid: u64, out: u64, err: u64) -> R
                     return;
                 }
                 break json!({});
+            }
+            if sender.is_closed() {
+                // The client went away: the process goes on, as E2B's do.
+                return;
             }
             if quiet_since.elapsed() >= KEEPALIVE {
                 if sender.send(event(json!({"keepalive": {}}))).await.is_err() {
