@@ -1,8 +1,8 @@
 //! The E2B-compatible front end (`[e2b]` in the server's config): what E2B's SDKs send,
 //! answered from the service layer, on a listener of its own. Like the HTTP API and MCP it
 //! translates and decides nothing: a sandbox is a session (its id is the session's id),
-//! a template names a profile, a code context is a session context, `/home/user` is
-//! `/work`.
+//! a template names a profile, a code context is a session context, an envd process is
+//! one of the session's background processes, `/home/user` is `/work`.
 //!
 //! One router answers both of the SDK's destinations, `E2B_API_URL` and
 //! `E2B_SANDBOX_URL`: a request with `E2b-Sandbox-Id` is sandbox traffic, told apart by

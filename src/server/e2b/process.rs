@@ -238,9 +238,8 @@ async fn start(
     let config = body
         .process
         .ok_or_else(|| ConnectError::invalid("the start names no process"))?;
-    if body.tag.is_some() {
-        // Accepted and not kept: the SDK tags PTYs, and selects them by pid.
-    }
+    // A tag is accepted and not kept: the SDK selects its processes by pid.
+    let _ = body.tag;
     let mut argv = vec![config.cmd];
     argv.extend(config.args);
     let pty = body.pty.map(|p| {
