@@ -353,7 +353,7 @@ mod tests {
         assert_eq!(DEFAULT_LANE.test_phases(), (skips, None));
         assert_eq!(
             DEFAULT_LANE.selection(),
-            "every suite (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
+            "every suite (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -380,7 +380,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
-             (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
+             (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
         );
     }
 
