@@ -114,6 +114,8 @@ pub enum Via {
     Api,
     Mcp,
     Cli,
+    /// The E2B-compatible front end (`[e2b]`).
+    E2b,
 }
 
 impl Via {
@@ -122,6 +124,7 @@ impl Via {
             Via::Api => "api",
             Via::Mcp => "mcp",
             Via::Cli => "cli",
+            Via::E2b => "e2b",
         }
     }
 }

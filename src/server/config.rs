@@ -46,6 +46,9 @@ pub struct ServerConfig {
     /// `[cluster]`: session ids that carry their route and node, behind a router that
     /// hashes the route header (deploy/kubernetes/README.md).
     pub cluster: crate::service::cluster::ClusterConfig,
+    /// `[e2b]`: the E2B-compatible front end (src/server/e2b/), off unless it has a
+    /// `listen`.
+    pub e2b: super::e2b::E2bConfig,
 }
 
 /// `[cgroups]`: `parent = "auto"` (default) puts the sandboxes' `codecage` parent under the

@@ -71,7 +71,11 @@ impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
     type Peer = std::net::SocketAddr;
     async fn accept(&self) -> std::io::Result<(Self::Io, Self::Peer)> {
-        tokio::net::TcpListener::accept(self).await
+        let (stream, peer) = tokio::net::TcpListener::accept(self).await?;
+        // A streamed answer's small writes go out as they come, not after the client's
+        // delayed ACK (Nagle's 40 ms).
+        let _ = stream.set_nodelay(true);
+        Ok((stream, peer))
     }
 }
 

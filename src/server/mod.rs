@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+pub mod e2b;
 mod listen;
 pub mod mcp;
 pub(crate) mod openapi;
@@ -41,7 +42,23 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
     let shutdown = tokio_util_shutdown();
     let mut tasks = Vec::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
-    let cap = listen::connection_cap(&state.config.limits, listens.len());
+    let e2b_listen = state.config.e2b.listen.clone();
+    let cap = listen::connection_cap(
+        &state.config.limits,
+        listens.len() + usize::from(e2b_listen.is_some()),
+    );
+    if let Some(addr) = e2b_listen {
+        let (listener, app) = e2b::listener(&state, &addr).await?;
+        let signal = shutdown.subscribe();
+        let limits = state.config.limits.clone();
+        tasks.push(tokio::spawn(listen::serve(
+            listener,
+            app,
+            limits,
+            cap,
+            wait(signal),
+        )));
+    }
     for listen in listens {
         match listen {
             Listen::Unix(path) => {

@@ -9,6 +9,7 @@ mod cells;
 mod cleanup;
 mod compat;
 mod delegation;
+mod e2b;
 mod escape;
 mod exec_policy;
 mod files;

@@ -271,7 +271,7 @@ pub(super) fn split_status(out: &[u8]) -> (u16, String) {
 /// construction: below the kernel's ephemeral range (32768 and up: no socket bound to port
 /// 0, no client's source port gets it), held by this test process with a lock (flock on a
 /// file per port, released when the process ends), and free when chosen.
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     let locks = std::env::temp_dir().join("codecage-test-ports");
     std::fs::create_dir_all(&locks).unwrap();
     let start = std::process::id() as usize * 7919

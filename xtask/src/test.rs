@@ -100,6 +100,8 @@ const NEEDED: &[(&str, &str)] = &[
     ("/usr/bin/ps", "procps"),
     ("/usr/bin/python3", "python3"),
     ("/usr/bin/node", "nodejs"),
+    // The E2B JavaScript SDK tests' client is installed with it.
+    ("/usr/bin/npm", "npm"),
     ("/usr/bin/ldd", "libc-bin"),
     // The start-up budget test (tests/suite/budget.rs) counts system calls with it.
     ("/usr/bin/strace", "strace"),
@@ -154,6 +156,8 @@ fn test_once(args: &Args) -> Result<i32> {
     }
     let mcp_python = mcp_client()?;
     let openapi_python = openapi_client()?;
+    let e2b_python = e2b_client()?;
+    let e2b_js = e2b_js_client()?;
     let nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .output()
@@ -168,6 +172,8 @@ fn test_once(args: &Args) -> Result<i32> {
     cmd.args(&args.nextest_args);
     cmd.env("CODECAGE_MCP_PYTHON", &mcp_python);
     cmd.env("CODECAGE_OPENAPI_PYTHON", &openapi_python);
+    cmd.env("CODECAGE_E2B_PYTHON", &e2b_python);
+    cmd.env("CODECAGE_E2B_JS", &e2b_js);
     eprintln!("xtask: {cmd:?}");
     let native_start = std::time::Instant::now();
     let mut native = cmd.status().context("running cargo")?.code().unwrap_or(1);
@@ -229,6 +235,50 @@ fn test_once(args: &Args) -> Result<i32> {
 /// The MCP tests' client: the official MCP Python SDK, pinned (see [`python_client`]).
 fn mcp_client() -> Result<std::path::PathBuf> {
     python_client("mcp-client", &["mcp==2.3.0"], "the MCP tests")
+}
+
+/// The E2B front end's tests' client: E2B's real Python SDK, pinned (the code
+/// interpreter's package and the `e2b` one it builds on).
+fn e2b_client() -> Result<std::path::PathBuf> {
+    python_client(
+        "e2b-client",
+        &["e2b-code-interpreter==2.11.5", "e2b==2.63.0"],
+        "the E2B SDK tests (e2b::)",
+    )
+}
+
+/// E2B's JavaScript SDK for the same tests, pinned, in /var/cache/codecage/e2b-js-client
+/// (npm, made once, stamped with the packages). Returns the directory (its node_modules
+/// resolve the packages).
+fn e2b_js_client() -> Result<std::path::PathBuf> {
+    let dir = std::path::Path::new("/var/cache/codecage/e2b-js-client");
+    let packages = ["@e2b/code-interpreter@2.8.0", "e2b@2.51.0"];
+    let stamp = dir.join("codecage-installed");
+    let wanted = packages.join(" ");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(dir.to_path_buf());
+    }
+    eprintln!("xtask: {wanted} in {} for the E2B SDK tests", dir.display());
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("package.json"), "{\"private\": true}\n")?;
+    let npm = Command::new("npm")
+        .args([
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--save-exact",
+            "--prefix",
+        ])
+        .arg(dir)
+        .args(packages)
+        .status()
+        .context("running npm (the E2B JavaScript SDK tests need node and npm)")?;
+    if !npm.success() {
+        bail!("npm install {wanted} failed: it is for the E2B SDK tests (the npm registry must be reachable)");
+    }
+    std::fs::write(&stamp, wanted)?;
+    Ok(dir.to_path_buf())
 }
 
 /// The OpenAPI test's client generator: openapi-python-client, pinned (it brings httpx

@@ -38,10 +38,11 @@ pub async fn audit_errors(
     if endpoint.len() > MAX_ENDPOINT {
         endpoint = format!("{}…", codecage::units::head(&endpoint, MAX_ENDPOINT));
     }
-    let via = if request.uri().path().starts_with("/mcp") {
-        Via::Mcp
-    } else {
-        Via::Api
+    // A listener of another front end says which (the E2B one's).
+    let via = match request.extensions().get::<Via>() {
+        Some(via) => *via,
+        None if request.uri().path().starts_with("/mcp") => Via::Mcp,
+        None => Via::Api,
     };
     let peer = request
         .extensions()

@@ -85,7 +85,7 @@ pub struct Lane {
 /// (/var/lib/codecage/rootfs), not in the VM, and so do the transcripts (run on the image
 /// through the library, the server and MCP); the server's tests (server::, service::) need
 /// its clients (curl among them), which are the host's, and so do the MCP tests' (the MCP
-/// Python SDK, in a venv of the host), the audit tests' (servers and curl), and the pool's
+/// Python SDK, in a venv of the host) and the E2B front end's (E2B's Python SDK, likewise), the audit tests' (servers and curl), and the pool's
 /// (they pre-start the default image's Python); so do the files tests named here (the
 /// default image's matplotlib and pandas, or curl through the server). A test that panics
 /// while a server it started is up aborts the whole test binary, so these must not run in
@@ -95,6 +95,7 @@ const SKIP_EVERYWHERE: &[&str] = &[
     "server::",
     "service::",
     "mcp::",
+    "e2b::",
     "network::",
     "audit::",
     "pool::",
@@ -352,7 +353,7 @@ mod tests {
         assert_eq!(DEFAULT_LANE.test_phases(), (skips, None));
         assert_eq!(
             DEFAULT_LANE.selection(),
-            "every suite (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
+            "every suite (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -379,7 +380,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status \
-             (without image::, server::, service::, mcp::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
+             (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
         );
     }
 

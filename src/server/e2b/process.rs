@@ -1,0 +1,517 @@
+//! envd's process service (`process.Process`) over Connect with the JSON codec, as E2B's
+//! SDKs call it (`commands.*`, `pty.*`): unary calls are a JSON body and answer; the
+//! server-streaming Start and Connect take one enveloped message and answer enveloped
+//! events (start, data, end, keepalive) and an end-of-stream envelope. Every call is one
+//! of the session's background processes (service::processes); a process's pid is its
+//! process id there.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Extension, Router};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use codecage::processes::{Status, TermSize};
+
+use super::{E2b, Record, HOME};
+use crate::server::api::RawBody;
+use crate::server::Shared;
+use crate::service::processes::{self as procs, ProcessRequest, PtyOption, StdinRequest};
+use crate::service::{self, Kind};
+
+pub(super) fn routes(router: Router<Shared>) -> Router<Shared> {
+    router
+        .route("/process.Process/Start", post(start))
+        .route("/process.Process/Connect", post(connect))
+        .route("/process.Process/List", post(list))
+        .route("/process.Process/SendInput", post(send_input))
+        .route("/process.Process/SendSignal", post(send_signal))
+        .route("/process.Process/CloseStdin", post(close_stdin))
+        .route("/process.Process/Update", post(update))
+}
+
+/// How often a stream looks for new output.
+const POLL: Duration = Duration::from_millis(20);
+/// A stream with nothing to say sends a keepalive this often.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// A Connect error: its code's name and HTTP status.
+struct ConnectError {
+    code: &'static str,
+    status: StatusCode,
+    message: String,
+}
+
+impl ConnectError {
+    fn invalid(message: impl Into<String>) -> ConnectError {
+        ConnectError {
+            code: "invalid_argument",
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({"code": self.code, "message": self.message})
+    }
+}
+
+impl From<service::Error> for ConnectError {
+    fn from(e: service::Error) -> ConnectError {
+        let (code, status) = match e.kind {
+            Kind::InvalidRequest => ("invalid_argument", StatusCode::BAD_REQUEST),
+            Kind::Unauthorized => ("unauthenticated", StatusCode::UNAUTHORIZED),
+            Kind::Policy | Kind::Forbidden => ("permission_denied", StatusCode::FORBIDDEN),
+            Kind::NotFound | Kind::SessionExpired => ("not_found", StatusCode::NOT_FOUND),
+            Kind::Busy => ("failed_precondition", StatusCode::PRECONDITION_FAILED),
+            Kind::PayloadTooLarge | Kind::Quota => {
+                ("resource_exhausted", StatusCode::TOO_MANY_REQUESTS)
+            }
+            Kind::Capacity | Kind::AuditUnavailable | Kind::SessionLost => {
+                ("unavailable", StatusCode::SERVICE_UNAVAILABLE)
+            }
+            Kind::Setup | Kind::Audit => ("internal", StatusCode::INTERNAL_SERVER_ERROR),
+        };
+        ConnectError {
+            code,
+            status,
+            message: format!("{}: {}", e.kind.name(), e.message),
+        }
+    }
+}
+
+impl IntoResponse for ConnectError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.json().to_string(),
+        )
+            .into_response()
+    }
+}
+
+type Unary = Result<Response, ConnectError>;
+
+fn answer(value: Value) -> Unary {
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response())
+}
+
+/// A unary request's message, or a streaming one's (its one envelope).
+fn message<T: for<'de> Deserialize<'de>>(body: &[u8], enveloped: bool) -> Result<T, ConnectError> {
+    let json = if enveloped {
+        if body.len() < 5 {
+            return Err(ConnectError::invalid(
+                "the request has no enveloped message",
+            ));
+        }
+        if body[0] & 1 != 0 {
+            return Err(ConnectError::invalid(
+                "compressed messages are not taken (send them uncompressed)",
+            ));
+        }
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        body.get(5..5 + len)
+            .ok_or_else(|| ConnectError::invalid("the enveloped message is cut short"))?
+    } else {
+        body
+    };
+    serde_json::from_slice(if json.is_empty() { b"{}" } else { json })
+        .map_err(|e| ConnectError::invalid(format!("the request's message: {e}")))
+}
+
+fn envelope(flags: u8, value: &Value) -> Bytes {
+    let json = value.to_string().into_bytes();
+    let mut bytes = Vec::with_capacity(json.len() + 5);
+    bytes.push(flags);
+    bytes.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(&json);
+    Bytes::from(bytes)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Selector {
+    pid: Option<u64>,
+    tag: Option<String>,
+}
+
+fn pid_of(selector: Option<Selector>) -> Result<u64, ConnectError> {
+    let selector = selector.unwrap_or_default();
+    match (selector.pid, selector.tag) {
+        (Some(pid), _) => Ok(pid),
+        (None, Some(_)) => Err(ConnectError::invalid(
+            "a process by tag: codecage's processes are selected by pid only",
+        )),
+        (None, None) => Err(ConnectError::invalid("the process selector names no pid")),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Size {
+    cols: u16,
+    rows: u16,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Pty {
+    size: Option<Size>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Config {
+    cmd: String,
+    args: Vec<String>,
+    envs: std::collections::BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct StartBody {
+    process: Option<Config>,
+    pty: Option<Pty>,
+    tag: Option<String>,
+    stdin: Option<bool>,
+}
+
+/// A cwd as E2B names it: `/home/user` is /work.
+fn cwd_of(cwd: Option<String>) -> Option<String> {
+    cwd.map(|c| match c.strip_prefix(HOME) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("/work{rest}"),
+        _ => c,
+    })
+}
+
+/// The user a call names (`Authorization: Basic base64("USER:")`, as the SDK sends it
+/// when given `user`): the sandbox has one, E2B's `user`.
+fn check_user(headers: &HeaderMap) -> Result<(), ConnectError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(());
+    };
+    let user = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+        .map(|v| {
+            String::from_utf8_lossy(&v)
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default();
+    if user.is_empty() || user == "user" {
+        return Ok(());
+    }
+    Err(ConnectError {
+        code: "permission_denied",
+        status: StatusCode::FORBIDDEN,
+        message: format!(
+            "user {user:?}: a codecage sandbox has one user, `user` (uid 1000); there is no root in it"
+        ),
+    })
+}
+
+async fn start(
+    Extension(e2b): Extension<Arc<E2b>>,
+    Extension(record): Extension<Arc<Record>>,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Unary {
+    check_user(&headers)?;
+    let body: StartBody = message(&body, true)?;
+    let config = body
+        .process
+        .ok_or_else(|| ConnectError::invalid("the start names no process"))?;
+    // A tag is accepted and not kept: the SDK selects its processes by pid.
+    let _ = body.tag;
+    let mut argv = vec![config.cmd];
+    argv.extend(config.args);
+    let pty = body.pty.map(|p| {
+        let size = p.size.unwrap_or_default();
+        TermSize {
+            cols: if size.cols == 0 { 80 } else { size.cols },
+            rows: if size.rows == 0 { 24 } else { size.rows },
+        }
+    });
+    let request = ProcessRequest {
+        argv: Some(argv),
+        cwd: cwd_of(config.cwd),
+        env: config.envs,
+        // A terminal's input is always open (its terminal, not a stdin pipe).
+        stdin: body.stdin.unwrap_or(false) && pty.is_none(),
+        pty: PtyOption(pty),
+        background: true,
+        ..ProcessRequest::default()
+    };
+    let snapshot = procs::start(&e2b.state, &record.caller, &record.id, request).await?;
+    Ok(stream(e2b, record, snapshot.id, 0, 0))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ConnectBody {
+    process: Option<Selector>,
+}
+
+async fn connect(
+    Extension(e2b): Extension<Arc<E2b>>,
+    Extension(record): Extension<Arc<Record>>,
+    RawBody(body): RawBody,
+) -> Unary {
+    let body: ConnectBody = message(&body, true)?;
+    let pid = pid_of(body.process)?;
+    // From now on: what it wrote before is not sent again.
+    let now = procs::poll(&e2b.state, &record.caller, &record.id, pid, 0, 0)?;
+    Ok(stream(
+        e2b,
+        record,
+        pid,
+        now.stdout.cursor,
+        now.stderr.cursor,
+    ))
+}
+
+/// A process's events as a Connect stream: start, its output as it comes, its end.
+fn stream(e2b: Arc<E2b>, record: Arc<Record>, pid: u64, out: u64, err: u64) -> Response {
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let event = |event: Value| envelope(0, &json!({"event": event}));
+        if sender
+            .send(event(json!({"start": {"pid": pid}})))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let (mut out, mut err) = (out, err);
+        let mut quiet_since = Instant::now();
+        let end = loop {
+            let snapshot = match procs::poll(&e2b.state, &record.caller, &record.id, pid, out, err)
+            {
+                Ok(snapshot) => snapshot,
+                Err(e) => break json!({"error": ConnectError::from(e).json()}),
+            };
+            let stdout_name = if snapshot.pty.is_some() {
+                "pty"
+            } else {
+                "stdout"
+            };
+            for (name, window) in [
+                (stdout_name, &snapshot.stdout),
+                ("stderr", &snapshot.stderr),
+            ] {
+                if window.bytes.is_empty() {
+                    continue;
+                }
+                let data = base64::engine::general_purpose::STANDARD.encode(&window.bytes);
+                if sender
+                    .send(event(json!({"data": {name: data}})))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                quiet_since = Instant::now();
+            }
+            out = snapshot.stdout.cursor;
+            err = snapshot.stderr.cursor;
+            if snapshot.status == Status::Exited {
+                let status = match (snapshot.exit_code, snapshot.signal) {
+                    (Some(code), _) => format!("exit status {code}"),
+                    (None, Some(signal)) => format!("signal: {}", procs::signal_name(signal)),
+                    _ => "exited".to_string(),
+                };
+                let mut end = json!({
+                    "exitCode": snapshot.exit_code.unwrap_or(-1),
+                    "exited": snapshot.exit_code.is_some(),
+                    "status": status,
+                });
+                if let Some(error) = snapshot.error.or_else(|| {
+                    snapshot.timed_out.then(|| {
+                        "codecage: timeout: the process passed its time limit and was killed"
+                            .to_string()
+                    })
+                }) {
+                    end["error"] = json!(error);
+                }
+                if sender.send(event(json!({"end": end}))).await.is_err() {
+                    return;
+                }
+                break json!({});
+            }
+            if sender.is_closed() {
+                // The client went away: the process goes on, as E2B's do.
+                return;
+            }
+            if quiet_since.elapsed() >= KEEPALIVE {
+                if sender.send(event(json!({"keepalive": {}}))).await.is_err() {
+                    return;
+                }
+                quiet_since = Instant::now();
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        let _ = sender.send(envelope(2, &end)).await;
+    });
+    let body = tokio_stream::wrappers::ReceiverStream::new(receiver);
+    let body = tokio_stream::StreamExt::map(body, Ok::<_, std::convert::Infallible>);
+    (
+        [(header::CONTENT_TYPE, "application/connect+json")],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+async fn list(
+    Extension(e2b): Extension<Arc<E2b>>,
+    Extension(record): Extension<Arc<Record>>,
+) -> Unary {
+    let processes: Vec<Value> = procs::list(&e2b.state, &record.caller, &record.id)?
+        .into_iter()
+        .filter(|p| p.status == Status::Running)
+        .map(|p| {
+            json!({
+                "config": {"cmd": p.command, "args": [], "envs": {}},
+                "pid": p.id,
+            })
+        })
+        .collect();
+    answer(json!({"processes": processes}))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Input {
+    stdin: Option<String>,
+    pty: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SendInputBody {
+    process: Option<Selector>,
+    input: Option<Input>,
+}
+
+async fn send_input(
+    Extension(e2b): Extension<Arc<E2b>>,
+    Extension(record): Extension<Arc<Record>>,
+    RawBody(body): RawBody,
+) -> Unary {
+    let body: SendInputBody = message(&body, false)?;
+    let pid = pid_of(body.process)?;
+    let input = body.input.unwrap_or_default();
+    let encoded = input.stdin.or(input.pty).unwrap_or_default();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|e| ConnectError::invalid(format!("input: not base64 ({e})")))?;
+    let data = String::from_utf8(bytes).map_err(|_| {
+        ConnectError::invalid("input: codecage writes text to a process's stdin (UTF-8)")
+    })?;
+    let request = StdinRequest {
+        data,
+        ..StdinRequest::default()
+    };
+    procs::write_stdin(&e2b.state, &record.caller, &record.id, pid, request).await?;
+    answer(json!({}))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SignalBody {
+    process: Option<Selector>,
+    signal: Value,
+}
+
+async fn send_signal(
+    Extension(e2b): Extension<Arc<E2b>>,
+    Extension(record): Extension<Arc<Record>>,
+    RawBody(body): RawBody,
+) -> Unary {
+    let body: SignalBody = message(&body, false)?;
+    let pid = pid_of(body.process)?;
+    let signal = match &body.signal {
+        Value::String(s) if s == "SIGNAL_SIGKILL" => json!("KILL"),
+        Value::String(s) if s == "SIGNAL_SIGTERM" => json!("TERM"),
+        Value::Number(n) if n.as_i64() == Some(9) => json!("KILL"),
+        Value::Number(n) if n.as_i64() == Some(15) => json!("TERM"),
+        other => {
+            return Err(ConnectError::invalid(format!(
+                "signal {other}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"
+            )))
+        }
+    };
+    procs::signal_process(&e2b.state, &record.caller, &record.id, pid, &signal)?;
+    answer(json!({}))
+}
+
+async fn close_stdin(
+    Extension(e2b): Extension<Arc<E2b>>,
+    Extension(record): Extension<Arc<Record>>,
+    RawBody(body): RawBody,
+) -> Unary {
+    let body: ConnectBody = message(&body, false)?;
+    let pid = pid_of(body.process)?;
+    let request = StdinRequest {
+        close: true,
+        ..StdinRequest::default()
+    };
+    procs::write_stdin(&e2b.state, &record.caller, &record.id, pid, request).await?;
+    answer(json!({}))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct UpdateBody {
+    process: Option<Selector>,
+    pty: Option<Pty>,
+}
+
+async fn update(
+    Extension(e2b): Extension<Arc<E2b>>,
+    Extension(record): Extension<Arc<Record>>,
+    RawBody(body): RawBody,
+) -> Unary {
+    let body: UpdateBody = message(&body, false)?;
+    let pid = pid_of(body.process)?;
+    let Some(size) = body.pty.and_then(|p| p.size) else {
+        return answer(json!({}));
+    };
+    let request = procs::ResizeRequest {
+        cols: size.cols,
+        rows: size.rows,
+    };
+    procs::resize_process(&e2b.state, &record.caller, &record.id, pid, request)?;
+    answer(json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_round_trip() {
+        let bytes = envelope(0, &json!({"process": {"pid": 7}}));
+        let body: ConnectBody = message(&bytes, true).ok().unwrap();
+        assert_eq!(body.process.unwrap().pid, Some(7));
+        assert!(message::<ConnectBody>(&bytes[..4], true).is_err());
+        let end = envelope(2, &json!({}));
+        assert_eq!(&end[..], b"\x02\x00\x00\x00\x02{}");
+    }
+}
