@@ -59,6 +59,11 @@ pub struct ExecSection {
     /// extension modules, their libraries). Any ELF program in them can be started through
     /// the loader (`ld.so FILE`): list directories of libraries only.
     pub libraries: Vec<String>,
+    /// Whether a person approves a command before it starts (src/exec_ask.rs): `off`,
+    /// `on-miss` (a program not in `allowed`, or a construct a parse cannot judge),
+    /// `always`. Under `full`, `allowed` and `denied` are then the programs that run
+    /// without asking (the kernel enforces nothing).
+    pub ask: crate::exec_ask::Ask,
 }
 
 impl ExecSection {
@@ -87,12 +92,24 @@ impl ExecSection {
                 }
             }
         }
+        if self.security == ExecSecurity::Deny && self.ask != crate::exec_ask::Ask::Off {
+            return Err(format!(
+                "exec.ask = \"{}\" with security = \"deny\": nothing runs to be asked about; leave ask out or \
+                 choose security = \"allowlist\" or \"full\"",
+                self.ask.name()
+            ));
+        }
+        let lists_as_ask = self.security == ExecSecurity::Full
+            && self.ask == crate::exec_ask::Ask::OnMiss
+            && self.libraries.is_empty();
         if self.security != ExecSecurity::Allowlist
+            && !lists_as_ask
             && !(self.allowed.is_empty() && self.denied.is_empty() && self.libraries.is_empty())
         {
             return Err(format!(
-                "exec.allowed, exec.denied and exec.libraries take effect only with security = \"allowlist\" (this profile says \
-                 security = \"{}\")",
+                "exec.allowed, exec.denied and exec.libraries take effect only with security = \"allowlist\" (exec.allowed \
+                 and exec.denied also with security = \"full\" and ask = \"on-miss\", as the programs that run \
+                 without asking; this profile says security = \"{}\")",
                 self.security.name()
             ));
         }
@@ -241,7 +258,7 @@ pub fn resolve(
 
 /// `name` as `execvp` finds it in the sandbox: a path as it is, a bare name in the first
 /// directory of `path_var` that holds it; the real file's path in the sandbox.
-fn find_program(root: &Path, path_var: &str, name: &str) -> Result<PathBuf, String> {
+pub fn find_program(root: &Path, path_var: &str, name: &str) -> Result<PathBuf, String> {
     use std::os::unix::fs::PermissionsExt;
     let is_program = |file: &Path| {
         std::fs::metadata(host_path(root, file))
@@ -525,6 +542,7 @@ mod tests {
             allowed: vec!["ls".into(), "cat".into()],
             denied: vec!["cat".into()],
             libraries: vec![],
+            ..ExecSection::default()
         };
         let list = resolve(&section, Path::new("/"), PATH).unwrap();
         assert_eq!(list.programs.len(), 1, "{list:?}");
@@ -557,6 +575,7 @@ mod tests {
             allowed: vec!["ls".into(), "no-such-program-here".into()],
             denied: vec![],
             libraries: vec![],
+            ..ExecSection::default()
         };
         let e = resolve(&section, Path::new("/"), PATH).unwrap_err();
         assert!(
@@ -608,6 +627,7 @@ mod tests {
                 allowed: vec![bad.into()],
                 denied: vec![],
                 libraries: vec![],
+                ..ExecSection::default()
             };
             assert!(section.validate().is_err(), "{bad:?}");
         }
@@ -616,6 +636,7 @@ mod tests {
             allowed: vec!["ls".into()],
             denied: vec![],
             libraries: vec![],
+            ..ExecSection::default()
         };
         assert!(full.validate().unwrap_err().contains("allowlist"));
         let deny = ExecSection {

@@ -421,6 +421,17 @@ pub async fn start(
 ) -> Result<Snapshot, Error> {
     let entry = lookup(state, caller, id)?;
     let (start, wait) = start_of(&entry, body)?;
+    let shell = start.argv.len() == 3 && start.argv[0] == "bash" && start.argv[1] == "-c";
+    super::approvals::gate(
+        state,
+        caller,
+        crate::audit::Via::Api,
+        &entry,
+        &start.command,
+        (!shell).then_some(start.argv.as_slice()),
+        Some(start.clone()),
+    )
+    .await?;
     let command = start.command.clone();
     let process = with_session(state, caller, id, move |session, _| {
         let process = session.start_process(&start)?;
