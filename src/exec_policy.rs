@@ -152,6 +152,23 @@ impl ExecAllowlist {
         self.programs.iter().chain(&self.interpreters)
     }
 
+    /// This allowlist and `extra`'s files together (an approved command's ruleset).
+    pub fn with(&self, extra: &ExecAllowlist) -> ExecAllowlist {
+        let join = |a: &[PathBuf], b: &[PathBuf]| -> Vec<PathBuf> {
+            a.iter()
+                .chain(b)
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        };
+        ExecAllowlist {
+            programs: join(&self.programs, &extra.programs),
+            interpreters: join(&self.interpreters, &extra.interpreters),
+            libraries: join(&self.libraries, &extra.libraries),
+        }
+    }
+
     /// Whether `program` (a name along `path_var`, or a path) names an allowed program.
     pub fn allows(&self, root: &Path, path_var: &str, program: &str) -> Result<(), String> {
         let file = find_program(root, path_var, program)?;

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use codecage::exec_ask::{self, Ask};
+use codecage::exec_policy::ExecAllowlist;
 use codecage::processes::Start as ProcessStart;
 
 use super::tenancy::{new_id, Caller};
@@ -47,9 +48,31 @@ pub struct AskGate {
     pub root: PathBuf,
     pub path: String,
     pub allowed: Vec<PathBuf>,
+    /// The sandbox enforces an exec allowlist: an approved command needs its own
+    /// ruleset ([`AskGate::extra`]).
+    pub kernel: bool,
 }
 
 impl AskGate {
+    /// Under a kernel allowlist, what `programs` (image paths) need beyond it: the
+    /// programs with their loaders and libraries, for the payload's own ruleset.
+    fn extra(&self, programs: &[PathBuf]) -> Result<Option<ExecAllowlist>, Error> {
+        if !self.kernel || programs.is_empty() {
+            return Ok(None);
+        }
+        let section = codecage::exec_policy::ExecSection {
+            security: codecage::exec_policy::ExecSecurity::Allowlist,
+            allowed: programs
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect(),
+            ..Default::default()
+        };
+        codecage::exec_policy::resolve(&section, &self.root, &self.path)
+            .map(Some)
+            .map_err(|e| Error::new(Kind::Policy, format!("the approved programs: {e}")))
+    }
+
     fn file_of(&self, program: &str) -> Option<PathBuf> {
         codecage::exec_policy::find_program(&self.root, &self.path, program).ok()
     }
@@ -278,9 +301,9 @@ pub async fn gate(
     command: &str,
     argv: Option<&[String]>,
     waiting: Option<ProcessStart>,
-) -> Result<(), Error> {
+) -> Result<Option<ExecAllowlist>, Error> {
     let Some(gate) = entry.caps.ask.clone() else {
-        return Ok(());
+        return Ok(None);
     };
     let analysis = match argv {
         Some(argv) => exec_ask::analyze(
@@ -304,30 +327,37 @@ pub async fn gate(
         }) {
             a.status = "used";
             a.waiting = None;
-            return Ok(());
+            return Ok(None);
         }
     }
     let approvals = &state.approvals;
     let command_rule = approvals.matches(entry, None, Some(command));
     let mut missing = Vec::new();
+    let mut ruled = Vec::new();
     let reason = if command_rule.is_some() {
         None
     } else {
         let allowed = |name: &str| match gate.file_of(name) {
+            Some(file) if gate.allowed.contains(&file) => true,
+            // Allowed by a rule beyond the profile's list: the payload's own ruleset.
+            Some(file) if approvals.matches(entry, Some(&file), None).is_some() => {
+                if !ruled.contains(&file) {
+                    ruled.push(file);
+                }
+                true
+            }
             Some(file) => {
-                let ok = gate.allowed.contains(&file)
-                    || approvals.matches(entry, Some(&file), None).is_some();
-                if !ok && !missing.contains(&file) {
+                if !missing.contains(&file) {
                     missing.push(file);
                 }
-                ok
+                false
             }
             None => false,
         };
         exec_ask::needs_approval(gate.mode, &analysis, allowed)
     };
     let Some(reason) = reason else {
-        return Ok(());
+        return gate.extra(&ruled);
     };
     let id = new_id()?;
     let approval = Approval {
@@ -564,6 +594,21 @@ pub async fn decide(
             (None, Some(Waiting::Process(start))) if body.decision != Decision::Deny => Some(start),
             _ => None,
         };
+        // The approved process's own ruleset: the allowlist plus what was approved.
+        let start = match (start, entry_gate(state, &a.asker, &a.session)) {
+            (Some(mut start), Some(gate)) => match gate.extra(&a.missing) {
+                Ok(extra) => {
+                    start.exec_extra = extra;
+                    Some(start)
+                }
+                Err(e) => {
+                    a.status = "failed";
+                    a.error = Some(e.message);
+                    None
+                }
+            },
+            (start, _) => start,
+        };
         (
             view_of(a),
             a.asked,
@@ -692,6 +737,11 @@ pub async fn revoke(
     Ok(rule)
 }
 
+/// The ask gate of session `id`, if it is still there.
+fn entry_gate(state: &Shared, asker: &Caller, id: &str) -> Option<Arc<AskGate>> {
+    super::lookup(state, asker, id).ok()?.caps.ask.clone()
+}
+
 /// The gate of a session whose profile asks: the allowed programs as image files.
 pub fn gate_of(
     profile: &codecage::profile::Profile,
@@ -718,6 +768,7 @@ pub fn gate_of(
         }
     };
     Some(Arc::new(AskGate {
+        kernel: sandbox.exec.is_some(),
         mode: profile.exec.ask,
         root,
         path,

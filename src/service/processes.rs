@@ -395,6 +395,7 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
             timeout,
             buffer: DEFAULT_BUFFER,
             pty,
+            exec_extra: None,
         },
         wait,
     ))
@@ -420,9 +421,9 @@ pub async fn start(
     body: ProcessRequest,
 ) -> Result<Snapshot, Error> {
     let entry = lookup(state, caller, id)?;
-    let (start, wait) = start_of(&entry, body)?;
+    let (mut start, wait) = start_of(&entry, body)?;
     let shell = start.argv.len() == 3 && start.argv[0] == "bash" && start.argv[1] == "-c";
-    super::approvals::gate(
+    let extra = super::approvals::gate(
         state,
         caller,
         crate::audit::Via::Api,
@@ -432,6 +433,7 @@ pub async fn start(
         Some(start.clone()),
     )
     .await?;
+    start.exec_extra = extra;
     let command = start.command.clone();
     let process = with_session(state, caller, id, move |session, _| {
         let process = session.start_process(&start)?;

@@ -1538,3 +1538,108 @@ fn exec_ask_on_miss_approvals_over_http() {
         server.stop();
     });
 }
+
+/// `ask` over a kernel allowlist (issue 25): an approved process gets a ruleset of its
+/// own, the allowlist plus what was approved, so the program the kernel refused to the
+/// sandbox runs in it; the REPL that asked keeps its ruleset (an approved cell still meets
+/// EACCES); an allow-always rule gives the next process the same, until it is revoked.
+#[test]
+fn an_approved_process_gets_its_own_exec_ruleset() {
+    as_root(|| {
+        const AGENT: &str = "agent-token-0123456789abcdef";
+        let server = Server::start(
+            &format!(
+                "[[tokens]]\nname = \"agent\"\ntoken = \"{AGENT}\"\nprofiles = [\"strict\"]\n"
+            ),
+            true,
+        );
+        std::fs::write(
+            server.profiles_dir().join("strict.toml"),
+            "language = \"bash\"\nrootfs = \"host\"\n[exec]\nsecurity = \"allowlist\"\nask = \"on-miss\"\n\
+             allowed = [\"bash\", \"ls\", \"grep\"]\n",
+        )
+        .unwrap();
+        let agent = |method: &str, path: &str, body: Option<Value>| {
+            server.tcp_request(AGENT, method, path, body)
+        };
+        let (status, created) = agent(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "strict"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let procs = format!("/v1/sessions/{id}/processes");
+        let start = |command: &str| agent("POST", &procs, Some(json!({"command": command})));
+        let approve = |approval: &Value, body: Value| {
+            let approval = approval.as_str().unwrap();
+            server.request("POST", &format!("/v1/approvals/{approval}"), Some(body))
+        };
+        let finished = |process: u64| {
+            let mut polled = Value::Null;
+            assert!(wait_for(Duration::from_secs(10), || {
+                polled = agent("GET", &format!("{procs}/{process}"), None).1;
+                polled["status"] == "exited"
+            }));
+            polled
+        };
+        // touch is not in the allowlist: asked, approved once, it runs in its own ruleset.
+        let (status, out) = start("touch /work/t && ls /work");
+        assert_eq!(status, 202, "{out}");
+        let (status, out) = approve(&out["approval_id"], json!({"decision": "allow-once"}));
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        let polled = finished(out["process_id"].as_u64().unwrap());
+        assert_eq!(
+            (polled["exit_code"].as_i64(), polled["stdout"].as_str()),
+            (Some(0), Some("t\n")),
+            "{polled}"
+        );
+        // A cell the parse cannot judge, approved: the REPL's ruleset is the allowlist's.
+        let execute = |code: &str| {
+            agent(
+                "POST",
+                &format!("/v1/sessions/{id}/execute"),
+                Some(json!({"code": code})),
+            )
+        };
+        let cell = "t=touch; $t /work/c; echo $?";
+        let (status, out) = execute(cell);
+        assert_eq!(status, 202, "{out}");
+        let (status, _) = approve(&out["approval_id"], json!({"decision": "allow-once"}));
+        assert_eq!(status, 200);
+        let (status, out) = execute(cell);
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(
+            out["stdout"], "126\n",
+            "the kernel still refuses touch to the REPL: {out}"
+        );
+        // allow-always for the profile: the next touch runs at once, in its own ruleset.
+        let (status, out) = start("touch /work/r");
+        assert_eq!(status, 202, "{out}");
+        let (status, out) = approve(
+            &out["approval_id"],
+            json!({"decision": "allow-always", "scope": "profile"}),
+        );
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        let rule = out["rules"][0].as_str().unwrap().to_string();
+        let (status, out) = start("touch /work/s && ls /work");
+        assert_eq!(status, 200, "{out}");
+        let polled = finished(out["process_id"].as_u64().unwrap());
+        assert_eq!(polled["exit_code"], 0, "{polled}");
+        assert_eq!(polled["stdout"], "r\ns\nt\n", "{polled}");
+        // Revoked: the next one is asked again.
+        let (status, _) = server.request("DELETE", &format!("/v1/approvals/rules/{rule}"), None);
+        assert_eq!(status, 200);
+        let (status, out) = start("touch /work/u");
+        assert_eq!(status, 202, "{out}");
+        server.stop();
+    });
+}
