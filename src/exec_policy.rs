@@ -154,13 +154,15 @@ impl ExecAllowlist {
 
     /// This allowlist and `extra`'s files together (an approved command's ruleset).
     pub fn with(&self, extra: &ExecAllowlist) -> ExecAllowlist {
+        // Linear: the lists are short, and this runs in the init (no sorting code there).
         let join = |a: &[PathBuf], b: &[PathBuf]| -> Vec<PathBuf> {
-            a.iter()
-                .chain(b)
-                .cloned()
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect()
+            let mut all = a.to_vec();
+            for file in b {
+                if !all.contains(file) {
+                    all.push(file.clone());
+                }
+            }
+            all
         };
         ExecAllowlist {
             programs: join(&self.programs, &extra.programs),

@@ -59,7 +59,7 @@ struct Init<'a> {
     /// The output directory as a session call began (`BeginCall`).
     marked: Option<files::Marks>,
     /// Files bound exec for approved commands so far (beyond the sandbox's allowlist).
-    exec_bound: std::collections::BTreeSet<std::path::PathBuf>,
+    exec_bound: Vec<std::path::PathBuf>,
 }
 
 /// Serves the launcher until it says to stop, goes away, or the last payload ends.
@@ -307,7 +307,7 @@ impl Init<'_> {
                 continue;
             }
             super::mount::bind_exec(file, file)?;
-            self.exec_bound.insert(file.clone());
+            self.exec_bound.push(file.clone());
         }
         Ok(())
     }
