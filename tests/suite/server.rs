@@ -1413,11 +1413,37 @@ fn exec_ask_on_miss_approvals_over_http() {
         let (status, out) = start("touch /work/again");
         assert_eq!(status, 202, "{out}");
         let again = out["approval_id"].as_str().unwrap().to_string();
-        let (status, out) = decide(None, &again, json!({"decision": "deny"}));
-        assert_eq!(
-            (status, out["status"].as_str()),
-            (200, Some("denied")),
-            "{out}"
+        // From the shell: the list names it, and root denies it.
+        let approvals_cli = |args: &[&str]| {
+            let out = codecage()
+                .arg("approvals")
+                .arg("--server")
+                .arg(format!("unix:{}", server.socket_path().display()))
+                .args(args)
+                .launch_output();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        };
+        let (code, listed, err) = approvals_cli(&["list"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            listed.contains(&again) && listed.contains("touch /work/again"),
+            "{listed}"
+        );
+        let (code, shown, err) = approvals_cli(&["deny", &again]);
+        assert_eq!(code, 0, "{err}");
+        assert!(shown.contains("\"denied\""), "{shown}");
+        let (code, _, err) = approvals_cli(&["deny", &again]);
+        assert_eq!(code, 125, "decided already: {err}");
+        // The session CLI says that a command waits, and exits 3.
+        let (code, _, err) = server.session_cli(&["exec", &id, "--", "touch", "/work/cli"]);
+        assert_eq!(code, 3, "{err}");
+        assert!(
+            err.contains("waiting for approval") && err.contains("codecage approvals allow"),
+            "{err}"
         );
         // allow-always for the session: touch runs without asking, until revoked.
         let (_, out) = start("touch /work/always");
@@ -1455,9 +1481,18 @@ fn exec_ask_on_miss_approvals_over_http() {
         let rule_id = rule["rule_id"].as_str().unwrap();
         let (status, out) = agent("DELETE", &format!("/v1/approvals/rules/{rule_id}"), None);
         assert_eq!(status, 403, "{out}");
-        let (status, out) =
-            server.request("DELETE", &format!("/v1/approvals/rules/{rule_id}"), None);
-        assert_eq!(status, 200, "{out}");
+        let (code, rules_text, err) = approvals_cli(&["rules"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            rules_text.contains(rule_id) && rules_text.contains("/touch"),
+            "{rules_text}"
+        );
+        let (code, revoked, err) = approvals_cli(&["revoke", rule_id]);
+        assert_eq!(
+            (code, revoked.trim()),
+            (0, format!("revoked {rule_id}").as_str()),
+            "{err}"
+        );
         let (status, out) = start("touch /work/revoked");
         assert_eq!(status, 202, "revoked: the next command asks: {out}");
         // A bash cell: approved once, it runs when sent again, and only that once.
