@@ -699,6 +699,7 @@ pub fn needs_approval(
     ask: Ask,
     analysis: &Analysis,
     mut allowed: impl FnMut(&str) -> bool,
+    violations: &[String],
 ) -> Option<String> {
     match ask {
         Ask::Off => None,
@@ -713,6 +714,9 @@ pub fn needs_approval(
             if !missing.is_empty() {
                 why.push(format!("not in exec.allowed: {}", missing.join(", ")));
             }
+            if !violations.is_empty() {
+                why.push(format!("outside exec.args: {}", violations.join("; ")));
+            }
             if !analysis.unresolved.is_empty() {
                 why.push(format!(
                     "cannot be judged before it runs: {}",
@@ -721,6 +725,103 @@ pub fn needs_approval(
             }
             (!why.is_empty()).then(|| why.join("; "))
         }
+    }
+}
+
+/// `[exec.args.PROGRAM]`: the arguments an allowed program runs with without asking (seed
+/// 004's safe-bin profiles). Flags are words starting with `-` before a `--`; a short
+/// cluster (`-fd`) is each of its letters; `--name=value` is `--name`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArgRule {
+    /// The first positional argument (a subcommand: git's `status`) must be one of these.
+    pub first: Vec<String>,
+    pub min_positional: Option<usize>,
+    pub max_positional: Option<usize>,
+    /// When not empty, only these flags.
+    pub allowed_flags: Vec<String>,
+    /// Never these flags.
+    pub denied_flags: Vec<String>,
+    /// Flags that take the next word as their value (not a positional argument).
+    pub value_flags: Vec<String>,
+}
+
+impl ArgRule {
+    /// Whether `args` (None: known only at run time) keep to the rule; else why not.
+    pub fn check(&self, program: &str, args: Option<&[String]>) -> Result<(), String> {
+        let Some(args) = args else {
+            return Err(format!("{program}: arguments known only at run time"));
+        };
+        let mut positional: Vec<&str> = Vec::new();
+        let mut flags: Vec<String> = Vec::new();
+        let mut words = args.iter();
+        let mut only_positional = false;
+        while let Some(word) = words.next() {
+            if only_positional || word == "-" || !word.starts_with('-') {
+                positional.push(word);
+                continue;
+            }
+            if word == "--" {
+                only_positional = true;
+                continue;
+            }
+            let name = word.split('=').next().unwrap_or(word).to_string();
+            if name.starts_with("--") {
+                if self.value_flags.contains(&name) && !word.contains('=') {
+                    words.next();
+                }
+                flags.push(name);
+            } else {
+                let letters: Vec<String> = name[1..].chars().map(|c| format!("-{c}")).collect();
+                if letters.last().is_some_and(|l| self.value_flags.contains(l)) && name.len() == 2 {
+                    words.next();
+                }
+                flags.extend(letters);
+            }
+        }
+        for flag in &flags {
+            if self.denied_flags.contains(flag) {
+                return Err(format!("{program}: the flag {flag} is denied"));
+            }
+            if !self.allowed_flags.is_empty() && !self.allowed_flags.contains(flag) {
+                return Err(format!(
+                    "{program}: the flag {flag} is not among the allowed ({})",
+                    self.allowed_flags.join(", ")
+                ));
+            }
+        }
+        if !self.first.is_empty()
+            && !positional
+                .first()
+                .is_some_and(|p| self.first.iter().any(|f| f == p))
+        {
+            return Err(format!(
+                "{program} {}: the first argument must be one of {}",
+                positional.first().unwrap_or(&"(none)"),
+                self.first.join(", ")
+            ));
+        }
+        if self
+            .min_positional
+            .is_some_and(|min| positional.len() < min)
+        {
+            return Err(format!(
+                "{program}: {} positional arguments, fewer than {}",
+                positional.len(),
+                self.min_positional.unwrap_or_default()
+            ));
+        }
+        if self
+            .max_positional
+            .is_some_and(|max| positional.len() > max)
+        {
+            return Err(format!(
+                "{program}: {} positional arguments, more than {}",
+                positional.len(),
+                self.max_positional.unwrap_or_default()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -815,18 +916,57 @@ mod tests {
     fn on_miss_asks_for_a_program_not_allowed_or_an_unresolved_construct() {
         let allowed = |p: &str| ["ls", "grep", "cat"].contains(&p);
         assert_eq!(
-            needs_approval(Ask::OnMiss, &analyze("ls | grep x"), allowed),
+            needs_approval(Ask::OnMiss, &analyze("ls | grep x"), allowed, &[]),
             None
         );
-        let why = needs_approval(Ask::OnMiss, &analyze("ls; rm x"), allowed).unwrap();
+        let why = needs_approval(Ask::OnMiss, &analyze("ls; rm x"), allowed, &[]).unwrap();
         assert!(why.contains("rm"), "{why}");
-        let why = needs_approval(Ask::OnMiss, &analyze("ls $(date)"), allowed).unwrap();
+        let why = needs_approval(Ask::OnMiss, &analyze("ls $(date)"), allowed, &[]).unwrap();
         assert!(why.contains("date"), "{why}");
-        assert!(needs_approval(Ask::OnMiss, &analyze("ls $(echo x)"), allowed).is_none());
-        assert!(needs_approval(Ask::OnMiss, &analyze("cat $F"), allowed).is_none());
-        assert!(needs_approval(Ask::OnMiss, &analyze("eval ls"), allowed).is_some());
-        assert!(needs_approval(Ask::Always, &analyze("ls"), allowed).is_some());
-        assert!(needs_approval(Ask::Off, &analyze("rm -rf /"), allowed).is_none());
+        assert!(needs_approval(Ask::OnMiss, &analyze("ls $(echo x)"), allowed, &[]).is_none());
+        assert!(needs_approval(Ask::OnMiss, &analyze("cat $F"), allowed, &[]).is_none());
+        assert!(needs_approval(Ask::OnMiss, &analyze("eval ls"), allowed, &[]).is_some());
+        assert!(needs_approval(Ask::Always, &analyze("ls"), allowed, &[]).is_some());
+        assert!(needs_approval(Ask::Off, &analyze("rm -rf /"), allowed, &[]).is_none());
+    }
+
+    #[test]
+    fn argument_rules_allow_git_status_and_refuse_git_push() {
+        let git = ArgRule {
+            first: vec!["status".into(), "log".into(), "diff".into()],
+            max_positional: Some(3),
+            denied_flags: vec!["-c".into(), "--exec-path".into()],
+            value_flags: vec!["-n".into()],
+            ..ArgRule::default()
+        };
+        let check = |cmd: &str| {
+            let a = analyze(cmd);
+            git.check("git", a.programs[0].args.as_deref())
+        };
+        assert_eq!(check("git status --short"), Ok(()));
+        assert_eq!(check("git log -n 5 --oneline"), Ok(()));
+        assert!(check("git push origin main")
+            .unwrap_err()
+            .contains("first argument"));
+        assert!(check("git -c core.pager=rm status")
+            .unwrap_err()
+            .contains("-c"));
+        assert!(check("git --exec-path=/work status")
+            .unwrap_err()
+            .contains("--exec-path"));
+        assert!(check("git status $X").unwrap_err().contains("run time"));
+        assert!(check("git diff a b c d")
+            .unwrap_err()
+            .contains("more than 3"));
+        let ls = ArgRule {
+            allowed_flags: vec!["-l".into(), "-a".into()],
+            ..ArgRule::default()
+        };
+        assert_eq!(ls.check("ls", Some(&["-la".into(), "/".into()])), Ok(()));
+        assert!(ls
+            .check("ls", Some(&["-lR".into()]))
+            .unwrap_err()
+            .contains("-R"));
     }
 
     #[test]

@@ -64,6 +64,9 @@ pub struct ExecSection {
     /// `always`. Under `full`, `allowed` and `denied` are then the programs that run
     /// without asking (the kernel enforces nothing).
     pub ask: crate::exec_ask::Ask,
+    /// `[exec.args.PROGRAM]`: the arguments a program of `allowed` runs with without
+    /// asking (with `ask`: anything else asks). The service's gate, not the kernel's.
+    pub args: std::collections::BTreeMap<String, crate::exec_ask::ArgRule>,
 }
 
 impl ExecSection {
@@ -97,6 +100,18 @@ impl ExecSection {
                 "exec.ask = \"{}\" with security = \"deny\": nothing runs to be asked about; leave ask out or \
                  choose security = \"allowlist\" or \"full\"",
                 self.ask.name()
+            ));
+        }
+        if !self.args.is_empty() && self.ask == crate::exec_ask::Ask::Off {
+            return Err(
+                "exec.args takes effect only with ask = \"on-miss\" or \"always\": arguments are judged by the \
+                 service's parse before a command starts (the kernel sees programs, not arguments)"
+                    .into(),
+            );
+        }
+        if let Some(name) = self.args.keys().find(|n| !self.allowed.contains(n)) {
+            return Err(format!(
+                "exec.args.{name}: {name} is not in exec.allowed (argument rules narrow an allowed program)"
             ));
         }
         let lists_as_ask = self.security == ExecSecurity::Full
@@ -663,5 +678,37 @@ mod tests {
             ..ExecSection::default()
         };
         assert_eq!(deny.validate(), Ok(()));
+        // ask: not with deny; under full with on-miss the lists are what runs unasked;
+        // argument rules need ask and an allowed program.
+        use crate::exec_ask::{ArgRule, Ask};
+        let ask = |security, ask, allowed: &[&str], args: &[&str]| ExecSection {
+            security,
+            ask,
+            allowed: allowed.iter().map(|s| s.to_string()).collect(),
+            args: args
+                .iter()
+                .map(|a| (a.to_string(), ArgRule::default()))
+                .collect(),
+            ..ExecSection::default()
+        };
+        assert!(ask(ExecSecurity::Deny, Ask::Always, &[], &[])
+            .validate()
+            .unwrap_err()
+            .contains("deny"));
+        assert_eq!(
+            ask(ExecSecurity::Full, Ask::OnMiss, &["ls"], &["ls"]).validate(),
+            Ok(())
+        );
+        assert!(ask(ExecSecurity::Full, Ask::Always, &["ls"], &[])
+            .validate()
+            .is_err());
+        assert!(ask(ExecSecurity::Allowlist, Ask::Off, &["ls"], &["ls"])
+            .validate()
+            .unwrap_err()
+            .contains("exec.args"));
+        assert!(ask(ExecSecurity::Allowlist, Ask::OnMiss, &["ls"], &["git"])
+            .validate()
+            .unwrap_err()
+            .contains("exec.args.git"));
     }
 }

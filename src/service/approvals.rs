@@ -48,6 +48,8 @@ pub struct AskGate {
     pub root: PathBuf,
     pub path: String,
     pub allowed: Vec<PathBuf>,
+    /// `[exec.args]`, by the program's file.
+    pub arg_rules: Vec<(PathBuf, exec_ask::ArgRule)>,
     /// The sandbox enforces an exec allowlist: an approved command needs its own
     /// ruleset ([`AskGate::extra`]).
     pub kernel: bool,
@@ -337,6 +339,25 @@ pub async fn gate(
     let reason = if command_rule.is_some() {
         None
     } else {
+        // Argument rules: a program used outside its rule asks, unless a standing rule
+        // allows the program with any arguments.
+        let mut violations = Vec::new();
+        for invocation in &analysis.programs {
+            let Some(file) = gate.file_of(&invocation.program) else {
+                continue;
+            };
+            let Some((_, rule)) = gate.arg_rules.iter().find(|(f, _)| *f == file) else {
+                continue;
+            };
+            if let Err(why) = rule.check(&invocation.program, invocation.args.as_deref()) {
+                if approvals.matches(entry, Some(&file), None).is_none() {
+                    violations.push(why);
+                    if !missing.contains(&file) {
+                        missing.push(file);
+                    }
+                }
+            }
+        }
         let allowed = |name: &str| match gate.file_of(name) {
             Some(file) if gate.allowed.contains(&file) => true,
             // Allowed by a rule beyond the profile's list: the payload's own ruleset.
@@ -354,7 +375,7 @@ pub async fn gate(
             }
             None => false,
         };
-        exec_ask::needs_approval(gate.mode, &analysis, allowed)
+        exec_ask::needs_approval(gate.mode, &analysis, allowed, &violations)
     };
     let Some(reason) = reason else {
         return gate.extra(&ruled);
@@ -767,7 +788,18 @@ pub fn gate_of(
                 .collect()
         }
     };
+    let arg_rules = profile
+        .exec
+        .args
+        .iter()
+        .filter_map(|(name, rule)| {
+            codecage::exec_policy::find_program(&root, &path, name)
+                .ok()
+                .map(|file| (file, rule.clone()))
+        })
+        .collect();
     Some(Arc::new(AskGate {
+        arg_rules,
         kernel: sandbox.exec.is_some(),
         mode: profile.exec.ask,
         root,

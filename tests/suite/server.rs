@@ -1678,3 +1678,55 @@ fn an_approved_process_gets_its_own_exec_ruleset() {
         server.stop();
     });
 }
+
+/// `[exec.args]` (issue 25, seed 004's safe-bin profiles): git runs without asking for
+/// `git status`, not for `git push`, nor for a push hidden in `bash -c`.
+#[test]
+fn argument_rules_let_git_status_run_and_ask_for_git_push() {
+    as_root(|| {
+        let server = Server::start("", false);
+        std::fs::write(
+            server.profiles_dir().join("gitro.toml"),
+            "language = \"bash\"\nrootfs = \"host\"\n[exec]\nask = \"on-miss\"\n\
+             allowed = [\"bash\", \"git\"]\n[exec.args.git]\nfirst = [\"status\", \"log\"]\n\
+             denied_flags = [\"-c\", \"--exec-path\"]\n",
+        )
+        .unwrap();
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "gitro"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let procs = format!("/v1/sessions/{}/processes", created["id"].as_str().unwrap());
+        let start =
+            |command: &str| server.request("POST", &procs, Some(json!({"command": command})));
+        let (status, out) = start("git status");
+        assert_eq!(status, 200, "{out}");
+        // /work is no repository: git ran and said so.
+        assert!(
+            out["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("not a git repository"),
+            "{out}"
+        );
+        for (command, why) in [
+            (
+                "git push origin main",
+                "first argument must be one of status, log",
+            ),
+            ("bash -c 'git push'", "first argument"),
+            ("git -c core.pager=x status", "the flag -c is denied"),
+            ("git status $REF", "run time"),
+        ] {
+            let (status, out) = start(command);
+            assert_eq!(status, 202, "{command}: {out}");
+            assert!(
+                out["reason"].as_str().unwrap().contains(why),
+                "{command}: {out}"
+            );
+        }
+        server.stop();
+    });
+}
