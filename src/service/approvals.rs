@@ -336,9 +336,7 @@ pub async fn gate(
     let command_rule = approvals.matches(entry, None, Some(command));
     let mut missing = Vec::new();
     let mut ruled = Vec::new();
-    let reason = if command_rule.is_some() {
-        None
-    } else {
+    let reason = {
         // Argument rules: a program used outside its rule asks, unless a standing rule
         // allows the program with any arguments.
         let mut violations = Vec::new();
@@ -377,6 +375,9 @@ pub async fn gate(
         };
         exec_ask::needs_approval(gate.mode, &analysis, allowed, &violations)
     };
+    // A rule for this exact command (one the parse could not judge) lets it run; the
+    // program rules added with it give its payload their files.
+    let reason = reason.filter(|_| command_rule.is_none());
     let Some(reason) = reason else {
         return gate.extra(&ruled);
     };

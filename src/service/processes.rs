@@ -409,7 +409,9 @@ pub async fn start_process(
     id: &str,
     body: ProcessRequest,
 ) -> Result<ProcessView, Error> {
-    start(state, caller, id, body).await.map(view)
+    start(state, caller, crate::audit::Via::Api, id, body)
+        .await
+        .map(view)
 }
 
 /// [`start_process`]'s answer as a [`Snapshot`] (its output from offset 0), for front
@@ -417,6 +419,7 @@ pub async fn start_process(
 pub async fn start(
     state: &Shared,
     caller: &Caller,
+    via: crate::audit::Via,
     id: &str,
     body: ProcessRequest,
 ) -> Result<Snapshot, Error> {
@@ -426,7 +429,7 @@ pub async fn start(
     let extra = super::approvals::gate(
         state,
         caller,
-        crate::audit::Via::Api,
+        via,
         &entry,
         &start.command,
         (!shell).then_some(start.argv.as_slice()),

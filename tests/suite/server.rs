@@ -1675,6 +1675,28 @@ fn an_approved_process_gets_its_own_exec_ruleset() {
         assert_eq!(status, 200);
         let (status, out) = start("touch /work/u");
         assert_eq!(status, 202, "{out}");
+        // A command the parse cannot judge, allowed always: the same command runs at once
+        // with the programs it names in its ruleset.
+        let judged = "touch /work/v; eval true";
+        let (status, out) = start(judged);
+        assert_eq!(status, 202, "{out}");
+        let (status, out) = approve(&out["approval_id"], json!({"decision": "allow-always"}));
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        assert_eq!(
+            out["rules"].as_array().unwrap().len(),
+            2,
+            "touch and the command: {out}"
+        );
+        let (status, out) = start(judged);
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(
+            finished(out["process_id"].as_u64().unwrap())["exit_code"],
+            0
+        );
         server.stop();
     });
 }
