@@ -59,6 +59,14 @@ pub struct ExecSection {
     /// extension modules, their libraries). Any ELF program in them can be started through
     /// the loader (`ld.so FILE`): list directories of libraries only.
     pub libraries: Vec<String>,
+    /// Whether a person approves a command before it starts (src/exec_ask.rs): `off`,
+    /// `on-miss` (a program not in `allowed`, or a construct a parse cannot judge),
+    /// `always`. Under `full`, `allowed` and `denied` are then the programs that run
+    /// without asking (the kernel enforces nothing).
+    pub ask: crate::exec_ask::Ask,
+    /// `[exec.args.PROGRAM]`: the arguments a program of `allowed` runs with without
+    /// asking (with `ask`: anything else asks). The service's gate, not the kernel's.
+    pub args: std::collections::BTreeMap<String, crate::exec_ask::ArgRule>,
 }
 
 impl ExecSection {
@@ -87,12 +95,36 @@ impl ExecSection {
                 }
             }
         }
+        if self.security == ExecSecurity::Deny && self.ask != crate::exec_ask::Ask::Off {
+            return Err(format!(
+                "exec.ask = \"{}\" with security = \"deny\": nothing runs to be asked about; leave ask out or \
+                 choose security = \"allowlist\" or \"full\"",
+                self.ask.name()
+            ));
+        }
+        if !self.args.is_empty() && self.ask == crate::exec_ask::Ask::Off {
+            return Err(
+                "exec.args takes effect only with ask = \"on-miss\" or \"always\": arguments are judged by the \
+                 service's parse before a command starts (the kernel sees programs, not arguments)"
+                    .into(),
+            );
+        }
+        if let Some(name) = self.args.keys().find(|n| !self.allowed.contains(n)) {
+            return Err(format!(
+                "exec.args.{name}: {name} is not in exec.allowed (argument rules narrow an allowed program)"
+            ));
+        }
+        let lists_as_ask = self.security == ExecSecurity::Full
+            && self.ask == crate::exec_ask::Ask::OnMiss
+            && self.libraries.is_empty();
         if self.security != ExecSecurity::Allowlist
+            && !lists_as_ask
             && !(self.allowed.is_empty() && self.denied.is_empty() && self.libraries.is_empty())
         {
             return Err(format!(
-                "exec.allowed, exec.denied and exec.libraries take effect only with security = \"allowlist\" (this profile says \
-                 security = \"{}\")",
+                "exec.allowed, exec.denied and exec.libraries take effect only with security = \"allowlist\" (exec.allowed \
+                 and exec.denied also with security = \"full\" and ask = \"on-miss\", as the programs that run \
+                 without asking; this profile says security = \"{}\")",
                 self.security.name()
             ));
         }
@@ -133,6 +165,25 @@ impl ExecAllowlist {
     /// The files landlock lets the payload execute.
     pub fn executable(&self) -> impl Iterator<Item = &PathBuf> {
         self.programs.iter().chain(&self.interpreters)
+    }
+
+    /// This allowlist and `extra`'s files together (an approved command's ruleset).
+    pub fn with(&self, extra: &ExecAllowlist) -> ExecAllowlist {
+        // Linear: the lists are short, and this runs in the init (no sorting code there).
+        let join = |a: &[PathBuf], b: &[PathBuf]| -> Vec<PathBuf> {
+            let mut all = a.to_vec();
+            for file in b {
+                if !all.contains(file) {
+                    all.push(file.clone());
+                }
+            }
+            all
+        };
+        ExecAllowlist {
+            programs: join(&self.programs, &extra.programs),
+            interpreters: join(&self.interpreters, &extra.interpreters),
+            libraries: join(&self.libraries, &extra.libraries),
+        }
     }
 
     /// Whether `program` (a name along `path_var`, or a path) names an allowed program.
@@ -241,7 +292,7 @@ pub fn resolve(
 
 /// `name` as `execvp` finds it in the sandbox: a path as it is, a bare name in the first
 /// directory of `path_var` that holds it; the real file's path in the sandbox.
-fn find_program(root: &Path, path_var: &str, name: &str) -> Result<PathBuf, String> {
+pub fn find_program(root: &Path, path_var: &str, name: &str) -> Result<PathBuf, String> {
     use std::os::unix::fs::PermissionsExt;
     let is_program = |file: &Path| {
         std::fs::metadata(host_path(root, file))
@@ -525,6 +576,7 @@ mod tests {
             allowed: vec!["ls".into(), "cat".into()],
             denied: vec!["cat".into()],
             libraries: vec![],
+            ..ExecSection::default()
         };
         let list = resolve(&section, Path::new("/"), PATH).unwrap();
         assert_eq!(list.programs.len(), 1, "{list:?}");
@@ -557,6 +609,7 @@ mod tests {
             allowed: vec!["ls".into(), "no-such-program-here".into()],
             denied: vec![],
             libraries: vec![],
+            ..ExecSection::default()
         };
         let e = resolve(&section, Path::new("/"), PATH).unwrap_err();
         assert!(
@@ -608,6 +661,7 @@ mod tests {
                 allowed: vec![bad.into()],
                 denied: vec![],
                 libraries: vec![],
+                ..ExecSection::default()
             };
             assert!(section.validate().is_err(), "{bad:?}");
         }
@@ -616,6 +670,7 @@ mod tests {
             allowed: vec!["ls".into()],
             denied: vec![],
             libraries: vec![],
+            ..ExecSection::default()
         };
         assert!(full.validate().unwrap_err().contains("allowlist"));
         let deny = ExecSection {
@@ -623,5 +678,37 @@ mod tests {
             ..ExecSection::default()
         };
         assert_eq!(deny.validate(), Ok(()));
+        // ask: not with deny; under full with on-miss the lists are what runs unasked;
+        // argument rules need ask and an allowed program.
+        use crate::exec_ask::{ArgRule, Ask};
+        let ask = |security, ask, allowed: &[&str], args: &[&str]| ExecSection {
+            security,
+            ask,
+            allowed: allowed.iter().map(|s| s.to_string()).collect(),
+            args: args
+                .iter()
+                .map(|a| (a.to_string(), ArgRule::default()))
+                .collect(),
+            ..ExecSection::default()
+        };
+        assert!(ask(ExecSecurity::Deny, Ask::Always, &[], &[])
+            .validate()
+            .unwrap_err()
+            .contains("deny"));
+        assert_eq!(
+            ask(ExecSecurity::Full, Ask::OnMiss, &["ls"], &["ls"]).validate(),
+            Ok(())
+        );
+        assert!(ask(ExecSecurity::Full, Ask::Always, &["ls"], &[])
+            .validate()
+            .is_err());
+        assert!(ask(ExecSecurity::Allowlist, Ask::Off, &["ls"], &["ls"])
+            .validate()
+            .unwrap_err()
+            .contains("exec.args"));
+        assert!(ask(ExecSecurity::Allowlist, Ask::OnMiss, &["ls"], &["git"])
+            .validate()
+            .unwrap_err()
+            .contains("exec.args.git"));
     }
 }

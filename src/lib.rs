@@ -19,6 +19,7 @@ pub mod caller;
 mod cgroup;
 pub mod doctor;
 mod drivers;
+pub mod exec_ask;
 pub mod exec_policy;
 pub mod files;
 pub mod format;

@@ -436,6 +436,11 @@ pub enum ToSandbox {
         /// ([`FromSandbox::PtyOpened`]).
         #[serde(default)]
         pty: Option<PtySize>,
+        /// Under an exec allowlist: what this payload may execute beyond it (an approved
+        /// command): the init binds these files exec, and the payload's landlock ruleset is
+        /// the sandbox's allowlist plus these.
+        #[serde(default)]
+        exec_extra: Option<crate::exec_policy::ExecAllowlist>,
     },
     /// Write files into /work; answered by `FilesWritten` or `FileError`.
     WriteFiles { files: Vec<crate::files::InputFile> },

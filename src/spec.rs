@@ -419,6 +419,12 @@ pub struct Exec {
     pub timeout: Duration,
     /// Cap on stdout plus stderr, in bytes. Past it the execution is stopped.
     pub output_limit: u64,
+    /// Under an exec allowlist: what this payload may execute beyond the sandbox's
+    /// allowlist (a command a person approved, `[exec] ask`). Its files are bound exec in
+    /// the sandbox before the payload starts, and its landlock ruleset grants them EXECUTE;
+    /// other payloads keep the sandbox's own ruleset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_extra: Option<crate::exec_policy::ExecAllowlist>,
 }
 
 /// One run: a sandbox and the one execution it holds ([`crate::run`]).
@@ -589,6 +595,7 @@ impl Exec {
             stdin: None,
             timeout: Duration::ZERO,
             output_limit: 0,
+            exec_extra: None,
         };
         for knob in Knob::all() {
             exec.set(knob, knob.def().default);

@@ -142,6 +142,8 @@ pub enum Kind {
     Reset,
     /// A request refused before anything ran.
     Refused,
+    /// An `[exec] ask` question, its decision, or a rule's revocation.
+    Approval,
 }
 
 impl Kind {
@@ -152,6 +154,7 @@ impl Kind {
             Kind::Session => "session",
             Kind::Reset => "reset",
             Kind::Refused => "refused",
+            Kind::Approval => "approval",
         }
     }
 }

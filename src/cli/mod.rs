@@ -1,5 +1,6 @@
 //! The `codecage` command line. It parses and translates; the library decides.
 
+mod approvals;
 mod audit;
 #[cfg(feature = "image")]
 mod image;
@@ -49,6 +50,9 @@ enum Command {
     Openapi,
     /// Read and prune the audit log: every run, session call and refusal.
     Audit(audit::AuditArgs),
+    /// Commands waiting for a person's approval (a profile's `[exec] ask`): list, allow,
+    /// deny; the standing rules: rules, revoke.
+    Approvals(approvals::ApprovalsArgs),
     /// Build, list and verify the root filesystem images sandboxes run in.
     #[cfg(feature = "image")]
     Image(image::ImageArgs),
@@ -68,6 +72,7 @@ pub fn main() -> i32 {
         Command::Session(args) => session::main(args),
         Command::Mcp(args) => mcp::main(args),
         Command::Audit(args) => audit::main(args),
+        Command::Approvals(args) => approvals::main(args),
         #[cfg(feature = "image")]
         Command::Image(args) => image::main(args),
         Command::Openapi => {

@@ -993,6 +993,16 @@ fn save_call_outputs(
 /// A 2xx answer goes to `then`; anything else prints the server's message.
 fn ok_or_report(status: u16, body: &[u8], then: impl FnOnce(&Value) -> i32) -> i32 {
     let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if status == 202 && value["status"] == "approval_pending" {
+        // `[exec] ask`: nothing ran; a person decides (`codecage approvals`).
+        let id = value["approval_id"].as_str().unwrap_or("?");
+        eprintln!(
+            "codecage: waiting for approval {id}: {}; an administrator decides with `codecage approvals allow {id}` \
+             (or deny); `codecage approvals show {id}` gives the process once it starts",
+            value["reason"].as_str().unwrap_or("")
+        );
+        return 3;
+    }
     if (200..300).contains(&status) {
         return then(&value);
     }

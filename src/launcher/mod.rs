@@ -447,6 +447,7 @@ impl Sandbox {
             outputs: if last { exec.outputs.clone() } else { None },
             cwd,
             pty,
+            exec_extra: exec.exec_extra.clone(),
         };
         match self.send(&message, fds) {
             Ok(()) => Ok(id),

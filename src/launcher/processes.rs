@@ -58,6 +58,8 @@ pub struct Start {
     pub buffer: usize,
     /// Run it on a terminal of this size (its stdin, stdout and stderr, one stream: stdout).
     pub pty: Option<TermSize>,
+    /// What it may execute beyond the sandbox's exec allowlist (an approved command).
+    pub exec_extra: Option<crate::exec_policy::ExecAllowlist>,
 }
 
 /// A terminal's size, in character cells.

@@ -349,6 +349,7 @@ impl Session {
             exec.set_env(key, value);
         }
         exec.set_env("CODECAGE_SHELL", "exec");
+        exec.exec_extra = start.exec_extra.clone();
         if let Some(size) = start.pty {
             exec.set_env("TERM", "xterm-256color");
             let (payload, master) =

@@ -468,30 +468,35 @@ fn restrict_exec_mounts(exec: &crate::exec_policy::ExecAllowlist) -> Done {
     crate::sys::set_mount_attrs_recursive(Path::new(NEW_ROOT), crate::sys::MOUNT_ATTR_NOEXEC)
         .map_err(|e| SetupError::io(Step::RestrictExecMounts, &e, "making every mount noexec"))?;
     for file in exec.exec_mounted() {
-        let path = at(&file.to_string_lossy()[1..]);
-        let fail = |e: Errno, what: &str| {
-            SetupError::errno(
-                Step::RestrictExecMounts,
-                e,
-                format!("{what} {}", file.display()),
-            )
-        };
-        if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() || m.is_dir()) {
-            return Err(fail(Errno::ENOENT, "the image has no file or directory at"));
-        }
-        // Recursive: a directory's submounts stay (noexec).
-        let bind = MsFlags::MS_BIND | MsFlags::MS_REC;
-        mount(Some(&path), &path, None::<&str>, bind, None::<&str>)
-            .map_err(|e| fail(e, "binding"))?;
-        let flags = MsFlags::MS_BIND
-            | MsFlags::MS_REMOUNT
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV;
-        mount(None::<&str>, &path, None::<&str>, flags, None::<&str>)
-            .map_err(|e| fail(e, "making exec the bind of"))?;
+        bind_exec(file, &at(&file.to_string_lossy()[1..]))?;
     }
     Ok(())
+}
+
+/// `file` (its path in the sandbox, at `path` now) bound onto itself read-only, nosuid,
+/// nodev and exec: at setup under the new root, and later in the running sandbox for an
+/// approved command's files (`path` = `file` then).
+pub(super) fn bind_exec(file: &Path, path: &Path) -> Done {
+    let fail = |e: Errno, what: &str| {
+        SetupError::errno(
+            Step::RestrictExecMounts,
+            e,
+            format!("{what} {}", file.display()),
+        )
+    };
+    if !fs::symlink_metadata(path).is_ok_and(|m| m.is_file() || m.is_dir()) {
+        return Err(fail(Errno::ENOENT, "the image has no file or directory at"));
+    }
+    // Recursive: a directory's submounts stay (noexec).
+    let bind = MsFlags::MS_BIND | MsFlags::MS_REC;
+    mount(Some(path), path, None::<&str>, bind, None::<&str>).map_err(|e| fail(e, "binding"))?;
+    let flags = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV;
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
+        .map_err(|e| fail(e, "making exec the bind of"))
 }
 
 fn remount_root_readonly() -> Done {

@@ -50,6 +50,9 @@ pub struct Launch<'a> {
     pub fds: Vec<std::os::fd::OwnedFd>,
     /// The fds are a terminal's slave: it becomes the payload's controlling terminal.
     pub terminal: bool,
+    /// Its exec allowlist when it differs from the sandbox's (an approved command's: the
+    /// sandbox's plus what was approved).
+    pub exec: Option<&'a crate::exec_policy::ExecAllowlist>,
 }
 
 /// Prepares and execs the payload. Never returns: a setup failure is reported on the
@@ -105,7 +108,8 @@ fn prepare(
     }
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| SetupError::errno(Step::SetNoNewPrivs, e, "PR_SET_NO_NEW_PRIVS"))?;
-    let landlock = landlock::restrict(spec.landlock, &spec.network, spec.exec.as_ref())?;
+    let exec = launch.exec.or(spec.exec.as_ref());
+    let landlock = landlock::restrict(spec.landlock, &spec.network, exec)?;
     mark_fds_cloexec(launch.fds.len() as i32)?;
     let mut skipped = landlock.skipped;
     if seccomp.is_none() {

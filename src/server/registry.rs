@@ -33,6 +33,8 @@ pub struct Caps {
     pub max_timeout: Duration,
     /// The profile says exec.security = "deny": no processes.
     pub exec_denied: bool,
+    /// The profile's `[exec] ask`, when it asks.
+    pub ask: Option<Arc<crate::service::approvals::AskGate>>,
 }
 
 /// One live session.

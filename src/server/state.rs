@@ -34,6 +34,8 @@ pub struct AppState {
     pub audit: Option<crate::audit::Audit>,
     /// Sandboxes and sessions built ahead of requests.
     pub pool: pool::Pool,
+    /// `[exec] ask`: the questions waiting for a person, and the standing rules.
+    pub approvals: crate::service::approvals::Approvals,
 }
 
 pub type Shared = Arc<AppState>;
@@ -47,7 +49,11 @@ impl AppState {
         } else {
             None
         };
+        let approvals = crate::service::approvals::Approvals::open(
+            audit.as_ref().and_then(|_| config.audit.path.parent()),
+        )?;
         Ok(Arc::new(AppState {
+            approvals,
             audit,
             sandboxes: Arc::new(Semaphore::new(config.limits.max_sandboxes)),
             session_slots: Arc::new(Semaphore::new(config.limits.max_sessions)),

@@ -39,6 +39,9 @@ pub enum Kind {
     SessionLost,
     /// The audit database could not be read.
     Audit,
+    /// Not an error: the command waits for a person's approval (`[exec] ask`); the
+    /// answer is the pending approval (HTTP 202).
+    ApprovalPending,
 }
 
 impl Kind {
@@ -60,6 +63,7 @@ impl Kind {
             Kind::Setup => "setup",
             Kind::SessionLost => "session_lost",
             Kind::Audit => "audit",
+            Kind::ApprovalPending => "approval_pending",
         }
     }
 }
@@ -79,6 +83,9 @@ pub struct Error {
     pub(crate) audited: bool,
     /// Code refused for its size, as measured in the request (for the audit record).
     pub(crate) code: Option<Box<super::code::Measured>>,
+    /// With `ApprovalPending`: the answer's body (`status`, `approval_id`, `command`,
+    /// `programs`, `reason`).
+    pub pending: Option<Box<serde_json::Value>>,
 }
 
 impl Error {
@@ -90,6 +97,7 @@ impl Error {
             field: None,
             audited: false,
             code: None,
+            pending: None,
         }
     }
 

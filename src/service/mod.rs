@@ -4,6 +4,7 @@
 //! quotas and ownership ([`tenancy`]), the audit record. Errors are [`Error`]s: a kind in
 //! words and a message, never a status code or a flag; front ends only translate them.
 
+pub mod approvals;
 pub mod cluster;
 pub mod code;
 pub mod error;

@@ -395,6 +395,7 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
             timeout,
             buffer: DEFAULT_BUFFER,
             pty,
+            exec_extra: None,
         },
         wait,
     ))
@@ -408,7 +409,9 @@ pub async fn start_process(
     id: &str,
     body: ProcessRequest,
 ) -> Result<ProcessView, Error> {
-    start(state, caller, id, body).await.map(view)
+    start(state, caller, crate::audit::Via::Api, id, body)
+        .await
+        .map(view)
 }
 
 /// [`start_process`]'s answer as a [`Snapshot`] (its output from offset 0), for front
@@ -416,11 +419,24 @@ pub async fn start_process(
 pub async fn start(
     state: &Shared,
     caller: &Caller,
+    via: crate::audit::Via,
     id: &str,
     body: ProcessRequest,
 ) -> Result<Snapshot, Error> {
     let entry = lookup(state, caller, id)?;
-    let (start, wait) = start_of(&entry, body)?;
+    let (mut start, wait) = start_of(&entry, body)?;
+    let shell = start.argv.len() == 3 && start.argv[0] == "bash" && start.argv[1] == "-c";
+    let extra = super::approvals::gate(
+        state,
+        caller,
+        via,
+        &entry,
+        &start.command,
+        (!shell).then_some(start.argv.as_slice()),
+        Some(start.clone()),
+    )
+    .await?;
+    start.exec_extra = extra;
     let command = start.command.clone();
     let process = with_session(state, caller, id, move |session, _| {
         let process = session.start_process(&start)?;

@@ -144,6 +144,7 @@ fn resolve_session(
     )?;
     network_allowed(state, session_spec.sandbox.network.mode)?;
     let caps = Caps {
+        ask: super::approvals::gate_of(&profile, &session_spec.sandbox, &session_spec.env),
         input_files: profile.value(Knob::InputFiles),
         input_total: profile.value(Knob::InputTotalSize),
         read_max: profile.value(Knob::OutputFileSize),
@@ -360,6 +361,9 @@ pub async fn begin_call(
         )
         .on("language");
         return Err(refused(&state, start, e).await);
+    }
+    if call.lang.unwrap_or(entry.lang) == Lang::Bash {
+        super::approvals::gate(&state, &caller, via, &entry, &call.code, None, None).await?;
     }
     if entry.owner != caller.owner() {
         start.details = serde_json::json!({ "owner": entry.owner });

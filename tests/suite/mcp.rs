@@ -1258,3 +1258,83 @@ fn a_deny_shell_profile_hides_execute_shell() {
         server.stop();
     });
 }
+
+/// `[exec] ask` through MCP's exec tool (issue 25): a command that waits answers
+/// `[approval pending]` with the approval's id (not an error: nothing failed); polling that
+/// id says it is pending, and once a person approves (root on the socket), gives the
+/// process's output.
+#[test]
+fn exec_waits_for_approval_and_the_approval_id_polls_the_process() {
+    mcp_test(|python| {
+        let server = Server::start("", true);
+        std::fs::write(
+            server.profiles_dir().join("bash.toml"),
+            "language = \"bash\"\n[exec]\nask = \"on-miss\"\nallowed = [\"bash\", \"ls\"]\n",
+        )
+        .unwrap();
+        let (status, created) = server.tcp_request(
+            super::server::TOKEN,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let url = format!("http://{}/mcp", server.tcp_address());
+        let mine = json!({"http": url, "token": super::server::TOKEN});
+        let first = drive(
+            python,
+            mine.clone(),
+            json!([tool(
+                "exec",
+                json!({"command": "touch /work/m && ls /work", "session_id": id})
+            )]),
+        );
+        let said = text(&first[0]);
+        assert!(
+            !is_error(&first[0]) && said.contains("[approval pending]"),
+            "{said}"
+        );
+        assert!(said.contains("not in exec.allowed: touch"), "{said}");
+        let approval = said
+            .split_whitespace()
+            .nth(3)
+            .unwrap()
+            .trim_end_matches(':')
+            .to_string();
+        assert_eq!(approval.len(), 32, "{said}");
+        let pending = drive(
+            python,
+            mine.clone(),
+            json!([tool(
+                "process",
+                json!({"action": "poll", "sessionId": approval, "session_id": id})
+            )]),
+        );
+        assert!(
+            text(&pending[0]).contains("still pending"),
+            "{}",
+            pending[0]
+        );
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/approvals/{approval}"),
+            Some(json!({"decision": "allow-once"})),
+        );
+        assert_eq!(status, 200, "{out}");
+        let polled = drive(
+            python,
+            mine,
+            json!([{"repeat": {"tool": "process", "args": {"action": "poll", "sessionId": approval, "session_id": id}},
+                    "until": "exited", "every": 0.5, "max": 20}]),
+        );
+        let all: String = polled[0]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(output_lines)
+            .collect();
+        assert_eq!(all, "m\n", "{}", polled[0]);
+        server.stop();
+    });
+}

@@ -1380,3 +1380,448 @@ fn exec_policy_deny_and_allowlist_over_the_api() {
         );
     });
 }
+
+/// `[exec] ask = "on-miss"` over HTTP (issue 25): commands whose programs are all allowed
+/// run; any other, and every bypass of a string match (a chain, `$(...)`, an alias,
+/// `bash -c "$(echo rm) f"`), waits for a person (202 `approval_pending`) and does not
+/// run; only an administrator other than the asker decides; allow-once runs it once,
+/// allow-always adds a rule that a revocation removes for the very next command; a bash
+/// cell runs when sent again once approved; every question and decision is audited.
+#[test]
+fn exec_ask_on_miss_approvals_over_http() {
+    as_root(|| {
+        const AGENT: &str = "agent-token-0123456789abcdef";
+        const BOSS: &str = "boss-token-0123456789abcdef";
+        let server = Server::start(
+            &format!(
+                "[[tokens]]\nname = \"agent\"\ntoken = \"{AGENT}\"\nprofiles = [\"askme\"]\n\
+                 [[tokens]]\nname = \"boss\"\ntoken = \"{BOSS}\"\nrole = \"admin\"\n"
+            ),
+            true,
+        );
+        std::fs::write(
+            server.profiles_dir().join("askme.toml"),
+            "language = \"bash\"\nrootfs = \"host\"\n[exec]\nask = \"on-miss\"\n\
+             allowed = [\"bash\", \"ls\", \"grep\", \"cat\"]\n",
+        )
+        .unwrap();
+        let agent = |method: &str, path: &str, body: Option<Value>| {
+            server.tcp_request(AGENT, method, path, body)
+        };
+        let (status, created) = agent(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "askme"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let procs = format!("/v1/sessions/{id}/processes");
+        let start = |command: &str| agent("POST", &procs, Some(json!({"command": command})));
+        // Allowed programs only: it runs.
+        let (status, out) = start("ls / | grep -x usr");
+        assert_eq!((status, out["exit_code"].as_i64()), (200, Some(0)), "{out}");
+        assert_eq!(out["stdout"], "usr\n", "{out}");
+        // Each of these names a program not allowed, or what a parse cannot judge.
+        for (command, named) in [
+            ("ls /work && touch /work/chained", "touch"),
+            ("ls $(touch /work/substituted)", "touch"),
+            ("alias l=touch; l /work/aliased", "alias"),
+            ("bash -c \"$(echo touch) /work/computed\"", "bash -c"),
+            ("`echo touch` /work/backticks", "variable, a substitution"),
+        ] {
+            let (status, out) = start(command);
+            assert_eq!(status, 202, "{command}: {out}");
+            assert_eq!(out["status"], "approval_pending", "{out}");
+            assert!(
+                out["approval_id"].as_str().is_some_and(|a| a.len() == 32),
+                "{out}"
+            );
+            assert!(
+                out["reason"].as_str().unwrap().contains(named),
+                "{command}: {out}"
+            );
+        }
+        let (_, out) = start("ls -A /work");
+        assert_eq!(
+            out["stdout"], "",
+            "nothing of the pending commands ran: {out}"
+        );
+        // The agent sees its questions and cannot decide them.
+        let (status, pending) = agent("GET", "/v1/approvals", None);
+        assert_eq!(status, 200, "{pending}");
+        assert_eq!(pending.as_array().unwrap().len(), 5, "{pending}");
+        let touch = pending[0]["approval_id"].as_str().unwrap().to_string();
+        assert_eq!(pending[0]["programs"], json!(["ls", "touch"]), "{pending}");
+        let decide = |token: Option<&str>, approval: &str, body: Value| match token {
+            Some(token) => server.tcp_request(
+                token,
+                "POST",
+                &format!("/v1/approvals/{approval}"),
+                Some(body),
+            ),
+            None => server.request("POST", &format!("/v1/approvals/{approval}"), Some(body)),
+        };
+        let (status, out) = decide(Some(AGENT), &touch, json!({"decision": "allow-once"}));
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (403, Some("forbidden")),
+            "{out}"
+        );
+        // Root on the socket approves once: it starts, and the agent polls it.
+        let (status, out) = decide(None, &touch, json!({"decision": "allow-once"}));
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["status"], "started", "{out}");
+        let process = out["process_id"].as_u64().unwrap();
+        let mut polled = Value::Null;
+        assert!(wait_for(Duration::from_secs(10), || {
+            polled = agent("GET", &format!("{procs}/{process}"), None).1;
+            polled["status"] == "exited"
+        }));
+        assert_eq!(polled["exit_code"], 0, "{polled}");
+        let (_, out) = start("ls /work");
+        assert_eq!(out["stdout"], "chained\n", "{out}");
+        let (status, out) = decide(None, &touch, json!({"decision": "deny"}));
+        assert_eq!(status, 403, "decided once: {out}");
+        // Asked again next time; denied, it never runs.
+        let (status, out) = start("touch /work/again");
+        assert_eq!(status, 202, "{out}");
+        let again = out["approval_id"].as_str().unwrap().to_string();
+        // From the shell: the list names it, and root denies it.
+        let approvals_cli = |args: &[&str]| {
+            let out = codecage()
+                .arg("approvals")
+                .arg("--server")
+                .arg(format!("unix:{}", server.socket_path().display()))
+                .args(args)
+                .launch_output();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        };
+        let (code, listed, err) = approvals_cli(&["list"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            listed.contains(&again) && listed.contains("touch /work/again"),
+            "{listed}"
+        );
+        let (code, shown, err) = approvals_cli(&["deny", &again]);
+        assert_eq!(code, 0, "{err}");
+        assert!(shown.contains("\"denied\""), "{shown}");
+        let (code, _, err) = approvals_cli(&["deny", &again]);
+        assert_eq!(code, 125, "decided already: {err}");
+        // The session CLI says that a command waits, and exits 3.
+        let (code, _, err) = server.session_cli(&["exec", &id, "--", "touch", "/work/cli"]);
+        assert_eq!(code, 3, "{err}");
+        assert!(
+            err.contains("waiting for approval") && err.contains("codecage approvals allow"),
+            "{err}"
+        );
+        // allow-always for the session: touch runs without asking, until revoked.
+        let (_, out) = start("touch /work/always");
+        let always = out["approval_id"].as_str().unwrap().to_string();
+        let (status, out) = decide(
+            None,
+            &always,
+            json!({"decision": "allow-always", "scope": "session"}),
+        );
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        let (status, out) = start("touch /work/ruled && ls /work");
+        assert_eq!(status, 200, "{out}");
+        let (status, rules) = server.request("GET", "/v1/approvals/rules", None);
+        assert_eq!(status, 200, "{rules}");
+        let rule = rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["approval_id"] == always.as_str())
+            .unwrap_or_else(|| panic!("{rules}"));
+        assert!(
+            rule["program"].as_str().unwrap().ends_with("/touch"),
+            "{rule}"
+        );
+        assert_eq!(
+            (rule["scope"].as_str(), rule["applies_to"].as_str()),
+            (Some("session"), Some(id.as_str()))
+        );
+        let (status, _) = agent("GET", "/v1/approvals/rules", None);
+        assert_eq!(status, 403);
+        let rule_id = rule["rule_id"].as_str().unwrap();
+        let (status, out) = agent("DELETE", &format!("/v1/approvals/rules/{rule_id}"), None);
+        assert_eq!(status, 403, "{out}");
+        let (code, rules_text, err) = approvals_cli(&["rules"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            rules_text.contains(rule_id) && rules_text.contains("/touch"),
+            "{rules_text}"
+        );
+        let (code, revoked, err) = approvals_cli(&["revoke", rule_id]);
+        assert_eq!(
+            (code, revoked.trim()),
+            (0, format!("revoked {rule_id}").as_str()),
+            "{err}"
+        );
+        let (status, out) = start("touch /work/revoked");
+        assert_eq!(status, 202, "revoked: the next command asks: {out}");
+        // A bash cell: approved once, it runs when sent again, and only that once.
+        let execute = |code: &str| {
+            agent(
+                "POST",
+                &format!("/v1/sessions/{id}/execute"),
+                Some(json!({"code": code})),
+            )
+        };
+        let (status, out) = execute("touch /work/cell && echo made");
+        assert_eq!(status, 202, "{out}");
+        let (status, _) = decide(
+            None,
+            out["approval_id"].as_str().unwrap(),
+            json!({"decision": "allow-once"}),
+        );
+        assert_eq!(status, 200);
+        let (status, out) = execute("touch /work/cell && echo made");
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("made\n")),
+            "{out}"
+        );
+        let (status, _) = execute("touch /work/cell && echo made");
+        assert_eq!(status, 202);
+        // An administrator token cannot approve what it asked itself.
+        let (status, created) = server.tcp_request(
+            BOSS,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "askme"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let boss_session = created["id"].as_str().unwrap();
+        let (status, out) = server.tcp_request(
+            BOSS,
+            "POST",
+            &format!("/v1/sessions/{boss_session}/processes"),
+            Some(json!({"command": "rm -f /work/x"})),
+        );
+        assert_eq!(status, 202, "{out}");
+        let (status, out) = decide(
+            Some(BOSS),
+            out["approval_id"].as_str().unwrap(),
+            json!({"decision": "allow-once"}),
+        );
+        assert_eq!(status, 403, "{out}");
+        assert!(
+            out["message"]
+                .as_str()
+                .unwrap()
+                .contains("cannot approve its own"),
+            "{out}"
+        );
+        // The audit log: every question, decision and revocation.
+        let (status, records) = server.request("GET", "/v1/audit?kind=approval&limit=100", None);
+        assert_eq!(status, 200, "{records}");
+        let events: Vec<String> = records["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["details"]["event"].as_str().unwrap_or("?").to_string())
+            .collect();
+        for event in ["asked", "allow-once", "allow-always", "deny", "revoke"] {
+            assert!(events.iter().any(|e| e == event), "{event}: {events:?}");
+        }
+        let decision = records["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["details"]["event"] == "allow-always")
+            .unwrap();
+        assert_eq!(decision["caller"], "uid:0", "{decision}");
+        assert_eq!(decision["details"]["asked_by"], "token:agent", "{decision}");
+        assert_eq!(decision["details"]["scope"], "session", "{decision}");
+        assert!(decision["details"]["waited_ms"].is_u64(), "{decision}");
+        server.stop();
+    });
+}
+
+/// `ask` over a kernel allowlist (issue 25): an approved process gets a ruleset of its
+/// own, the allowlist plus what was approved, so the program the kernel refused to the
+/// sandbox runs in it; the REPL that asked keeps its ruleset (an approved cell still meets
+/// EACCES); an allow-always rule gives the next process the same, until it is revoked.
+#[test]
+fn an_approved_process_gets_its_own_exec_ruleset() {
+    as_root(|| {
+        const AGENT: &str = "agent-token-0123456789abcdef";
+        let server = Server::start(
+            &format!(
+                "[[tokens]]\nname = \"agent\"\ntoken = \"{AGENT}\"\nprofiles = [\"strict\"]\n"
+            ),
+            true,
+        );
+        std::fs::write(
+            server.profiles_dir().join("strict.toml"),
+            "language = \"bash\"\nrootfs = \"host\"\n[exec]\nsecurity = \"allowlist\"\nask = \"on-miss\"\n\
+             allowed = [\"bash\", \"ls\", \"grep\"]\n",
+        )
+        .unwrap();
+        let agent = |method: &str, path: &str, body: Option<Value>| {
+            server.tcp_request(AGENT, method, path, body)
+        };
+        let (status, created) = agent(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "strict"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let procs = format!("/v1/sessions/{id}/processes");
+        let start = |command: &str| agent("POST", &procs, Some(json!({"command": command})));
+        let approve = |approval: &Value, body: Value| {
+            let approval = approval.as_str().unwrap();
+            server.request("POST", &format!("/v1/approvals/{approval}"), Some(body))
+        };
+        let finished = |process: u64| {
+            let mut polled = Value::Null;
+            assert!(wait_for(Duration::from_secs(10), || {
+                polled = agent("GET", &format!("{procs}/{process}"), None).1;
+                polled["status"] == "exited"
+            }));
+            polled
+        };
+        // touch is not in the allowlist: asked, approved once, it runs in its own ruleset.
+        let (status, out) = start("touch /work/t && ls /work");
+        assert_eq!(status, 202, "{out}");
+        let (status, out) = approve(&out["approval_id"], json!({"decision": "allow-once"}));
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        let polled = finished(out["process_id"].as_u64().unwrap());
+        assert_eq!(
+            (polled["exit_code"].as_i64(), polled["stdout"].as_str()),
+            (Some(0), Some("t\n")),
+            "{polled}"
+        );
+        // A cell the parse cannot judge, approved: the REPL's ruleset is the allowlist's.
+        let execute = |code: &str| {
+            agent(
+                "POST",
+                &format!("/v1/sessions/{id}/execute"),
+                Some(json!({"code": code})),
+            )
+        };
+        let cell = "t=touch; $t /work/c; echo $?";
+        let (status, out) = execute(cell);
+        assert_eq!(status, 202, "{out}");
+        let (status, _) = approve(&out["approval_id"], json!({"decision": "allow-once"}));
+        assert_eq!(status, 200);
+        let (status, out) = execute(cell);
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(
+            out["stdout"], "126\n",
+            "the kernel still refuses touch to the REPL: {out}"
+        );
+        // allow-always for the profile: the next touch runs at once, in its own ruleset.
+        let (status, out) = start("touch /work/r");
+        assert_eq!(status, 202, "{out}");
+        let (status, out) = approve(
+            &out["approval_id"],
+            json!({"decision": "allow-always", "scope": "profile"}),
+        );
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        let rule = out["rules"][0].as_str().unwrap().to_string();
+        let (status, out) = start("touch /work/s && ls /work");
+        assert_eq!(status, 200, "{out}");
+        let polled = finished(out["process_id"].as_u64().unwrap());
+        assert_eq!(polled["exit_code"], 0, "{polled}");
+        assert_eq!(polled["stdout"], "r\ns\nt\n", "{polled}");
+        // Revoked: the next one is asked again.
+        let (status, _) = server.request("DELETE", &format!("/v1/approvals/rules/{rule}"), None);
+        assert_eq!(status, 200);
+        let (status, out) = start("touch /work/u");
+        assert_eq!(status, 202, "{out}");
+        // A command the parse cannot judge, allowed always: the same command runs at once
+        // with the programs it names in its ruleset.
+        let judged = "touch /work/v; eval true";
+        let (status, out) = start(judged);
+        assert_eq!(status, 202, "{out}");
+        let (status, out) = approve(&out["approval_id"], json!({"decision": "allow-always"}));
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        assert_eq!(
+            out["rules"].as_array().unwrap().len(),
+            2,
+            "touch and the command: {out}"
+        );
+        let (status, out) = start(judged);
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(
+            finished(out["process_id"].as_u64().unwrap())["exit_code"],
+            0
+        );
+        server.stop();
+    });
+}
+
+/// `[exec.args]` (issue 25, seed 004's safe-bin profiles): git runs without asking for
+/// `git status`, not for `git push`, nor for a push hidden in `bash -c`.
+#[test]
+fn argument_rules_let_git_status_run_and_ask_for_git_push() {
+    as_root(|| {
+        let server = Server::start("", false);
+        std::fs::write(
+            server.profiles_dir().join("gitro.toml"),
+            "language = \"bash\"\nrootfs = \"host\"\n[exec]\nask = \"on-miss\"\n\
+             allowed = [\"bash\", \"git\"]\n[exec.args.git]\nfirst = [\"status\", \"log\"]\n\
+             denied_flags = [\"-c\", \"--exec-path\"]\n",
+        )
+        .unwrap();
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "gitro"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let procs = format!("/v1/sessions/{}/processes", created["id"].as_str().unwrap());
+        let start =
+            |command: &str| server.request("POST", &procs, Some(json!({"command": command})));
+        let (status, out) = start("git status");
+        assert_eq!(status, 200, "{out}");
+        // /work is no repository: git ran and said so.
+        assert!(
+            out["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("not a git repository"),
+            "{out}"
+        );
+        for (command, why) in [
+            (
+                "git push origin main",
+                "first argument must be one of status, log",
+            ),
+            ("bash -c 'git push'", "first argument"),
+            ("git -c core.pager=x status", "the flag -c is denied"),
+            ("git status $REF", "run time"),
+        ] {
+            let (status, out) = start(command);
+            assert_eq!(status, 202, "{command}: {out}");
+            assert!(
+                out["reason"].as_str().unwrap().contains(why),
+                "{command}: {out}"
+            );
+        }
+        server.stop();
+    });
+}

@@ -24,6 +24,7 @@ use codecage::runner::Lang;
 use codecage::session::{Call, CallOutcome, Event};
 use codecage::Stream;
 
+pub(crate) mod approvals_api;
 pub(crate) mod audit_api;
 mod body;
 pub(crate) mod fs;
@@ -96,6 +97,16 @@ pub fn router(state: Shared) -> Router {
         )
         .route("/v1/sessions/{id}/files", get(list_files))
         .route("/v1/sessions/{id}/files/{*path}", get(download).put(upload))
+        .route("/v1/approvals", get(approvals_api::list))
+        .route("/v1/approvals/rules", get(approvals_api::rules))
+        .route(
+            "/v1/approvals/rules/{id}",
+            axum::routing::delete(approvals_api::revoke),
+        )
+        .route(
+            "/v1/approvals/{id}",
+            get(approvals_api::show).post(approvals_api::decide),
+        )
         .route("/v1/audit", get(audit_list))
         .route("/v1/audit/export", get(audit_export))
         .route("/v1/audit/{id}", get(audit_show))
@@ -120,6 +131,7 @@ pub fn status_of(kind: Kind) -> StatusCode {
         Kind::Capacity | Kind::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Kind::SessionLost => StatusCode::GONE,
         Kind::Setup | Kind::Audit => StatusCode::INTERNAL_SERVER_ERROR,
+        Kind::ApprovalPending => StatusCode::ACCEPTED,
     }
 }
 
@@ -152,6 +164,9 @@ pub struct ErrorBody {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let Some(pending) = self.pending.clone() {
+            return (status_of(self.kind), Json(*pending)).into_response();
+        }
         let info = ErrorInfo {
             kind: self.kind(),
             message: self.message.clone(),

@@ -70,6 +70,10 @@ impl From<service::Error> for ConnectError {
             Kind::Policy | Kind::Forbidden => ("permission_denied", StatusCode::FORBIDDEN),
             Kind::NotFound | Kind::SessionExpired => ("not_found", StatusCode::NOT_FOUND),
             Kind::Busy => ("failed_precondition", StatusCode::PRECONDITION_FAILED),
+            Kind::Exists => ("already_exists", StatusCode::CONFLICT),
+            // E2B has no approvals: the command did not start, and the message names the
+            // pending approval a person decides through codecage's own API or CLI.
+            Kind::ApprovalPending => ("failed_precondition", StatusCode::PRECONDITION_FAILED),
             Kind::PayloadTooLarge | Kind::Quota => {
                 ("resource_exhausted", StatusCode::TOO_MANY_REQUESTS)
             }

@@ -163,7 +163,15 @@ impl CodecageMcp {
             timeout,
         };
         wait_idle(&entry).await;
-        match procs::start(&self.state, caller, &entry.id, request).await {
+        match procs::start(
+            &self.state,
+            caller,
+            crate::audit::Via::Mcp,
+            &entry.id,
+            request,
+        )
+        .await
+        {
             Ok(snapshot) => {
                 let max = self.state.config.mcp.max_text as usize;
                 let (mut text, cursor) = render(&snapshot, max);
@@ -187,6 +195,17 @@ impl CodecageMcp {
                 } else {
                     CallToolResult::success(vec![ContentBlock::text(text)])
                 }
+            }
+            Err(e) if e.kind == crate::service::Kind::ApprovalPending => {
+                // `[exec] ask`: nothing ran yet; the approval's id stands for the process.
+                let pending = e.pending.as_deref().cloned().unwrap_or_default();
+                let id = pending["approval_id"].as_str().unwrap_or("?");
+                text_result(format!(
+                    "[approval pending] approval {id}: {}. Nothing ran: a person decides (allow once, allow \
+                     always, deny). process action=poll sessionId={id} says whether it was decided and, once it \
+                     started, gives its output.\n",
+                    pending["reason"].as_str().unwrap_or("")
+                ))
             }
             Err(e) => exec_error(e),
         }
@@ -225,6 +244,31 @@ impl CodecageMcp {
         }
         let id = match &args.process {
             Some(ProcessId::Number(n)) => *n,
+            // An approval's id (exec answered `approval pending`): its process once started.
+            Some(ProcessId::Text(t))
+                if t.trim().len() == 32 && !t.trim().contains(|c: char| !c.is_ascii_hexdigit()) =>
+            {
+                match crate::service::approvals::show(&self.state, caller, t.trim()) {
+                    Ok(a) if a.session_id != session => {
+                        return tool_error(format!("approval {t} is of another session"))
+                    }
+                    Ok(a) => match (a.status.as_str(), a.process_id) {
+                        ("started", Some(process)) => process,
+                        ("pending", _) => {
+                            return text_result(format!(
+                                "approval {t} is still pending: nothing ran yet; poll again later\n"
+                            ))
+                        }
+                        (status, _) => {
+                            return tool_error(format!(
+                                "approval {t} is {status}{}: the command did not run",
+                                a.error.map(|e| format!(" ({e})")).unwrap_or_default()
+                            ))
+                        }
+                    },
+                    Err(e) => return api_error(e),
+                }
+            }
             Some(ProcessId::Text(t)) => match t.trim().parse() {
                 Ok(n) => n,
                 Err(_) => {
