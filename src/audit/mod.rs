@@ -137,6 +137,9 @@ pub enum Kind {
     Session,
     /// A session's interpreter started again.
     Reset,
+    /// A session's process (`POST /v1/sessions/{id}/processes`, MCP `exec`), from its
+    /// start to its exit.
+    Process,
     /// A request refused before anything ran.
     Refused,
 }
@@ -148,6 +151,7 @@ impl Kind {
             Kind::Call => "call",
             Kind::Session => "session",
             Kind::Reset => "reset",
+            Kind::Process => "process",
             Kind::Refused => "refused",
         }
     }

@@ -2318,3 +2318,267 @@ fn terminals_leave_nothing_behind() {
         server.stop();
     });
 }
+
+/// The lines of an NDJSON stream read by curl over TCP as they come (a thread per
+/// stream), and the curl to kill or wait for.
+struct Lines {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Lines {
+    fn open(server: &Server, token: &str, path: &str) -> Lines {
+        let mut child = Command::new("curl")
+            .args(["-s", "-N", "-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("http://{}{path}", server.tcp_address()))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl");
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+                if send.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines { child, lines }
+    }
+
+    /// The next line that is not a heartbeat, within 20 s.
+    fn next(&self) -> Value {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(20 * slowdown()))
+                .expect("a line within 20 s");
+            if line["type"] != "heartbeat" {
+                return line;
+            }
+        }
+    }
+
+    /// Disconnects (kills its curl, which this test started).
+    fn close(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process's output stream (NDJSON) from cursors: cut off mid-way and resumed from the
+/// last cursors, every line comes exactly once, stderr apart, and the stream ends with
+/// the exit record; from the end it gives the exit only. The session's event stream
+/// gives each start and exit in order (a process killed by the session's close too),
+/// resumes after a `seq` with nothing twice, and ends with `closed`. The audit holds a
+/// record of each process with its command, exit code or signal.
+#[test]
+fn a_process_streams_its_output_and_the_session_its_events() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let events = Lines::open(&server, USER1, &format!("/v1/sessions/{id}/events"));
+        let first = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "for i in $(seq 40); do echo $i; sleep 0.05; done; echo oops >&2; exit 4",
+                   "background": true}),
+        );
+        let pid = first["process_id"].as_u64().unwrap();
+        let path = |from: (u64, u64)| {
+            format!(
+                "/v1/sessions/{id}/processes/{pid}/stream?stdout_from={}&stderr_from={}",
+                from.0, from.1
+            )
+        };
+        // The first connection goes after three output lines.
+        let cut = Lines::open(&server, USER1, &path((0, 0)));
+        let mut text = String::new();
+        let mut cursors = (0, 0);
+        let mut given = 0;
+        while given < 3 {
+            let line = cut.next();
+            assert_eq!(line["type"], "stdout", "{line}");
+            assert_eq!(line["from"].as_u64(), Some(cursors.0), "{line}");
+            assert_eq!(line["dropped"], 0, "{line}");
+            text.push_str(line["data"].as_str().unwrap());
+            cursors.0 = line["cursor"].as_u64().unwrap();
+            given += 1;
+        }
+        cut.close();
+        std::thread::sleep(Duration::from_millis(500));
+        // The reconnect: from the cursors, to the exit.
+        let resumed = Lines::open(&server, USER1, &path(cursors));
+        let mut errors = String::new();
+        let exit = loop {
+            let line = resumed.next();
+            match line["type"].as_str() {
+                Some("stdout") => {
+                    assert_eq!(line["from"].as_u64(), Some(cursors.0), "{line}");
+                    text.push_str(line["data"].as_str().unwrap());
+                    cursors.0 = line["cursor"].as_u64().unwrap();
+                }
+                Some("stderr") => {
+                    assert_eq!(line["from"].as_u64(), Some(cursors.1), "{line}");
+                    errors.push_str(line["data"].as_str().unwrap());
+                    cursors.1 = line["cursor"].as_u64().unwrap();
+                }
+                Some("exit") => break line,
+                _ => panic!("an unexpected line: {line}"),
+            }
+        };
+        let expected: String = (1..=40).map(|i| format!("{i}\n")).collect();
+        assert_eq!(text, expected);
+        assert_eq!(errors, "oops\n");
+        assert_eq!(
+            (exit["exit_code"].as_i64(), exit["status"].as_str()),
+            (Some(4), Some("exited")),
+            "{exit}"
+        );
+        assert_eq!(exit["stdout_cursor"].as_u64(), Some(cursors.0), "{exit}");
+        assert!(exit.get("stdout").is_none(), "{exit}");
+        // The curl ends with the stream.
+        let status = resumed.child.wait_with_output().unwrap().status;
+        assert!(status.success(), "{status}");
+        // From the end: the exit line only.
+        let end = Lines::open(&server, USER1, &path(cursors));
+        assert_eq!(end.next()["type"], "exit");
+        end.close();
+        // Someone else's session is not found, nor is a process that is not there.
+        let (status, _) = server.tcp_curl(
+            USER2,
+            &[
+                "-s",
+                &format!("http://{}{}", server.tcp_address(), path((0, 0))),
+            ],
+        );
+        assert_eq!(status, 404);
+        let (status, _) = server.tcp_request(
+            USER1,
+            "GET",
+            &format!("/v1/sessions/{id}/processes/999/stream"),
+            None,
+        );
+        assert_eq!(status, 404);
+        // The events so far: its start and its exit.
+        let started = events.next();
+        assert_eq!(
+            (started["type"].as_str(), started["process_id"].as_u64()),
+            (Some("started"), Some(pid)),
+            "{started}"
+        );
+        let exited = events.next();
+        assert_eq!(
+            (exited["type"].as_str(), exited["exit_code"].as_i64()),
+            (Some("exited"), Some(4)),
+            "{exited}"
+        );
+        let seq = exited["seq"].as_u64().unwrap();
+        assert_eq!(started["seq"].as_u64(), Some(seq - 1));
+        // A sleeper that the session's close kills.
+        let sleeper = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "sleep 1000", "background": true}),
+        );
+        let sleeper = sleeper["process_id"].as_u64().unwrap();
+        let line = events.next();
+        assert_eq!(
+            (line["type"].as_str(), line["process_id"].as_u64()),
+            (Some("started"), Some(sleeper)),
+            "{line}"
+        );
+        // A reconnect after `seq`: the sleeper's start only.
+        let again = Lines::open(
+            &server,
+            USER1,
+            &format!("/v1/sessions/{id}/events?after={seq}"),
+        );
+        let line = again.next();
+        assert_eq!(
+            (line["type"].as_str(), line["seq"].as_u64()),
+            (Some("started"), Some(seq + 1)),
+            "{line}"
+        );
+        again.close();
+        assert_eq!(
+            server
+                .tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        let line = events.next();
+        assert_eq!(
+            (
+                line["type"].as_str(),
+                line["process_id"].as_u64(),
+                line["signal"].as_i64()
+            ),
+            (Some("exited"), Some(sleeper), Some(9)),
+            "{line}"
+        );
+        assert_eq!(events.next()["type"], "closed");
+        let status = events.child.wait_with_output().unwrap().status;
+        assert!(status.success(), "{status}");
+        // The audit: both processes, their commands and ends.
+        let (status, list) = server.tcp_request(
+            ADMIN,
+            "GET",
+            &format!("/v1/audit?kind=process&session={id}"),
+            None,
+        );
+        assert_eq!(status, 200, "{list}");
+        let records: Vec<Value> = list["records"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| {
+                let path = format!("/v1/audit/{}", r["id"].as_str().unwrap());
+                server.tcp_request(ADMIN, "GET", &path, None).1
+            })
+            .collect();
+        assert_eq!(records.len(), 2, "{list}");
+        let of = |needle: &str| {
+            records
+                .iter()
+                .find(|r| r["code"].as_str().is_some_and(|c| c.contains(needle)))
+                .unwrap_or_else(|| panic!("no record of {needle}: {list}"))
+                .clone()
+        };
+        let looped = of("seq 40");
+        assert_eq!(
+            (
+                looped["status"].as_str(),
+                looped["exit_code"].as_i64(),
+                looped["caller"].as_str()
+            ),
+            (Some("complete"), Some(4), Some("token:user1")),
+            "{looped}"
+        );
+        assert_eq!(
+            looped["details"]["process_id"].as_u64(),
+            Some(pid),
+            "{looped}"
+        );
+        assert_eq!(looped["stderr"].as_str(), Some("oops\n"), "{looped}");
+        let slept = of("sleep 1000");
+        assert_eq!(
+            (
+                slept["status"].as_str(),
+                slept["signal"].as_i64(),
+                slept["error"].as_str()
+            ),
+            (Some("complete"), Some(9), Some("session_closed")),
+            "{slept}"
+        );
+        figures(&server, "process streams");
+        server.stop();
+    });
+}

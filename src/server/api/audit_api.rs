@@ -125,7 +125,7 @@ pub struct AuditQuery {
     error: Option<String>,
     /// Of this session (its life, calls and resets).
     session: Option<String>,
-    /// run, call, session, reset or refused.
+    /// run, call, session, reset, process or refused.
     kind: Option<String>,
     /// token:NAME, uid:N or unauthenticated.
     caller: Option<String>,

@@ -163,7 +163,15 @@ impl CodecageMcp {
             timeout,
         };
         wait_idle(&entry).await;
-        match procs::start(&self.state, caller, &entry.id, request).await {
+        match procs::start(
+            &self.state,
+            caller,
+            crate::audit::Via::Mcp,
+            &entry.id,
+            request,
+        )
+        .await
+        {
             Ok(snapshot) => {
                 let max = self.state.config.mcp.max_text as usize;
                 let (mut text, cursor) = render(&snapshot, max);
