@@ -33,6 +33,8 @@ pub struct Caps {
     pub max_timeout: Duration,
     /// The profile says exec.security = "deny": no processes.
     pub exec_denied: bool,
+    /// The bytes of output a process keeps per stream (the profile's `process_buffer`).
+    pub process_buffer: usize,
 }
 
 /// One live session.

@@ -15,7 +15,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 
 use codecage::knobs::{Knob, Raw};
-use codecage::processes::{Snapshot, Start, Status, TermSize, Window, DEFAULT_BUFFER};
+use codecage::processes::{Snapshot, Start, Status, TermSize, Window};
 use codecage::units::format_duration;
 
 use super::keys::{self, KeyModes};
@@ -394,7 +394,7 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
             env: body.env.into_iter().collect(),
             stdin: body.stdin,
             timeout,
-            buffer: DEFAULT_BUFFER,
+            buffer: entry.caps.process_buffer,
             pty,
         },
         wait,

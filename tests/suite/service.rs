@@ -2582,3 +2582,78 @@ fn a_process_streams_its_output_and_the_session_its_events() {
         server.stop();
     });
 }
+
+/// The profile's `session.process_buffer` sets what a process keeps per stream: 64K here,
+/// so a poll past it counts what it missed (from 0, and from a cursor in the middle), and
+/// a poll within it misses nothing; a value out of range is refused by name.
+#[test]
+fn the_process_buffer_is_the_profiles_and_a_poll_counts_what_it_dropped() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let dir = server.profiles_dir();
+        // The caller may use the profile `bash`: this server's is written here.
+        std::fs::write(
+            dir.join("bash.toml"),
+            "language = \"bash\"\n[session]\nprocess_buffer = \"1K\"\n",
+        )
+        .unwrap();
+        let (status, refused) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "bash"})),
+        );
+        assert!(
+            status >= 400 && refused.to_string().contains("process_buffer"),
+            "{status} {refused}"
+        );
+        std::fs::write(
+            dir.join("bash.toml"),
+            "language = \"bash\"\n[session]\nprocess_buffer = \"64K\"\n",
+        )
+        .unwrap();
+        let (status, created) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "bash"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let total: u64 = 1_000_000;
+        let out = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": format!("yes 0123456789 | head -c {total}; printf END; echo e >&2"),
+                   "yield_ms": 30000}),
+        );
+        assert_eq!(out["status"], "exited", "{}", out["status"]);
+        let pid = out["process_id"].as_u64().unwrap();
+        let kept = 64u64 << 10;
+        let end = total + 3;
+        assert_eq!(out["stdout"].as_str().unwrap().len() as u64, kept);
+        assert_eq!(
+            out["stdout_dropped"].as_u64(),
+            Some(end - kept),
+            "{}",
+            out["stdout_dropped"]
+        );
+        assert_eq!(out["stderr"], "e\n");
+        // From a cursor the buffer no longer holds: the oldest kept, and the count.
+        let middle = poll_process(&server, USER1, &id, pid, (500_000, 0));
+        assert_eq!(middle["stdout_from"].as_u64(), Some(end - kept));
+        assert_eq!(
+            middle["stdout_dropped"].as_u64(),
+            Some(end - kept - 500_000)
+        );
+        assert_eq!(middle["stdout_cursor"].as_u64(), Some(end));
+        // Within it: every byte since, nothing dropped.
+        let near = poll_process(&server, USER1, &id, pid, (end - 1000, 0));
+        assert_eq!(near["stdout_dropped"], 0);
+        assert_eq!(near["stdout"].as_str().unwrap().len(), 1000);
+        assert!(near["stdout"].as_str().unwrap().ends_with("END"));
+        figures(&server, "process buffer");
+        server.stop();
+    });
+}

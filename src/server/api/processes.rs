@@ -45,8 +45,8 @@ pub struct ProcessSchema {
     stdout_from: u64,
     /// The offset to poll from next: every byte written so far.
     stdout_cursor: u64,
-    /// Bytes between the cursor asked and `stdout_from` that the buffer (1 MiB) no
-    /// longer held.
+    /// Bytes between the cursor asked and `stdout_from` that the buffer (the profile's
+    /// `session.process_buffer`, 1 MiB by default) no longer held.
     stdout_dropped: u64,
     stderr: String,
     stderr_encoding: Option<String>,
@@ -81,7 +81,7 @@ pub struct StdinWritten {
         `CODECAGE_SHELL=exec` in its environment. The answer waits up to `yield_ms` (default 10000): if \
         it ended, its whole result; else `status: running` with its output so far, and it goes on (poll \
         it). `background: true` answers at once. Its output is read as it comes, whoever polls, into a \
-        buffer of 1 MiB a stream. Closing the session kills it.",
+        buffer of 1 MiB a stream (the profile's `session.process_buffer`). Closing the session kills it.",
     params(("id" = String, Path, description = "the session's id")),
     request_body = ProcessRequest,
     security(("bearer" = [])),
