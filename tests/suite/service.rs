@@ -2657,3 +2657,104 @@ fn the_process_buffer_is_the_profiles_and_a_poll_counts_what_it_dropped() {
         server.stop();
     });
 }
+
+/// `codecage session attach` from a pipe: `cat` (stdin open) gets the lines the CLI
+/// reads, echoes them, ends at the end of input (the CLI closes its stdin), and the CLI
+/// exits with its status; `--from 0:0` prints what came before too. From a terminal
+/// (`script` gives the CLI one) on a process with a pty: raw mode, the keys typed reach
+/// Python's REPL, its answer is printed, and C-p C-q detaches, leaving it running.
+#[test]
+fn session_attach_follows_a_process_and_forwards_its_input() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "bash"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let (_, cat) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"command": "echo before; cat; exit 5", "stdin": true, "background": true})),
+        );
+        let pid = cat["process_id"].as_u64().unwrap().to_string();
+        let attach = |from: bool, input: &str| {
+            let mut cmd = codecage();
+            cmd.arg("session")
+                .arg("--server")
+                .arg(format!("unix:{}", server.socket_path().display()))
+                .args(["attach", &id, &pid]);
+            if from {
+                cmd.args(["--from", "0:0"]);
+            }
+            let mut child = cmd
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            std::io::Write::write_all(&mut stdin, input.as_bytes()).unwrap();
+            drop(stdin);
+            let out = child.wait_with_output().unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        };
+        let (code, stdout, stderr) = attach(true, "hello\nbye\n");
+        assert_eq!(
+            (code, stdout.as_str()),
+            (Some(5), "before\nhello\nbye\n"),
+            "{stderr}"
+        );
+        // A process that has ended: nothing new from now, its status.
+        let (code, stdout, _) = attach(false, "");
+        assert_eq!((code, stdout.as_str()), (Some(5), ""));
+        // On a terminal.
+        let (_, repl) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"argv": ["python3", "-i", "-q"], "pty": true, "background": true})),
+        );
+        let repl = repl["process_id"].as_u64().unwrap();
+        let cli = format!(
+            "{} session --server unix:{} attach {id} {repl}",
+            env!("CARGO_BIN_EXE_codecage"),
+            server.socket_path().display()
+        );
+        let mut child = Command::new("script")
+            .args(["-qefc", &cli, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::sleep(Duration::from_millis(1500 * slowdown()));
+        std::io::Write::write_all(&mut stdin, b"print(6*7)\r").unwrap();
+        std::thread::sleep(Duration::from_millis(1500 * slowdown()));
+        std::io::Write::write_all(&mut stdin, &[0x10, 0x11]).unwrap();
+        let started = Instant::now();
+        let out = loop {
+            if let Some(_status) = child.try_wait().unwrap() {
+                break child.wait_with_output().unwrap();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "attach did not detach"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        drop(stdin);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{:?} {stdout}", out.status);
+        assert!(stdout.contains("42"), "{stdout:?}");
+        assert!(stdout.contains("detached"), "{stdout:?}");
+        // The REPL goes on.
+        let (_, still) =
+            server.request("GET", &format!("/v1/sessions/{id}/processes/{repl}"), None);
+        assert_eq!(still["status"], "running", "{still}");
+        server.request("DELETE", &format!("/v1/sessions/{id}"), None);
+        server.stop();
+    });
+}
