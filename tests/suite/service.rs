@@ -2758,3 +2758,67 @@ fn session_attach_follows_a_process_and_forwards_its_input() {
         server.stop();
     });
 }
+
+/// The memory a session holds with its three contexts and ten idle background processes
+/// (`sleep 1000`), as its cgroup counts it, for the figures; each sleep costs little (a
+/// bash and a sleep, their pages mostly shared), and closing the session leaves nothing.
+#[test]
+fn ten_idle_background_processes_cost_little_memory() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "python");
+        let server_pid = server.pid();
+        let cgroups = || -> Vec<std::path::PathBuf> {
+            run_cgroups()
+                .into_iter()
+                .filter(|(pid, _)| *pid == server_pid)
+                .map(|(_, path)| path)
+                .collect()
+        };
+        for (language, code) in [("python", "1"), ("node", "1"), ("bash", "true")] {
+            let out = execute_in(&server, &id, language, code, 60);
+            assert!(out["error"].is_null(), "{language}: {out}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let three = session_memory(&cgroups());
+        for _ in 0..10 {
+            let started = start_process(
+                &server,
+                USER1,
+                &id,
+                json!({"command": "sleep 1000", "background": true}),
+            );
+            assert_eq!(started["status"], "running", "{started}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let (_, list) =
+            server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}/processes"), None);
+        let running = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["status"] == "running")
+            .count();
+        assert_eq!(running, 10, "{list}");
+        let ten = session_memory(&cgroups());
+        let each = ten.0.saturating_sub(three.0) / 10;
+        eprintln!(
+            "figures: a python session with its three contexts: cgroup {} KiB, RSS {} KiB; with ten \
+             idle `sleep 1000` processes too: cgroup {} KiB, RSS {} KiB ({} KiB of cgroup each)",
+            three.0, three.1, ten.0, ten.1, each
+        );
+        assert!(three.0 > 0, "no cgroup of the session was found");
+        assert!(each < 4096, "{each} KiB a sleeping process");
+        assert_eq!(
+            server
+                .tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        assert!(
+            wait_for(Duration::from_secs(10), || cgroups().is_empty()),
+            "the session's cgroup was left"
+        );
+        server.stop();
+    });
+}
