@@ -447,8 +447,12 @@ pub async fn start(
         "env": start.env.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
     });
     let slot = audit_slot(state).await?;
-    let pending = slot.map(|slot| slot.begin(record));
-    let process = with_session(state, caller, id, move |session, entry| {
+    // Shared with the session's thread, which takes it: left here, the start was refused
+    // before it ran (409 while a call runs, or the session closed).
+    let pending = Arc::new(std::sync::Mutex::new(slot.map(|slot| slot.begin(record))));
+    let taken = pending.clone();
+    let started = with_session(state, caller, id, move |session, entry| {
+        let pending = taken.lock().unwrap_or_else(|e| e.into_inner()).take();
         let process = match session.start_process(&start) {
             Ok(process) => process,
             Err(e) => {
@@ -470,7 +474,16 @@ pub async fn start(
         }
         Ok(process)
     })
-    .await?;
+    .await;
+    let left = pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let process = match (started, left) {
+        (Ok(process), _) => process,
+        (Err(e), Some(pending)) => {
+            pending.finish(audit::End::error(e.kind.name(), &e.message));
+            return Err(e);
+        }
+        (Err(e), None) => return Err(e),
+    };
     tracing::info!(caller = %caller, session = %id, process, command = %command, "process started");
     entry.touch();
     settle(&entry);

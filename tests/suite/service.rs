@@ -1411,7 +1411,30 @@ fn a_process_is_polled_and_signalled_while_a_call_runs() {
                 "the signal did not reach the process during the call: {last}"
             );
             assert_eq!(last["signal"].as_i64(), Some(15), "{last}");
-            let (status, out) = call.join().unwrap();
+            // A start claims the session as a call does: 409, and its audit record says so.
+            let (status, out) = server.tcp_request(
+                USER1,
+                "POST",
+                &format!("/v1/sessions/{id}/processes"),
+                Some(json!({"command": "echo never", "background": true})),
+            );
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (409, Some("busy")),
+                "{out}"
+            );
+            let (call_status, call_out) = call.join().unwrap();
+            let (_, list) = server.tcp_request(
+                ADMIN,
+                "GET",
+                &format!("/v1/audit?kind=process&session={id}&limit=10"),
+                None,
+            );
+            let records = list["records"].as_array().cloned().unwrap_or_default();
+            let refused: Vec<&Value> = records.iter().filter(|r| r["error"] == "busy").collect();
+            assert_eq!(refused.len(), 1, "{list}");
+            assert_eq!(refused[0]["status"], "complete", "{list}");
+            let (status, out) = (call_status, call_out);
             assert_eq!(
                 (status, out["stdout"].as_str()),
                 (200, Some("slept\n")),
