@@ -980,4 +980,39 @@ mod tests {
         assert_eq!(ring.window(0).bytes, b"xxxx");
         assert_eq!(ring.window(0).dropped, 13);
     }
+
+    #[test]
+    fn the_event_log_keeps_the_last_events_and_counts_those_it_lost() {
+        let table = Processes::new().unwrap();
+        let snapshot = Snapshot {
+            id: 1,
+            command: "true".into(),
+            status: Status::Exited,
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            error: None,
+            started: SystemTime::now(),
+            duration: Duration::ZERO,
+            stdout: Window::default(),
+            stderr: Window::default(),
+            pty: None,
+        };
+        let (events, missed, next) = table.events(0);
+        assert_eq!((events.len(), missed, next), (0, 0, 1));
+        for _ in 0..MAX_EVENTS + 6 {
+            table.inner().log(EventKind::Exited, snapshot.clone());
+        }
+        let (events, missed, next) = table.events(0);
+        assert_eq!(
+            (events.len(), missed, next),
+            (MAX_EVENTS, 6, MAX_EVENTS as u64 + 7)
+        );
+        assert_eq!(events[0].seq, 7);
+        // From the last seen: the rest, nothing missed; from the end: nothing.
+        let (events, missed, _) = table.events(MAX_EVENTS as u64 + 4);
+        assert_eq!((events.len(), missed), (2, 0));
+        let (events, missed, _) = table.events(MAX_EVENTS as u64 + 6);
+        assert_eq!((events.len(), missed), (0, 0));
+    }
 }
