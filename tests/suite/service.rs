@@ -2530,12 +2530,26 @@ fn a_process_streams_its_output_and_the_session_its_events() {
             "{line}"
         );
         again.close();
+        // A stream of the sleeper's output, open when the session closes: its exit.
+        let sleeping = Lines::open(
+            &server,
+            USER1,
+            &format!("/v1/sessions/{id}/processes/{sleeper}/stream"),
+        );
+        std::thread::sleep(Duration::from_millis(300));
         assert_eq!(
             server
                 .tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None)
                 .0,
             204
         );
+        let line = sleeping.next();
+        assert_eq!(
+            (line["type"].as_str(), line["signal"].as_i64()),
+            (Some("exit"), Some(9)),
+            "{line}"
+        );
+        sleeping.close();
         let line = events.next();
         assert_eq!(
             (
