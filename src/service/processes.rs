@@ -869,6 +869,8 @@ pub fn stream_output(
                 let cursor = field("_cursor").and_then(|v| v.as_u64()).unwrap_or(0);
                 let dropped = field("_dropped").and_then(|v| v.as_u64()).unwrap_or(0);
                 if cursor <= cursors[i] && dropped == 0 {
+                    // Nothing new (a cursor past the end is taken as the end, as a poll's).
+                    cursors[i] = cursor;
                     continue;
                 }
                 let mut line = serde_json::json!({

@@ -2472,6 +2472,31 @@ fn a_process_streams_its_output_and_the_session_its_events() {
         let end = Lines::open(&server, USER1, &path(cursors));
         assert_eq!(end.next()["type"], "exit");
         end.close();
+        // From past the end (a client that means "from now"): what comes after.
+        let later = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "sleep 0.5; echo late", "background": true}),
+        );
+        let later = later["process_id"].as_u64().unwrap();
+        let now = Lines::open(
+            &server,
+            USER1,
+            &format!(
+                "/v1/sessions/{id}/processes/{later}/stream?stdout_from={}&stderr_from={}",
+                u64::MAX,
+                u64::MAX
+            ),
+        );
+        let line = now.next();
+        assert_eq!(
+            (line["type"].as_str(), line["data"].as_str()),
+            (Some("stdout"), Some("late\n")),
+            "{line}"
+        );
+        assert_eq!(now.next()["type"], "exit");
+        now.close();
         // Someone else's session is not found, nor is a process that is not there.
         let (status, _) = server.tcp_curl(
             USER2,
@@ -2501,8 +2526,24 @@ fn a_process_streams_its_output_and_the_session_its_events() {
             (Some("exited"), Some(4)),
             "{exited}"
         );
-        let seq = exited["seq"].as_u64().unwrap();
-        assert_eq!(started["seq"].as_u64(), Some(seq - 1));
+        assert_eq!(
+            started["seq"].as_u64(),
+            Some(exited["seq"].as_u64().unwrap() - 1)
+        );
+        // The late one's, in order.
+        let line = events.next();
+        assert_eq!(
+            (line["type"].as_str(), line["process_id"].as_u64()),
+            (Some("started"), Some(later)),
+            "{line}"
+        );
+        let line = events.next();
+        assert_eq!(
+            (line["type"].as_str(), line["process_id"].as_u64()),
+            (Some("exited"), Some(later)),
+            "{line}"
+        );
+        let seq = line["seq"].as_u64().unwrap();
         // A sleeper that the session's close kills.
         let sleeper = start_process(
             &server,
@@ -2581,7 +2622,7 @@ fn a_process_streams_its_output_and_the_session_its_events() {
                 server.tcp_request(ADMIN, "GET", &path, None).1
             })
             .collect();
-        assert_eq!(records.len(), 2, "{list}");
+        assert_eq!(records.len(), 3, "{list}");
         let of = |needle: &str| {
             records
                 .iter()
