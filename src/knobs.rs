@@ -30,6 +30,7 @@ pub enum Knob {
     InputTotalSize,
     IdleTimeout,
     MaxDuration,
+    ProcessBuffer,
     MaxBandwidth,
     MaxConnections,
     ConnectionIdleTimeout,
@@ -299,6 +300,19 @@ pub const KNOBS: &[Definition] = &[
         max: 7 * 24 * 3600 * SEC,
         range_reason: "from 1s to 7 days",
         help: "A session is closed this long after it was created, used or not",
+    },
+    Definition {
+        knob: Knob::ProcessBuffer,
+        key: "process_buffer",
+        section: Section::Session,
+        unit: Unit::Size,
+        default: MIB,
+        headroom: Headroom::ProfileOnly,
+        min: 4 * KIB,
+        max: 64 * MIB,
+        range_reason: "from 4K to 64M (each stream of each process, in the server's memory)",
+        help: "The output a session's process keeps per stream; past it the oldest bytes go \
+               and a poll counts them",
     },
     Definition {
         knob: Knob::MaxBandwidth,

@@ -36,6 +36,11 @@ pub mod runner;
 mod sandbox;
 pub mod spec;
 mod sys;
+
+/// The CLI's own terminal: its size, and raw mode (`codecage session attach`).
+pub mod tty {
+    pub use crate::sys::{window_size, RawMode};
+}
 pub mod units;
 pub mod workdir;
 

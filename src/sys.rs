@@ -342,6 +342,59 @@ pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<(
     Ok(())
 }
 
+/// TIOCGWINSZ: a terminal's size (rows, columns); None if `fd` is not a terminal.
+pub fn window_size(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize through the pointer, a live local.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut size) } < 0 {
+        return None;
+    }
+    (size.ws_row > 0 && size.ws_col > 0).then_some((size.ws_row, size.ws_col))
+}
+
+/// A terminal in raw mode (no echo, no line editing, no signals from ^C: every byte read
+/// as typed) until this is dropped, which restores its settings as they were.
+pub struct RawMode {
+    fd: std::os::fd::RawFd,
+    saved: libc::termios,
+}
+
+impl RawMode {
+    /// `fd` must stay open while this lives (the CLI's stdin).
+    pub fn enter(fd: BorrowedFd<'_>) -> io::Result<RawMode> {
+        // SAFETY: a zeroed termios is a valid value to read into; tcgetattr fills it.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: tcgetattr writes one termios through the pointer, a live local.
+        if unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut saved) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut raw = saved;
+        // SAFETY: cfmakeraw changes the local termios it is given.
+        unsafe { libc::cfmakeraw(&mut raw) };
+        // SAFETY: tcsetattr reads one termios through the pointer, a live local.
+        if unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, &raw) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(RawMode {
+            fd: fd.as_raw_fd(),
+            saved,
+        })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        // SAFETY: tcsetattr reads the saved termios, a live field; the fd is the caller's
+        // stdin, open for the process's life.
+        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
 /// TIOCGPTN: the number of the pty whose master `fd` is; fails on anything that is not a
 /// pty master (how the launcher checks an fd the sandbox handed it).
 pub fn pty_number(fd: BorrowedFd<'_>) -> io::Result<u32> {

@@ -140,6 +140,9 @@ pub enum Kind {
     Session,
     /// A session's interpreter started again.
     Reset,
+    /// A session's process (`POST /v1/sessions/{id}/processes`, MCP `exec`), from its
+    /// start to its exit.
+    Process,
     /// A request refused before anything ran.
     Refused,
     /// An `[exec] ask` question, its decision, or a rule's revocation.
@@ -153,6 +156,7 @@ impl Kind {
             Kind::Call => "call",
             Kind::Session => "session",
             Kind::Reset => "reset",
+            Kind::Process => "process",
             Kind::Refused => "refused",
             Kind::Approval => "approval",
         }

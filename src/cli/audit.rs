@@ -73,7 +73,7 @@ struct FilterArgs {
     /// Of this session (its life, calls and resets).
     #[arg(long, value_name = "ID")]
     session: Option<String>,
-    /// Of this kind: run, call, session, reset, refused, approval.
+    /// Of this kind: run, call, session, reset, process, refused, approval.
     #[arg(long, value_name = "KIND")]
     kind: Option<String>,
     /// By this caller (token:NAME, uid:N, unauthenticated).

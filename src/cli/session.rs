@@ -126,6 +126,20 @@ enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Attach this terminal to a process: print its output as it comes (from now, or
+    /// --from), forward what is typed to it, and exit with its status when it ends. On a
+    /// process started with --pty, from a terminal: raw mode (every key goes to it, C-c
+    /// included), its screen drawn first, its size following this terminal's; detach with
+    /// C-p C-q. Otherwise stdin is forwarded a line at a time (end of input closes the
+    /// process's stdin).
+    Attach {
+        id: String,
+        pid: u64,
+        /// Start at these byte offsets (STDOUT:STDERR; 0:0 for all its buffer keeps)
+        /// rather than at its output's end now.
+        #[arg(long, value_name = "STDOUT:STDERR")]
+        from: Option<String>,
+    },
     /// Kill a process (SIGKILL to its process group), or send it --signal.
     Kill {
         id: String,
@@ -523,6 +537,17 @@ pub fn main(args: SessionArgs) -> i32 {
                 0
             })
         }),
+        SessionCommand::Attach { id, pid, from } => {
+            let from = match from.as_deref().map(parse_cursor) {
+                None => None,
+                Some(Ok(c)) => Some(c),
+                Some(Err(e)) => {
+                    eprintln!("codecage: --from {e}");
+                    return 125;
+                }
+            };
+            attach(&server, token.as_deref(), &call, &id, pid, from)
+        }
         SessionCommand::Kill { id, pid, signal } => {
             let path = format!("/v1/sessions/{id}/processes/{pid}");
             let sent = match signal {
@@ -1045,5 +1070,230 @@ fn exit_status(v: &Value) -> i32 {
     match kind {
         Some(kind) => kind.exit_status(),
         None => v["exit_code"].as_i64().map_or(0, |c| c as i32),
+    }
+}
+
+/// The detach sequence of `session attach` on a terminal: C-p C-q, as docker's.
+const DETACH: [u8; 2] = [0x10, 0x11];
+
+/// `codecage session attach ID PID` (see its help): the output polled every 100 ms from
+/// the cursors, the input forwarded by a thread of its own, until the process ends (its
+/// status) or the person detaches (0).
+fn attach(
+    server: &Server,
+    token: Option<&str>,
+    call: &Call<'_>,
+    id: &str,
+    pid: u64,
+    from: Option<(u64, u64)>,
+) -> Result<i32, String> {
+    use std::io::IsTerminal as _;
+    use std::os::fd::AsFd as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let poll = |cursor: (u64, u64)| {
+        call(
+            "GET",
+            format!(
+                "/v1/sessions/{id}/processes/{pid}?stdout_from={}&stderr_from={}",
+                cursor.0, cursor.1
+            ),
+            None,
+        )
+    };
+    let first = poll(from.unwrap_or((u64::MAX, u64::MAX)))?;
+    if !(200..300).contains(&first.status) {
+        return Ok(ok_or_report(first.status, &first.body, |_| 0));
+    }
+    let first: Value = serde_json::from_slice(&first.body).unwrap_or(Value::Null);
+    let pty = first["pty"].is_object();
+    let stdin = std::io::stdin();
+    let raw = match pty && stdin.is_terminal() && first["status"] == "running" {
+        true => Some(
+            codecage::tty::RawMode::enter(stdin.as_fd())
+                .map_err(|e| format!("cannot put this terminal in raw mode: {e}"))?,
+        ),
+        false => None,
+    };
+    let detached = Arc::new(AtomicBool::new(false));
+    if first["status"] == "running" {
+        let (server, token, id) = (server.clone(), token.map(str::to_string), id.to_string());
+        let detached = detached.clone();
+        let raw = raw.is_some();
+        std::thread::spawn(move || {
+            forward_input(&server, token.as_deref(), &id, pid, raw, pty, &detached);
+        });
+    }
+    let mut size = None;
+    if raw.is_some() {
+        // Its screen as it is, then what comes.
+        if let Ok(answer) = call(
+            "GET",
+            format!("/v1/sessions/{id}/processes/{pid}/screen"),
+            None,
+        ) {
+            let v: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+            let rows: Vec<&str> = v["rows"]
+                .as_array()
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let mut out = std::io::stdout();
+            let _ = write!(out, "\x1b[H\x1b[2J{}", rows.join("\r\n"));
+            let _ = write!(
+                out,
+                "\x1b[{};{}H",
+                v["cursor"]["row"].as_u64().unwrap_or(0) + 1,
+                v["cursor"]["col"].as_u64().unwrap_or(0) + 1
+            );
+            let _ = out.flush();
+        }
+    }
+    let mut cursor = (
+        first["stdout_cursor"].as_u64().unwrap_or(0),
+        first["stderr_cursor"].as_u64().unwrap_or(0),
+    );
+    if from.is_some() {
+        print_streams(&first);
+    }
+    let mut last = first;
+    loop {
+        if last["status"] != "running" {
+            drop(raw);
+            return Ok(process_status(id, &last, false));
+        }
+        if detached.load(Ordering::Acquire) {
+            drop(raw);
+            eprintln!("codecage: detached from process {pid}; it goes on (attach again, or logs --follow)");
+            return Ok(0);
+        }
+        if raw.is_some() {
+            // The terminal's size followed (checked each turn: no signal handler needed).
+            let now = codecage::tty::window_size(std::io::stdout().as_fd());
+            if now.is_some() && now != size {
+                size = now;
+                if let Some((rows, cols)) = now {
+                    let _ = call(
+                        "POST",
+                        format!("/v1/sessions/{id}/processes/{pid}/resize"),
+                        Some(json!({"cols": cols, "rows": rows})),
+                    );
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let answer = poll(cursor)?;
+        if !(200..300).contains(&answer.status) {
+            drop(raw);
+            return Ok(ok_or_report(answer.status, &answer.body, |_| 0));
+        }
+        last = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+        print_streams(&last);
+        cursor = (
+            last["stdout_cursor"].as_u64().unwrap_or(cursor.0),
+            last["stderr_cursor"].as_u64().unwrap_or(cursor.1),
+        );
+    }
+}
+
+/// `attach`'s input: in raw mode, the bytes as typed (up to C-p C-q, which detaches);
+/// else a line at a time, and the end of input closes a pipe's stdin. A refusal (its
+/// stdin is closed, it does not read) is said once and input stops.
+fn forward_input(
+    server: &Server,
+    token: Option<&str>,
+    id: &str,
+    pid: u64,
+    raw: bool,
+    pty: bool,
+    detached: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{BufRead as _, Read as _};
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let path = format!("/v1/sessions/{id}/processes/{pid}/stdin");
+    let send = |body: Value| -> bool {
+        let closing = body["close"] == true;
+        match runtime.block_on(client::request(
+            server,
+            "POST",
+            &path,
+            client::Body::Json(body),
+            token,
+        )) {
+            Ok(answer) if (200..300).contains(&answer.status) => true,
+            Ok(_) if closing => false,
+            Ok(answer) => {
+                let v: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+                let end = if raw { "\r\n" } else { "\n" };
+                eprint!(
+                    "codecage: input not forwarded any more: {}{end}",
+                    v["message"].as_str().unwrap_or("refused")
+                );
+                false
+            }
+            Err(e) => {
+                let end = if raw { "\r\n" } else { "\n" };
+                eprint!("codecage: input not forwarded any more: {e}{end}");
+                false
+            }
+        }
+    };
+    let mut stdin = std::io::stdin().lock();
+    if raw {
+        let mut buf = [0u8; 4096];
+        let mut pending_prefix = false;
+        loop {
+            let n = match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let mut bytes = Vec::with_capacity(n + 1);
+            if pending_prefix {
+                pending_prefix = false;
+                if buf[0] == DETACH[1] {
+                    detached.store(true, std::sync::atomic::Ordering::Release);
+                    return;
+                }
+                bytes.push(DETACH[0]);
+            }
+            bytes.extend_from_slice(&buf[..n]);
+            if let Some(at) = bytes.windows(2).position(|w| w == DETACH) {
+                bytes.truncate(at);
+                if !bytes.is_empty() {
+                    send(json!({"data": String::from_utf8_lossy(&bytes)}));
+                }
+                detached.store(true, std::sync::atomic::Ordering::Release);
+                return;
+            }
+            // A C-p at the end may be the start of the detach sequence: held for the next read.
+            if bytes.last() == Some(&DETACH[0]) {
+                bytes.pop();
+                pending_prefix = true;
+            }
+            if !bytes.is_empty() && !send(json!({"data": String::from_utf8_lossy(&bytes)})) {
+                return;
+            }
+        }
+    }
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match stdin.read_line(&mut line) {
+            Ok(0) | Err(_) => {
+                if !pty {
+                    send(json!({"close": true}));
+                }
+                return;
+            }
+            Ok(_) => {
+                if !send(json!({"data": line})) {
+                    return;
+                }
+            }
+        }
     }
 }

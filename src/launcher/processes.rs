@@ -38,6 +38,11 @@ pub const MAX_REMEMBERED: usize = 256;
 /// After its exit, how long a process's output pipes may stay open (a child it left
 /// holding them) before its result is given without waiting for their end.
 pub const AFTER_EXIT: Duration = Duration::from_millis(200);
+/// The error of a process that died with its session's sandbox.
+pub const SANDBOX_GONE: &str = "the session's sandbox ended";
+/// How many events (starts and exits) a session's log keeps; past it the oldest go, and a
+/// reader that asks from before them learns how many it missed.
+pub const MAX_EVENTS: usize = 1024;
 
 /// A process to start.
 #[derive(Debug, Clone)]
@@ -166,6 +171,26 @@ pub struct Snapshot {
     pub pty: Option<TermSize>,
 }
 
+/// What happened to a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum EventKind {
+    Started,
+    /// It exited and its output is all in its buffers (as a poll's `exited`).
+    Exited,
+}
+
+/// One entry of a session's event log, numbered from 1 in the order they happened.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub seq: u64,
+    pub kind: EventKind,
+    pub at: SystemTime,
+    /// The process then, without output (its cursors say how much there was).
+    pub process: Snapshot,
+}
+
 /// The table of a session's processes; cheap to clone, shared with the session's owner.
 #[derive(Clone)]
 pub struct Processes {
@@ -185,6 +210,26 @@ struct Inner {
     next: u64,
     /// Signals for the session to send: (payload id, signal).
     signals: Vec<(u64, i32)>,
+    /// The last [`MAX_EVENTS`] events.
+    events: VecDeque<Event>,
+    /// The number the next event gets.
+    next_event: u64,
+}
+
+impl Inner {
+    fn log(&mut self, kind: EventKind, process: Snapshot) {
+        let seq = self.next_event;
+        self.next_event += 1;
+        self.events.push_back(Event {
+            seq,
+            kind,
+            at: SystemTime::now(),
+            process,
+        });
+        while self.events.len() > MAX_EVENTS {
+            self.events.pop_front();
+        }
+    }
 }
 
 struct Proc {
@@ -214,6 +259,8 @@ struct State {
     killing: bool,
     /// A terminal's screen, fed what the program writes to it.
     screen: Option<Box<vt100::Parser<Beside>>>,
+    /// Its end is in the event log ([`Processes::take_ended`]).
+    announced: bool,
 }
 
 /// What a terminal's program said beside its screen: the window title it set (OSC 0 or
@@ -365,6 +412,7 @@ impl Processes {
             table: Arc::new(Table {
                 inner: Mutex::new(Inner {
                     next: 1,
+                    next_event: 1,
                     ..Inner::default()
                 }),
                 wake_read,
@@ -391,6 +439,44 @@ impl Processes {
     pub fn poll(&self, id: u64, stdout_from: u64, stderr_from: u64) -> Option<Snapshot> {
         self.get(id)
             .map(|p| p.snapshot(Some(stdout_from), Some(stderr_from)))
+    }
+
+    /// The processes that ended (as a poll's `exited`: their output all read) since the
+    /// last call, each once, oldest first, without output; their exits go to the event
+    /// log. Called by whoever tends the session (a poll, the server's reaper every second).
+    pub fn take_ended(&self) -> Vec<Snapshot> {
+        let mut inner = self.inner();
+        let mut ended = Vec::new();
+        for proc in inner.procs.values() {
+            let newly = {
+                let mut state = proc.state();
+                let newly = state.ended() && !state.announced;
+                state.announced |= newly;
+                newly
+            };
+            if newly {
+                ended.push(proc.snapshot(None, None));
+            }
+        }
+        for snapshot in &ended {
+            inner.log(EventKind::Exited, snapshot.clone());
+        }
+        ended
+    }
+
+    /// The events after number `after` (0: from the first), and how many of those the log
+    /// no longer holds. The number the next event will get.
+    pub fn events(&self, after: u64) -> (Vec<Event>, u64, u64) {
+        let inner = self.inner();
+        let first = inner.events.front().map_or(inner.next_event, |e| e.seq);
+        let missed = first.saturating_sub(after + 1);
+        let events = inner
+            .events
+            .iter()
+            .filter(|e| e.seq > after)
+            .cloned()
+            .collect();
+        (events, missed, inner.next_event)
     }
 
     /// How many still run.
@@ -603,16 +689,14 @@ impl Processes {
 
     /// The sandbox is gone, and every process with it (its pid namespace): those not yet
     /// reported are marked killed.
-    pub(crate) fn sandbox_gone(&self) {
+    pub fn sandbox_gone(&self) {
         let procs: Vec<Arc<Proc>> = self.inner().procs.values().cloned().collect();
         for proc in procs {
             let mut state = proc.state();
             if state.exit.is_none() {
                 state.exit = Some((None, Some(libc::SIGKILL)));
                 state.exited_at = Some(Instant::now());
-                state
-                    .error
-                    .get_or_insert_with(|| "the session's sandbox ended".to_string());
+                state.error.get_or_insert_with(|| SANDBOX_GONE.to_string());
             }
         }
     }
@@ -698,6 +782,7 @@ impl Processes {
                 timed_out: false,
                 killing: false,
                 screen,
+                announced: false,
             }),
             stdin: Mutex::new(stdin),
             terminal,
@@ -712,13 +797,19 @@ impl Processes {
             .map_err(|e| {
                 format!("cannot start the thread that reads process {id}'s output: {e}")
             })?;
+        let started = proc.snapshot(None, None);
         inner.procs.insert(id, proc);
-        // Forget the oldest ended ones past the cap.
+        inner.log(EventKind::Started, started);
+        // Forget the oldest ended ones past the cap (those whose end is logged first).
         while inner.procs.len() > MAX_REMEMBERED {
             let oldest = inner
                 .procs
                 .iter()
-                .find(|(_, p)| p.state().exit.is_some())
+                .find(|(_, p)| {
+                    let state = p.state();
+                    state.exit.is_some() && state.announced
+                })
+                .or_else(|| inner.procs.iter().find(|(_, p)| p.state().exit.is_some()))
                 .map(|(id, _)| *id);
             match oldest {
                 Some(old) => inner.procs.remove(&old),
@@ -890,5 +981,40 @@ mod tests {
         ring.push(&[b'x'; 10]);
         assert_eq!(ring.window(0).bytes, b"xxxx");
         assert_eq!(ring.window(0).dropped, 13);
+    }
+
+    #[test]
+    fn the_event_log_keeps_the_last_events_and_counts_those_it_lost() {
+        let table = Processes::new().unwrap();
+        let snapshot = Snapshot {
+            id: 1,
+            command: "true".into(),
+            status: Status::Exited,
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            error: None,
+            started: SystemTime::now(),
+            duration: Duration::ZERO,
+            stdout: Window::default(),
+            stderr: Window::default(),
+            pty: None,
+        };
+        let (events, missed, next) = table.events(0);
+        assert_eq!((events.len(), missed, next), (0, 0, 1));
+        for _ in 0..MAX_EVENTS + 6 {
+            table.inner().log(EventKind::Exited, snapshot.clone());
+        }
+        let (events, missed, next) = table.events(0);
+        assert_eq!(
+            (events.len(), missed, next),
+            (MAX_EVENTS, 6, MAX_EVENTS as u64 + 7)
+        );
+        assert_eq!(events[0].seq, 7);
+        // From the last seen: the rest, nothing missed; from the end: nothing.
+        let (events, missed, _) = table.events(MAX_EVENTS as u64 + 4);
+        assert_eq!((events.len(), missed), (2, 0));
+        let (events, missed, _) = table.events(MAX_EVENTS as u64 + 6);
+        assert_eq!((events.len(), missed), (0, 0));
     }
 }

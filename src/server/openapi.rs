@@ -46,6 +46,8 @@ pub fn document() -> String {
         api::processes::kill,
         api::processes::screen,
         api::processes::resize,
+        api::processes::stream,
+        api::processes::events,
         api::list_files,
         api::download,
         api::upload,

@@ -35,6 +35,8 @@ pub struct Caps {
     pub exec_denied: bool,
     /// The profile's `[exec] ask`, when it asks.
     pub ask: Option<Arc<crate::service::approvals::AskGate>>,
+    /// The bytes of output a process keeps per stream (the profile's `process_buffer`).
+    pub process_buffer: usize,
 }
 
 /// One live session.
@@ -71,6 +73,9 @@ pub struct Entry {
     pub caps: Caps,
     /// The session's audit record, completed when it closes.
     pub audit: Mutex<Option<crate::audit::Pending>>,
+    /// The audit records of its processes that still run, by process id: completed when
+    /// their exit is seen (`service::processes::tend`) or the session closes.
+    pub process_audits: Mutex<std::collections::BTreeMap<u64, crate::audit::Pending>>,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
@@ -100,6 +105,7 @@ impl Entry {
             last_used: Mutex::new(Instant::now()),
             interrupter: session.interrupter(),
             processes: session.processes(),
+            process_audits: Mutex::default(),
             contexts: session.contexts(),
             work: session.work_dir(),
             watchers: Mutex::new((0, Default::default())),
@@ -319,6 +325,9 @@ pub fn close(entry: &Entry, why: &str) {
             tracing::warn!(session = %entry.id, error = %e, "closing a session left something behind");
         }
     }
+    // Its processes died with its sandbox: their exits logged and audited.
+    entry.processes.sandbox_gone();
+    crate::service::processes::settle(entry);
     let pending = entry.audit.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(pending) = pending {
         pending.finish(crate::audit::End {

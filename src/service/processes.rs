@@ -15,11 +15,12 @@ use base64::Engine as _;
 use serde::Deserialize;
 
 use codecage::knobs::{Knob, Raw};
-use codecage::processes::{Snapshot, Start, Status, TermSize, Window, DEFAULT_BUFFER};
+use codecage::processes::{Snapshot, Start, Status, TermSize, Window};
 use codecage::units::format_duration;
 
 use super::keys::{self, KeyModes};
-use super::{lookup, with_session, Caller, Error, Kind};
+use super::{audit_slot, lookup, with_session, Caller, Error, Kind};
+use crate::audit::{self, Via};
 use crate::server::registry::Entry;
 use crate::server::Shared;
 
@@ -393,7 +394,7 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
             env: body.env.into_iter().collect(),
             stdin: body.stdin,
             timeout,
-            buffer: DEFAULT_BUFFER,
+            buffer: entry.caps.process_buffer,
             pty,
             exec_extra: None,
         },
@@ -406,12 +407,11 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
 pub async fn start_process(
     state: &Shared,
     caller: &Caller,
+    via: Via,
     id: &str,
     body: ProcessRequest,
 ) -> Result<ProcessView, Error> {
-    start(state, caller, crate::audit::Via::Api, id, body)
-        .await
-        .map(view)
+    start(state, caller, via, id, body).await.map(view)
 }
 
 /// [`start_process`]'s answer as a [`Snapshot`] (its output from offset 0), for front
@@ -419,7 +419,7 @@ pub async fn start_process(
 pub async fn start(
     state: &Shared,
     caller: &Caller,
-    via: crate::audit::Via,
+    via: Via,
     id: &str,
     body: ProcessRequest,
 ) -> Result<Snapshot, Error> {
@@ -438,16 +438,68 @@ pub async fn start(
     .await?;
     start.exec_extra = extra;
     let command = start.command.clone();
-    let process = with_session(state, caller, id, move |session, _| {
-        let process = session.start_process(&start)?;
+    // Its audit record: written now (`running`), completed at its exit (see `settle`).
+    let mut record = audit::Start::new(audit::Kind::Process, via, caller.to_string());
+    record.session = Some(entry.id.clone());
+    record.profile = Some(entry.profile.clone());
+    match start.argv.get(..2) {
+        Some([bash, dash_c]) if bash == "bash" && dash_c == "-c" && start.argv.len() == 3 => {
+            record.code = Some(start.command.clone());
+            record.language = Some("bash".into());
+        }
+        _ => record.argv = Some(start.argv.clone()),
+    }
+    record.limits = Some(serde_json::json!({
+        "timeout_ms": start.timeout.as_millis() as u64,
+        "buffer": start.buffer,
+    }));
+    record.details = serde_json::json!({
+        "cwd": start.cwd,
+        "pty": start.pty,
+        "stdin": start.stdin,
+        "env": start.env.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+    });
+    let slot = audit_slot(state).await?;
+    // Shared with the session's thread, which takes it: left here, the start was refused
+    // before it ran (409 while a call runs, or the session closed).
+    let pending = Arc::new(std::sync::Mutex::new(slot.map(|slot| slot.begin(record))));
+    let taken = pending.clone();
+    let started = with_session(state, caller, id, move |session, entry| {
+        let pending = taken.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let process = match session.start_process(&start) {
+            Ok(process) => process,
+            Err(e) => {
+                if let Some(pending) = pending {
+                    pending.finish(audit::End::error("not_started", &e));
+                }
+                return Err(e);
+            }
+        };
+        if let Some(pending) = pending {
+            entry
+                .process_audits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(process, pending);
+        }
         if let Some(wait) = wait {
             session.wait_process(process, Instant::now() + wait)?;
         }
         Ok(process)
     })
-    .await?;
+    .await;
+    let left = pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let process = match (started, left) {
+        (Ok(process), _) => process,
+        (Err(e), Some(pending)) => {
+            pending.finish(audit::End::error(e.kind.name(), &e.message));
+            return Err(e);
+        }
+        (Err(e), None) => return Err(e),
+    };
     tracing::info!(caller = %caller, session = %id, process, command = %command, "process started");
     entry.touch();
+    settle(&entry);
     snapshot(&entry, process, 0, 0)
 }
 
@@ -692,11 +744,279 @@ fn missing_or(message: String, kind: Kind) -> Error {
 }
 
 /// Reads the session's reports and sends queued signals, if no call holds the session
-/// (a running call's supervision does it then).
+/// (a running call's supervision does it then); then logs and audits the exits seen.
 pub fn tend(entry: &Arc<Entry>) {
     if let Ok(mut guard) = entry.session.try_lock() {
         if let Some(session) = guard.as_mut() {
             session.tend_processes();
         }
     }
+    settle(entry);
+}
+
+/// The processes that ended since the last look: their exits go to the session's event
+/// log, and their audit records are completed (exit code, signal, duration, the output
+/// the buffer held). A record whose process the table forgot is completed as such.
+pub fn settle(entry: &Entry) {
+    let ended = entry.processes.take_ended();
+    let mut audits = entry
+        .process_audits
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if audits.is_empty() {
+        return;
+    }
+    let mut done: Vec<(u64, Option<Snapshot>)> = ended
+        .into_iter()
+        .filter(|s| audits.contains_key(&s.id))
+        .map(|s| (s.id, entry.processes.poll(s.id, 0, 0)))
+        .collect();
+    // Also those that ended before their record was placed (within a start's wait).
+    for (&id, _) in audits.iter() {
+        if done.iter().any(|(d, _)| *d == id) {
+            continue;
+        }
+        match entry.processes.poll(id, 0, 0) {
+            Some(s) if s.status == Status::Exited => done.push((id, Some(s))),
+            Some(_) => {}
+            None => done.push((id, None)),
+        }
+    }
+    for (id, snapshot) in done {
+        let Some(pending) = audits.remove(&id) else {
+            continue;
+        };
+        let Some(s) = snapshot else {
+            pending.finish(audit::End::error(
+                "forgotten",
+                "the session forgot the process before its end was seen",
+            ));
+            continue;
+        };
+        let end = audit::End {
+            exit_code: s.exit_code,
+            signal: s.signal,
+            error: match (s.timed_out, &s.error) {
+                (true, _) => Some("timeout".into()),
+                (false, Some(e)) if e == codecage::processes::SANDBOX_GONE => {
+                    Some("session_closed".into())
+                }
+                (false, Some(_)) => Some("not_started".into()),
+                _ => None,
+            },
+            message: s.error.clone(),
+            duration: Some(s.duration),
+            details: serde_json::json!({
+                "process_id": s.id,
+                "timed_out": s.timed_out,
+                "stdout_bytes": s.stdout.cursor,
+                "stderr_bytes": s.stderr.cursor,
+                "stdout_dropped": s.stdout.from,
+                "stderr_dropped": s.stderr.from,
+            }),
+            ..audit::End::default()
+        };
+        pending.finish_with_output(end, &s.stdout.bytes, &s.stderr.bytes);
+    }
+}
+
+/// How often a stream looks for new output and events.
+const STREAM_TICK: Duration = Duration::from_millis(50);
+/// How often an idle stream says it is alive.
+const STREAM_HEARTBEAT: Duration = Duration::from_secs(10);
+/// Lines a stream holds for a slow reader before it waits (the output stays in the
+/// process's buffer meanwhile: nothing is lost but what the buffer drops).
+const STREAM_QUEUE: usize = 16;
+
+/// A process's fields without its output (the cursors stay: how much there was).
+fn bare(mut view: ProcessView) -> ProcessView {
+    if let Some(map) = view.as_object_mut() {
+        for name in ["stdout", "stderr"] {
+            for suffix in ["", "_encoding", "_from", "_dropped"] {
+                map.remove(&format!("{name}{suffix}"));
+            }
+        }
+    }
+    view
+}
+
+/// Process `process`'s output as it comes, from the cursors given, as lines of JSON:
+/// `{"type": "stdout"|"stderr", "data", "encoding"?, "from", "cursor", "dropped"}` (the
+/// offsets as a poll's), `{"type": "heartbeat"}` every 10 s of quiet, and last
+/// `{"type": "exit", ...the process without output}` once it has exited with its output
+/// all given (or `{"type": "error", ...}`). A client that reconnects with the last
+/// `cursor` of each stream gets every byte since, once. Checked before it starts: 404 for
+/// no such session or process.
+pub fn stream_output(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    process: u64,
+    stdout_from: u64,
+    stderr_from: u64,
+) -> Result<tokio::sync::mpsc::Receiver<serde_json::Value>, Error> {
+    let entry = lookup(state, caller, id)?;
+    snapshot(&entry, process, 0, 0)?;
+    entry.touch();
+    let (lines, receiver) = tokio::sync::mpsc::channel(STREAM_QUEUE);
+    tokio::spawn(async move {
+        let mut cursors = [stdout_from, stderr_from];
+        let mut quiet = Instant::now();
+        loop {
+            tend(&entry);
+            let Some(s) = entry.processes.poll(process, cursors[0], cursors[1]) else {
+                let _ = lines
+                    .send(serde_json::json!({
+                        "type": "error",
+                        "error": Kind::NotFound.name(),
+                        "message": format!("the session forgot process {process}"),
+                    }))
+                    .await;
+                return;
+            };
+            let exited = s.status == Status::Exited;
+            let mut whole = view(s);
+            let mut sent = false;
+            for (i, name) in ["stdout", "stderr"].into_iter().enumerate() {
+                let field = |suffix: &str| whole.get(format!("{name}{suffix}"));
+                let cursor = field("_cursor").and_then(|v| v.as_u64()).unwrap_or(0);
+                let dropped = field("_dropped").and_then(|v| v.as_u64()).unwrap_or(0);
+                if cursor <= cursors[i] && dropped == 0 {
+                    // Nothing new (a cursor past the end is taken as the end, as a poll's).
+                    cursors[i] = cursor;
+                    continue;
+                }
+                let mut line = serde_json::json!({
+                    "type": name,
+                    "data": field("").cloned().unwrap_or_default(),
+                    "from": field("_from").cloned().unwrap_or_default(),
+                    "cursor": cursor,
+                    "dropped": dropped,
+                });
+                if let Some(encoding) = field("_encoding") {
+                    line["encoding"] = encoding.clone();
+                }
+                cursors[i] = cursor;
+                if lines.send(line).await.is_err() {
+                    return;
+                }
+                sent = true;
+            }
+            if exited {
+                if let Some(map) = whole.as_object_mut() {
+                    map.insert("type".into(), "exit".into());
+                }
+                whole = bare(whole);
+                let _ = lines.send(whole).await;
+                return;
+            }
+            if sent {
+                quiet = Instant::now();
+            } else if quiet.elapsed() >= STREAM_HEARTBEAT {
+                if lines
+                    .send(serde_json::json!({"type": "heartbeat"}))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                quiet = Instant::now();
+            } else if lines.is_closed() {
+                return;
+            }
+            tokio::time::sleep(STREAM_TICK).await;
+        }
+    });
+    Ok(receiver)
+}
+
+/// An event of the session's log as JSON: `{"type": "started"|"exited", "seq", "at",
+/// ...the process without output}`.
+pub fn event_view(event: codecage::processes::Event) -> serde_json::Value {
+    let mut line = bare(view(event.process));
+    if let Some(map) = line.as_object_mut() {
+        map.insert("type".into(), serde_json::json!(event.kind));
+        map.insert("seq".into(), event.seq.into());
+        map.insert(
+            "at".into(),
+            humantime::format_rfc3339_millis(event.at)
+                .to_string()
+                .into(),
+        );
+    }
+    line
+}
+
+/// Session `id`'s events as they happen, after event number `after` (0: from the first
+/// the log holds), as lines of JSON: each process's start and exit ([`event_view`]; an
+/// exit within a second of it), `{"type": "missed", "events": N}` when the log (the last
+/// 1024) no longer holds some asked for, a heartbeat every 10 s of quiet, and last
+/// `{"type": "closed"}` when the session ends. Reconnect with the last `seq` as `after`.
+pub fn stream_events(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+    after: u64,
+) -> Result<tokio::sync::mpsc::Receiver<serde_json::Value>, Error> {
+    let entry = lookup(state, caller, id)?;
+    let (lines, receiver) = tokio::sync::mpsc::channel(STREAM_QUEUE);
+    let state = state.clone();
+    let caller = caller.clone();
+    let id = id.to_string();
+    tokio::spawn(async move {
+        let mut after = after;
+        let mut quiet = Instant::now();
+        loop {
+            tend(&entry);
+            let (events, missed, next) = entry.processes.events(after);
+            if missed > 0
+                && lines
+                    .send(serde_json::json!({"type": "missed", "events": missed}))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+            after = next - 1;
+            let sent = !events.is_empty();
+            for event in events {
+                if lines.send(event_view(event)).await.is_err() {
+                    return;
+                }
+            }
+            if lookup(&state, &caller, &id).is_err() {
+                // Closed (or closing: its sandbox goes within seconds): its processes' ends
+                // logged, then the last line.
+                let closing = Instant::now();
+                while closing.elapsed() < Duration::from_secs(5)
+                    && !matches!(entry.session.try_lock(), Ok(guard) if guard.is_none())
+                {
+                    tokio::time::sleep(STREAM_TICK).await;
+                }
+                entry.processes.sandbox_gone();
+                settle(&entry);
+                for event in entry.processes.events(after).0 {
+                    let _ = lines.send(event_view(event)).await;
+                }
+                let _ = lines.send(serde_json::json!({"type": "closed"})).await;
+                return;
+            }
+            if sent {
+                quiet = Instant::now();
+            } else if quiet.elapsed() >= STREAM_HEARTBEAT {
+                if lines
+                    .send(serde_json::json!({"type": "heartbeat"}))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                quiet = Instant::now();
+            } else if lines.is_closed() {
+                return;
+            }
+            tokio::time::sleep(STREAM_TICK).await;
+        }
+    });
+    Ok(receiver)
 }

@@ -150,6 +150,7 @@ fn resolve_session(
         read_max: profile.value(Knob::OutputFileSize),
         output_dir: profile.output_rules().dir,
         exec_denied: profile.exec.security == codecage::exec_policy::ExecSecurity::Deny,
+        process_buffer: profile.value(Knob::ProcessBuffer) as usize,
         max_timeout: Duration::from_millis(
             caller
                 .ceiling(&state.config, Knob::Timeout)

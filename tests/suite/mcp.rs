@@ -832,7 +832,8 @@ fn output_lines(result: &Value) -> String {
 /// command goes to the background after yieldMs and is polled to its end with every line
 /// exactly once (and again from a cursor, as a client that reconnects); `write` feeds
 /// `cat`; `kill` ends `sleep 100`; a server started in the background answers a client
-/// started by a later exec; the connection's exec and execute_shell share one sandbox.
+/// started by a later exec; the connection's exec and execute_shell share one sandbox;
+/// the exits of background processes are told once in a later result (`notifyOnExit`).
 #[test]
 fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
     mcp_test(|python| {
@@ -873,6 +874,9 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
             tool("execute_shell", json!({"command": "cat /work/shared.txt"})),
             poll(99),
             tool("exec", json!({"command": "true", "env": {"LD_PRELOAD": "/x.so"}})),
+            tool("exec", json!({"command": "sleep 0.3; exit 7", "background": true})),
+            tool("exec", json!({"command": "sleep 2; echo slept", "yieldMs": 10000})),
+            tool("process", json!({"action": "list"})),
         ]);
         let results = drive(python, mcp_stdio(&[]), steps);
         // The schemas: the seeds' names.
@@ -976,7 +980,11 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
             results[14]
         );
         let list = text(&results[15]);
-        assert_eq!(list.lines().count(), 5, "{list}");
+        assert_eq!(
+            list.lines().filter(|l| l.starts_with("sessionId")).count(),
+            5,
+            "{list}"
+        );
         assert!(
             list.contains("sessionId 3: was killed by SIGKILL"),
             "{list}"
@@ -1001,6 +1009,18 @@ fn exec_goes_to_the_background_and_process_polls_feeds_and_kills_it() {
             "{}",
             results[19]
         );
+        // notifyOnExit: a process that ended in the background while no result was about
+        // it is told of once, in the next exec or process result; those a result showed
+        // ending are not told again.
+        let told = "[background process sessionId 7 exited with status 7 after";
+        assert!(text(&results[21]).starts_with("slept\n"), "{}", results[21]);
+        assert!(text(&results[21]).contains(told), "{}", results[21]);
+        let all = serde_json::to_string(&results).unwrap();
+        assert_eq!(all.matches(told).count(), 1, "{all}");
+        for id in [1, 2, 3, 4, 5, 6, 8] {
+            let never = format!("[background process sessionId {id} ");
+            assert_eq!(all.matches(&never).count(), 0, "{never}: {all}");
+        }
     });
 }
 

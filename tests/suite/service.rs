@@ -1411,7 +1411,30 @@ fn a_process_is_polled_and_signalled_while_a_call_runs() {
                 "the signal did not reach the process during the call: {last}"
             );
             assert_eq!(last["signal"].as_i64(), Some(15), "{last}");
-            let (status, out) = call.join().unwrap();
+            // A start claims the session as a call does: 409, and its audit record says so.
+            let (status, out) = server.tcp_request(
+                USER1,
+                "POST",
+                &format!("/v1/sessions/{id}/processes"),
+                Some(json!({"command": "echo never", "background": true})),
+            );
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (409, Some("busy")),
+                "{out}"
+            );
+            let (call_status, call_out) = call.join().unwrap();
+            let (_, list) = server.tcp_request(
+                ADMIN,
+                "GET",
+                &format!("/v1/audit?kind=process&session={id}&limit=10"),
+                None,
+            );
+            let records = list["records"].as_array().cloned().unwrap_or_default();
+            let refused: Vec<&Value> = records.iter().filter(|r| r["error"] == "busy").collect();
+            assert_eq!(refused.len(), 1, "{list}");
+            assert_eq!(refused[0]["status"], "complete", "{list}");
+            let (status, out) = (call_status, call_out);
             assert_eq!(
                 (status, out["stdout"].as_str()),
                 (200, Some("slept\n")),
@@ -3095,5 +3118,564 @@ fn a_watch_sees_what_the_sessions_code_does() {
             Some(json!("capacity")),
             "{lines:?}"
         );
+    });
+}
+
+/// The lines of an NDJSON stream read by curl over TCP as they come (a thread per
+/// stream), and the curl to kill or wait for.
+struct Lines {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Lines {
+    fn open(server: &Server, token: &str, path: &str) -> Lines {
+        let mut child = Command::new("curl")
+            .args(["-s", "-N", "-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("http://{}{path}", server.tcp_address()))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl");
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+                if send.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines { child, lines }
+    }
+
+    /// The next line that is not a heartbeat, within 20 s.
+    fn next(&self) -> Value {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(20 * slowdown()))
+                .expect("a line within 20 s");
+            if line["type"] != "heartbeat" {
+                return line;
+            }
+        }
+    }
+
+    /// Disconnects (kills its curl, which this test started).
+    fn close(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process's output stream (NDJSON) from cursors: cut off mid-way and resumed from the
+/// last cursors, every line comes exactly once, stderr apart, and the stream ends with
+/// the exit record; from the end it gives the exit only. The session's event stream
+/// gives each start and exit in order (a process killed by the session's close too),
+/// resumes after a `seq` with nothing twice, and ends with `closed`. The audit holds a
+/// record of each process with its command, exit code or signal.
+#[test]
+fn a_process_streams_its_output_and_the_session_its_events() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let events = Lines::open(&server, USER1, &format!("/v1/sessions/{id}/events"));
+        let first = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "for i in $(seq 40); do echo $i; sleep 0.05; done; echo oops >&2; exit 4",
+                   "background": true}),
+        );
+        let pid = first["process_id"].as_u64().unwrap();
+        let path = |from: (u64, u64)| {
+            format!(
+                "/v1/sessions/{id}/processes/{pid}/stream?stdout_from={}&stderr_from={}",
+                from.0, from.1
+            )
+        };
+        // The first connection goes after three output lines.
+        let cut = Lines::open(&server, USER1, &path((0, 0)));
+        let mut text = String::new();
+        let mut cursors = (0, 0);
+        let mut given = 0;
+        while given < 3 {
+            let line = cut.next();
+            assert_eq!(line["type"], "stdout", "{line}");
+            assert_eq!(line["from"].as_u64(), Some(cursors.0), "{line}");
+            assert_eq!(line["dropped"], 0, "{line}");
+            text.push_str(line["data"].as_str().unwrap());
+            cursors.0 = line["cursor"].as_u64().unwrap();
+            given += 1;
+        }
+        cut.close();
+        std::thread::sleep(Duration::from_millis(500));
+        // The reconnect: from the cursors, to the exit.
+        let resumed = Lines::open(&server, USER1, &path(cursors));
+        let mut errors = String::new();
+        let exit = loop {
+            let line = resumed.next();
+            match line["type"].as_str() {
+                Some("stdout") => {
+                    assert_eq!(line["from"].as_u64(), Some(cursors.0), "{line}");
+                    text.push_str(line["data"].as_str().unwrap());
+                    cursors.0 = line["cursor"].as_u64().unwrap();
+                }
+                Some("stderr") => {
+                    assert_eq!(line["from"].as_u64(), Some(cursors.1), "{line}");
+                    errors.push_str(line["data"].as_str().unwrap());
+                    cursors.1 = line["cursor"].as_u64().unwrap();
+                }
+                Some("exit") => break line,
+                _ => panic!("an unexpected line: {line}"),
+            }
+        };
+        let expected: String = (1..=40).map(|i| format!("{i}\n")).collect();
+        assert_eq!(text, expected);
+        assert_eq!(errors, "oops\n");
+        assert_eq!(
+            (exit["exit_code"].as_i64(), exit["status"].as_str()),
+            (Some(4), Some("exited")),
+            "{exit}"
+        );
+        assert_eq!(exit["stdout_cursor"].as_u64(), Some(cursors.0), "{exit}");
+        assert!(exit.get("stdout").is_none(), "{exit}");
+        // The curl ends with the stream.
+        let status = resumed.child.wait_with_output().unwrap().status;
+        assert!(status.success(), "{status}");
+        // From the end: the exit line only.
+        let end = Lines::open(&server, USER1, &path(cursors));
+        assert_eq!(end.next()["type"], "exit");
+        end.close();
+        // From past the end (a client that means "from now"): what comes after.
+        let later = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "sleep 0.5; echo late", "background": true}),
+        );
+        let later = later["process_id"].as_u64().unwrap();
+        let now = Lines::open(
+            &server,
+            USER1,
+            &format!(
+                "/v1/sessions/{id}/processes/{later}/stream?stdout_from={}&stderr_from={}",
+                u64::MAX,
+                u64::MAX
+            ),
+        );
+        let line = now.next();
+        assert_eq!(
+            (line["type"].as_str(), line["data"].as_str()),
+            (Some("stdout"), Some("late\n")),
+            "{line}"
+        );
+        assert_eq!(now.next()["type"], "exit");
+        now.close();
+        // Someone else's session is not found, nor is a process that is not there.
+        let (status, _) = server.tcp_curl(
+            USER2,
+            &[
+                "-s",
+                &format!("http://{}{}", server.tcp_address(), path((0, 0))),
+            ],
+        );
+        assert_eq!(status, 404);
+        let (status, _) = server.tcp_request(
+            USER1,
+            "GET",
+            &format!("/v1/sessions/{id}/processes/999/stream"),
+            None,
+        );
+        assert_eq!(status, 404);
+        // The events so far: its start and its exit.
+        let started = events.next();
+        assert_eq!(
+            (started["type"].as_str(), started["process_id"].as_u64()),
+            (Some("started"), Some(pid)),
+            "{started}"
+        );
+        let exited = events.next();
+        assert_eq!(
+            (exited["type"].as_str(), exited["exit_code"].as_i64()),
+            (Some("exited"), Some(4)),
+            "{exited}"
+        );
+        assert_eq!(
+            started["seq"].as_u64(),
+            Some(exited["seq"].as_u64().unwrap() - 1)
+        );
+        // The late one's, in order.
+        let line = events.next();
+        assert_eq!(
+            (line["type"].as_str(), line["process_id"].as_u64()),
+            (Some("started"), Some(later)),
+            "{line}"
+        );
+        let line = events.next();
+        assert_eq!(
+            (line["type"].as_str(), line["process_id"].as_u64()),
+            (Some("exited"), Some(later)),
+            "{line}"
+        );
+        let seq = line["seq"].as_u64().unwrap();
+        // A sleeper that the session's close kills.
+        let sleeper = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": "sleep 1000", "background": true}),
+        );
+        let sleeper = sleeper["process_id"].as_u64().unwrap();
+        let line = events.next();
+        assert_eq!(
+            (line["type"].as_str(), line["process_id"].as_u64()),
+            (Some("started"), Some(sleeper)),
+            "{line}"
+        );
+        // A reconnect after `seq`: the sleeper's start only.
+        let again = Lines::open(
+            &server,
+            USER1,
+            &format!("/v1/sessions/{id}/events?after={seq}"),
+        );
+        let line = again.next();
+        assert_eq!(
+            (line["type"].as_str(), line["seq"].as_u64()),
+            (Some("started"), Some(seq + 1)),
+            "{line}"
+        );
+        again.close();
+        // A stream of the sleeper's output, open when the session closes: its exit.
+        let sleeping = Lines::open(
+            &server,
+            USER1,
+            &format!("/v1/sessions/{id}/processes/{sleeper}/stream"),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            server
+                .tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        let line = sleeping.next();
+        assert_eq!(
+            (line["type"].as_str(), line["signal"].as_i64()),
+            (Some("exit"), Some(9)),
+            "{line}"
+        );
+        sleeping.close();
+        let line = events.next();
+        assert_eq!(
+            (
+                line["type"].as_str(),
+                line["process_id"].as_u64(),
+                line["signal"].as_i64()
+            ),
+            (Some("exited"), Some(sleeper), Some(9)),
+            "{line}"
+        );
+        assert_eq!(events.next()["type"], "closed");
+        let status = events.child.wait_with_output().unwrap().status;
+        assert!(status.success(), "{status}");
+        // The audit: both processes, their commands and ends.
+        let (status, list) = server.tcp_request(
+            ADMIN,
+            "GET",
+            &format!("/v1/audit?kind=process&session={id}"),
+            None,
+        );
+        assert_eq!(status, 200, "{list}");
+        let records: Vec<Value> = list["records"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| {
+                let path = format!("/v1/audit/{}", r["id"].as_str().unwrap());
+                server.tcp_request(ADMIN, "GET", &path, None).1
+            })
+            .collect();
+        assert_eq!(records.len(), 3, "{list}");
+        let of = |needle: &str| {
+            records
+                .iter()
+                .find(|r| r["code"].as_str().is_some_and(|c| c.contains(needle)))
+                .unwrap_or_else(|| panic!("no record of {needle}: {list}"))
+                .clone()
+        };
+        let looped = of("seq 40");
+        assert_eq!(
+            (
+                looped["status"].as_str(),
+                looped["exit_code"].as_i64(),
+                looped["caller"].as_str()
+            ),
+            (Some("complete"), Some(4), Some("token:user1")),
+            "{looped}"
+        );
+        assert_eq!(
+            looped["details"]["process_id"].as_u64(),
+            Some(pid),
+            "{looped}"
+        );
+        assert_eq!(looped["stderr"].as_str(), Some("oops\n"), "{looped}");
+        let slept = of("sleep 1000");
+        assert_eq!(
+            (
+                slept["status"].as_str(),
+                slept["signal"].as_i64(),
+                slept["error"].as_str()
+            ),
+            (Some("complete"), Some(9), Some("session_closed")),
+            "{slept}"
+        );
+        figures(&server, "process streams");
+        server.stop();
+    });
+}
+
+/// The profile's `session.process_buffer` sets what a process keeps per stream: 64K here,
+/// so a poll past it counts what it missed (from 0, and from a cursor in the middle), and
+/// a poll within it misses nothing; a value out of range is refused by name.
+#[test]
+fn the_process_buffer_is_the_profiles_and_a_poll_counts_what_it_dropped() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let dir = server.profiles_dir();
+        // The caller may use the profile `bash`: this server's is written here.
+        std::fs::write(
+            dir.join("bash.toml"),
+            "language = \"bash\"\n[session]\nprocess_buffer = \"1K\"\n",
+        )
+        .unwrap();
+        let (status, refused) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "bash"})),
+        );
+        assert!(
+            status >= 400 && refused.to_string().contains("process_buffer"),
+            "{status} {refused}"
+        );
+        std::fs::write(
+            dir.join("bash.toml"),
+            "language = \"bash\"\n[session]\nprocess_buffer = \"64K\"\n",
+        )
+        .unwrap();
+        let (status, created) = server.tcp_request(
+            USER1,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "bash", "profile": "bash"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let total: u64 = 1_000_000;
+        let out = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": format!("yes 0123456789 | head -c {total}; printf END; echo e >&2"),
+                   "yield_ms": 30000}),
+        );
+        assert_eq!(out["status"], "exited", "{}", out["status"]);
+        let pid = out["process_id"].as_u64().unwrap();
+        let kept = 64u64 << 10;
+        let end = total + 3;
+        assert_eq!(out["stdout"].as_str().unwrap().len() as u64, kept);
+        assert_eq!(
+            out["stdout_dropped"].as_u64(),
+            Some(end - kept),
+            "{}",
+            out["stdout_dropped"]
+        );
+        assert_eq!(out["stderr"], "e\n");
+        // From a cursor the buffer no longer holds: the oldest kept, and the count.
+        let middle = poll_process(&server, USER1, &id, pid, (500_000, 0));
+        assert_eq!(middle["stdout_from"].as_u64(), Some(end - kept));
+        assert_eq!(
+            middle["stdout_dropped"].as_u64(),
+            Some(end - kept - 500_000)
+        );
+        assert_eq!(middle["stdout_cursor"].as_u64(), Some(end));
+        // Within it: every byte since, nothing dropped.
+        let near = poll_process(&server, USER1, &id, pid, (end - 1000, 0));
+        assert_eq!(near["stdout_dropped"], 0);
+        assert_eq!(near["stdout"].as_str().unwrap().len(), 1000);
+        assert!(near["stdout"].as_str().unwrap().ends_with("END"));
+        figures(&server, "process buffer");
+        server.stop();
+    });
+}
+
+/// `codecage session attach` from a pipe: `cat` (stdin open) gets the lines the CLI
+/// reads, echoes them, ends at the end of input (the CLI closes its stdin), and the CLI
+/// exits with its status; `--from 0:0` prints what came before too. From a terminal
+/// (`script` gives the CLI one) on a process with a pty: raw mode, the keys typed reach
+/// Python's REPL, its answer is printed, and C-p C-q detaches, leaving it running.
+#[test]
+fn session_attach_follows_a_process_and_forwards_its_input() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (_, created) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "bash"})));
+        let id = created["id"].as_str().unwrap().to_string();
+        let (_, cat) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"command": "echo before; cat; exit 5", "stdin": true, "background": true})),
+        );
+        let pid = cat["process_id"].as_u64().unwrap().to_string();
+        let attach = |from: bool, input: &str| {
+            let mut cmd = codecage();
+            cmd.arg("session")
+                .arg("--server")
+                .arg(format!("unix:{}", server.socket_path().display()))
+                .args(["attach", &id, &pid]);
+            if from {
+                cmd.args(["--from", "0:0"]);
+            }
+            let mut child = cmd
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            std::io::Write::write_all(&mut stdin, input.as_bytes()).unwrap();
+            drop(stdin);
+            let out = child.wait_with_output().unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        };
+        let (code, stdout, stderr) = attach(true, "hello\nbye\n");
+        assert_eq!(
+            (code, stdout.as_str()),
+            (Some(5), "before\nhello\nbye\n"),
+            "{stderr}"
+        );
+        // A process that has ended: nothing new from now, its status.
+        let (code, stdout, _) = attach(false, "");
+        assert_eq!((code, stdout.as_str()), (Some(5), ""));
+        // On a terminal.
+        let (_, repl) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(json!({"argv": ["python3", "-i", "-q"], "pty": true, "background": true})),
+        );
+        let repl = repl["process_id"].as_u64().unwrap();
+        let cli = format!(
+            "{} session --server unix:{} attach {id} {repl}",
+            env!("CARGO_BIN_EXE_codecage"),
+            server.socket_path().display()
+        );
+        let mut child = Command::new("script")
+            .args(["-qefc", &cli, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::sleep(Duration::from_millis(1500 * slowdown()));
+        std::io::Write::write_all(&mut stdin, b"print(6*7)\r").unwrap();
+        std::thread::sleep(Duration::from_millis(1500 * slowdown()));
+        std::io::Write::write_all(&mut stdin, &[0x10, 0x11]).unwrap();
+        let started = Instant::now();
+        let out = loop {
+            if let Some(_status) = child.try_wait().unwrap() {
+                break child.wait_with_output().unwrap();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "attach did not detach"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        drop(stdin);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{:?} {stdout}", out.status);
+        assert!(stdout.contains("42"), "{stdout:?}");
+        assert!(stdout.contains("detached"), "{stdout:?}");
+        // The REPL goes on.
+        let (_, still) =
+            server.request("GET", &format!("/v1/sessions/{id}/processes/{repl}"), None);
+        assert_eq!(still["status"], "running", "{still}");
+        server.request("DELETE", &format!("/v1/sessions/{id}"), None);
+        server.stop();
+    });
+}
+
+/// The memory a session holds with its three contexts and ten idle background processes
+/// (`sleep 1000`), as its cgroup counts it, for the figures; each sleep costs little (a
+/// bash and a sleep, their pages mostly shared), and closing the session leaves nothing.
+#[test]
+fn ten_idle_background_processes_cost_little_memory() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "python");
+        let server_pid = server.pid();
+        let cgroups = || -> Vec<std::path::PathBuf> {
+            run_cgroups()
+                .into_iter()
+                .filter(|(pid, _)| *pid == server_pid)
+                .map(|(_, path)| path)
+                .collect()
+        };
+        for (language, code) in [("python", "1"), ("node", "1"), ("bash", "true")] {
+            let out = execute_in(&server, &id, language, code, 60);
+            assert!(out["error"].is_null(), "{language}: {out}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let three = session_memory(&cgroups());
+        for _ in 0..10 {
+            let started = start_process(
+                &server,
+                USER1,
+                &id,
+                json!({"command": "sleep 1000", "background": true}),
+            );
+            assert_eq!(started["status"], "running", "{started}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let (_, list) =
+            server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}/processes"), None);
+        let running = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["status"] == "running")
+            .count();
+        assert_eq!(running, 10, "{list}");
+        let ten = session_memory(&cgroups());
+        let each = ten.0.saturating_sub(three.0) / 10;
+        eprintln!(
+            "figures: a python session with its three contexts: cgroup {} KiB, RSS {} KiB; with ten \
+             idle `sleep 1000` processes too: cgroup {} KiB, RSS {} KiB ({} KiB of cgroup each)",
+            three.0, three.1, ten.0, ten.1, each
+        );
+        assert!(three.0 > 0, "no cgroup of the session was found");
+        assert!(each < 4096, "{each} KiB a sleeping process");
+        assert_eq!(
+            server
+                .tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        assert!(
+            wait_for(Duration::from_secs(10), || cgroups().is_empty()),
+            "the session's cgroup was left"
+        );
+        server.stop();
     });
 }

@@ -126,7 +126,7 @@ pub struct AuditQuery {
     error: Option<String>,
     /// Of this session (its life, calls and resets).
     session: Option<String>,
-    /// run, call, session, reset, refused or approval.
+    /// run, call, session, reset, process, refused or approval.
     kind: Option<String>,
     /// token:NAME, uid:N or unauthenticated.
     caller: Option<String>,

@@ -95,6 +95,11 @@ pub fn router(state: Shared) -> Router {
             "/v1/sessions/{id}/processes/{pid}/resize",
             post(processes::resize),
         )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/stream",
+            get(processes::stream),
+        )
+        .route("/v1/sessions/{id}/events", get(processes::events))
         .route("/v1/sessions/{id}/files", get(list_files))
         .route("/v1/sessions/{id}/files/{*path}", get(download).put(upload))
         .route("/v1/approvals", get(approvals_api::list))

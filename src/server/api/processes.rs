@@ -45,8 +45,8 @@ pub struct ProcessSchema {
     stdout_from: u64,
     /// The offset to poll from next: every byte written so far.
     stdout_cursor: u64,
-    /// Bytes between the cursor asked and `stdout_from` that the buffer (1 MiB) no
-    /// longer held.
+    /// Bytes between the cursor asked and `stdout_from` that the buffer (the profile's
+    /// `session.process_buffer`, 1 MiB by default) no longer held.
     stdout_dropped: u64,
     stderr: String,
     stderr_encoding: Option<String>,
@@ -81,7 +81,7 @@ pub struct StdinWritten {
         `CODECAGE_SHELL=exec` in its environment. The answer waits up to `yield_ms` (default 10000): if \
         it ended, its whole result; else `status: running` with its output so far, and it goes on (poll \
         it). `background: true` answers at once. Its output is read as it comes, whoever polls, into a \
-        buffer of 1 MiB a stream. Closing the session kills it.",
+        buffer of 1 MiB a stream (the profile's `session.process_buffer`). Closing the session kills it.",
     params(("id" = String, Path, description = "the session's id")),
     request_body = ProcessRequest,
     security(("bearer" = [])),
@@ -93,7 +93,7 @@ pub(crate) async fn start(
     super::JsonBody(body): super::JsonBody<ProcessRequest>,
 ) -> Result<Json<ProcessView>, ApiError> {
     Ok(Json(
-        procs::start_process(&state, &caller, &id, body).await?,
+        procs::start_process(&state, &caller, crate::audit::Via::Api, &id, body).await?,
     ))
 }
 
@@ -234,4 +234,125 @@ pub(crate) async fn resize(
 ) -> Result<StatusCode, ApiError> {
     procs::resize_process(&state, &caller, &id, pid, body)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A stream of JSON lines from the service (`application/x-ndjson`).
+fn ndjson_lines(lines: tokio::sync::mpsc::Receiver<serde_json::Value>) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use tokio_stream::StreamExt as _;
+    let body = tokio_stream::wrappers::ReceiverStream::new(lines).map(|line| {
+        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        bytes.push(b'\n');
+        Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(bytes))
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// One line of `GET .../processes/{pid}/stream`.
+#[derive(utoipa::ToSchema)]
+#[schema(as = ProcessStreamLine)]
+#[allow(dead_code)]
+pub struct ProcessStreamLineSchema {
+    /// `stdout` or `stderr` (output), `heartbeat` (every 10 s of quiet), `exit` (the last
+    /// line: the process as a poll gives it, without output), or `error` (the last line).
+    r#type: String,
+    /// Output: the bytes from `from` to `cursor` (text, or base64 with `encoding`).
+    data: Option<String>,
+    /// `base64` when the bytes are not UTF-8 (absent otherwise).
+    encoding: Option<String>,
+    from: Option<u64>,
+    /// Where to resume this stream from (`stdout_from`/`stderr_from`).
+    cursor: Option<u64>,
+    /// Bytes before `from` the buffer no longer held.
+    dropped: Option<u64>,
+}
+
+/// `GET .../processes/{pid}/stream?stdout_from=N&stderr_from=M`: as a poll's.
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}/stream", operation_id = "stream_process", tag = "processes",
+    summary = "A process's output as it comes (NDJSON), from byte cursors, to its exit",
+    description = "Lines of JSON (`application/x-ndjson`): `{type: stdout|stderr, data, encoding?, from, \
+        cursor, dropped}` as output comes, `{type: heartbeat}` every 10 s of quiet, and last `{type: \
+        exit, ...}`: the process as a poll gives it (exit code, signal, its cursors), once it has exited \
+        and every byte was given. A client that reconnects with the last `cursor` of each stream as \
+        `stdout_from` and `stderr_from` gets every byte since, once; bytes the buffer no longer held \
+        are counted in `dropped`.",
+    params(("id" = String, Path, description = "the session's id"),
+        ("pid" = u64, Path, description = "the process's id"), PollQuery),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the output, then the exit", body = ProcessStreamLineSchema, content_type = "application/x-ndjson"),
+        Missing, Unauthenticated))]
+pub(crate) async fn stream(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, pid)): Path<(String, u64)>,
+    Query(query): Query<PollQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    let lines = procs::stream_output(
+        &state,
+        &caller,
+        &id,
+        pid,
+        query.stdout_from,
+        query.stderr_from,
+    )?;
+    Ok(ndjson_lines(lines))
+}
+
+/// `GET /v1/sessions/{id}/events?after=N`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Give the events after this number (the last line's `seq`; default 0: from the first
+    /// the log holds).
+    #[serde(default)]
+    #[param(required = false)]
+    after: u64,
+}
+
+/// One line of `GET /v1/sessions/{id}/events`.
+#[derive(utoipa::ToSchema)]
+#[schema(as = SessionEvent)]
+#[allow(dead_code)]
+pub struct SessionEventSchema {
+    /// `started` or `exited` (a process, with its fields as a poll gives them, without
+    /// output), `missed` (`events` the log no longer held), `heartbeat`, or `closed` (the
+    /// session ended: the last line).
+    r#type: String,
+    /// The event's number (resume with it as `after`).
+    seq: Option<u64>,
+    /// When it happened (RFC 3339).
+    at: Option<String>,
+    process_id: Option<u64>,
+    command: Option<String>,
+    status: Option<String>,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: Option<bool>,
+    events: Option<u64>,
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", operation_id = "session_events", tag = "processes",
+    summary = "The session's events as they happen (NDJSON): each process's start and exit",
+    description = "Lines of JSON (`application/x-ndjson`): `{type: started|exited, seq, at, process_id, \
+        command, status, exit_code, signal, timed_out, error?, ...}` (an exit within a second of it, \
+        once its output is all read), `{type: missed, events}` when the log (the last 1024 events) no \
+        longer holds some asked for, `{type: heartbeat}` every 10 s of quiet, and `{type: closed}` last, \
+        when the session ends (after the exits of the processes that died with it). Reconnect with \
+        the last `seq` as `after`: no event is given twice or skipped.",
+    params(("id" = String, Path, description = "the session's id"), EventsQuery),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the events", body = SessionEventSchema, content_type = "application/x-ndjson"),
+        Missing, Unauthenticated))]
+pub(crate) async fn events(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    let lines = procs::stream_events(&state, &caller, &id, query.after)?;
+    Ok(ndjson_lines(lines))
 }

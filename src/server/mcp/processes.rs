@@ -17,7 +17,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use codecage::processes::{Snapshot, Status, Window};
+use codecage::processes::{EventKind, Snapshot, Status, Window};
 use codecage::units::format_size;
 
 use super::connection::wait_idle;
@@ -635,6 +635,89 @@ fn window_lines(
     }
     head.push_str("]\n");
     head + &shown
+}
+
+/// The most exits one tool result tells of; the rest are counted.
+const MAX_NOTICES: usize = 20;
+
+impl CodecageMcp {
+    /// The seeds' `notifyOnExit`: the exits of the session's processes that `caller` was
+    /// not yet told of, appended to this result of `exec` or `process` as one more text
+    /// block (an MCP client sees them on its next call of either). `subject`: the process
+    /// the result itself is about (its exit is in the result, not told again). Where the
+    /// caller was in the session's event log is kept as its cursor of "process 0".
+    pub(super) async fn tell_exits(
+        &self,
+        session_id: Option<&str>,
+        caller: &Caller,
+        subject: Subject,
+        result: &mut CallToolResult,
+    ) {
+        let Ok(entry) = self.exec_session(session_id, caller, false).await else {
+            return;
+        };
+        procs::tend(&entry);
+        let told = self.state.mcp.cursor(caller, &entry.id, 0).0;
+        let (events, _, next) = entry.processes.events(told);
+        let newest = events
+            .iter()
+            .filter(|e| e.kind == EventKind::Started)
+            .map(|e| e.process.id)
+            .max();
+        let subject = match subject {
+            Subject::Process(id) => Some(id),
+            Subject::Started => newest,
+            Subject::None => None,
+        };
+        let exits: Vec<&Snapshot> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::Exited && Some(e.process.id) != subject)
+            .map(|e| &e.process)
+            .collect();
+        self.state
+            .mcp
+            .set_cursor(caller, &entry.id, 0, (next.saturating_sub(1), 0));
+        if exits.is_empty() {
+            return;
+        }
+        let mut text = String::new();
+        for p in exits.iter().take(MAX_NOTICES) {
+            text.push_str(&format!(
+                "[background process sessionId {} {} after {}: {}; process action=poll sessionId={} gives \
+                 its output]\n",
+                p.id,
+                status_words(p),
+                seconds(p.duration),
+                one_line(&p.command),
+                p.id
+            ));
+        }
+        if exits.len() > MAX_NOTICES {
+            text.push_str(&format!(
+                "[and {} more exited; process action=list lists them]\n",
+                exits.len() - MAX_NOTICES
+            ));
+        }
+        result.content.push(ContentBlock::text(text));
+    }
+}
+
+/// What a tool result is about, for [`CodecageMcp::tell_exits`].
+pub(super) enum Subject {
+    /// Process N (a `process` action on it).
+    Process(u64),
+    /// The process this call started (`exec`): the newest started.
+    Started,
+    None,
+}
+
+impl ProcessId {
+    pub(super) fn number(&self) -> Option<u64> {
+        match self {
+            ProcessId::Number(n) => Some(*n),
+            ProcessId::Text(t) => t.trim().parse().ok(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use rmcp::{tool, tool_router, ErrorData, RoleServer};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::processes::{ExecArgs, ProcessArgs};
+use super::processes::{ExecArgs, ProcessArgs, ProcessId, Subject};
 use super::results::{api_error, as_text, b64, check_png, file_uri, tool_error};
 use super::{CodecageMcp, Language};
 use crate::audit::Via;
@@ -182,7 +182,11 @@ impl CodecageMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller_of(&ctx);
-        Ok(self.run_exec(args, &caller).await)
+        let session = args.session_id.clone();
+        let mut result = self.run_exec(args, &caller).await;
+        self.tell_exits(session.as_deref(), &caller, Subject::Started, &mut result)
+            .await;
+        Ok(result)
     }
 
     #[tool(
@@ -195,7 +199,15 @@ impl CodecageMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller_of(&ctx);
-        Ok(self.run_process(args, &caller).await)
+        let session = args.session_id.clone();
+        let subject = match args.process.as_ref().and_then(ProcessId::number) {
+            Some(id) => Subject::Process(id),
+            None => Subject::None,
+        };
+        let mut result = self.run_process(args, &caller).await;
+        self.tell_exits(session.as_deref(), &caller, subject, &mut result)
+            .await;
+        Ok(result)
     }
 
     #[tool(
