@@ -263,7 +263,14 @@ async fn start(
         background: true,
         ..ProcessRequest::default()
     };
-    let snapshot = procs::start(&e2b.state, &record.caller, crate::audit::Via::E2b, &record.id, request).await?;
+    let snapshot = procs::start(
+        &e2b.state,
+        &record.caller,
+        crate::audit::Via::E2b,
+        &record.id,
+        request,
+    )
+    .await?;
     Ok(stream(e2b, record, snapshot.id, 0, 0))
 }
 
