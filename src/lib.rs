@@ -36,6 +36,7 @@ mod sandbox;
 pub mod spec;
 mod sys;
 pub mod units;
+pub mod workdir;
 
 /// Where the sandboxes' cgroups go: at the hierarchy's root or under a delegated cgroup.
 pub use cgroup::delegation;

@@ -702,6 +702,51 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
 }
 
+/// `RENAME_NOREPLACE` of renameat2(2): fail with EEXIST rather than replace the target.
+pub const RENAME_NOREPLACE: u32 = 1;
+
+/// renameat2(2) of `old` under `old_dir` to `new` under `new_dir` (names: neither is
+/// followed if it is a symlink), with `flags` ([`RENAME_NOREPLACE`] or 0). Ours because
+/// libc's wrapper is glibc's only.
+pub fn renameat2(
+    old_dir: BorrowedFd<'_>,
+    old: &std::ffi::CStr,
+    new_dir: BorrowedFd<'_>,
+    new: &std::ffi::CStr,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: the names are NUL-terminated C strings that outlive the call; the fds are
+    // borrowed, open; the result is checked.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            old_dir.as_raw_fd(),
+            old.as_ptr(),
+            new_dir.as_raw_fd(),
+            new.as_ptr(),
+            flags,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `inner`'s fd registered with the tokio reactor (for readiness), owned by the result.
+/// For types that own their fd, open until they are dropped ([`crate::workdir::Watch`]).
+#[cfg(feature = "cli")]
+pub fn register_async<T: OwnsFd>(inner: T) -> io::Result<tokio::io::unix::AsyncFd<T>> {
+    // SAFETY: `OwnsFd` types hold their fd open, the same file description, for as long as
+    // they live, and close it only when dropped, which the AsyncFd that owns them does
+    // after deregistering it.
+    unsafe { tokio::io::unix::AsyncFd::register(inner) }.map_err(|e| e.into_parts().1)
+}
+
+/// A type that owns its fd for its whole life (see [`register_async`]).
+#[cfg(feature = "cli")]
+pub trait OwnsFd: std::os::fd::AsRawFd {}
+
 /// A copy of fd `target` of the process behind `pidfd` (pidfd_getfd, Linux 5.6).
 pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: plain integer arguments; the result is checked.

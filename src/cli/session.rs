@@ -151,6 +151,53 @@ enum SessionCommand {
         id: String,
         #[arg(default_value = "")]
         path: String,
+        /// List to this many levels (1: the directory's own entries), with each entry's
+        /// path, permissions and owner.
+        #[arg(long)]
+        depth: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Describe an entry of /work (type, size, permissions, owner, time; a symlink's
+    /// target, never followed). Works while a call runs.
+    Stat {
+        id: String,
+        /// Relative to /work, or absolute under it (default: /work itself).
+        #[arg(default_value = "")]
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a directory under /work, with its parents (`mkdir -p`).
+    Mkdir { id: String, path: String },
+    /// Move or rename an entry of /work; an existing DEST is refused unless --force.
+    Mv {
+        id: String,
+        src: String,
+        dest: String,
+        /// Replace an existing DEST (a file, or an empty directory).
+        #[arg(long, short)]
+        force: bool,
+    },
+    /// Remove a file, a symlink (not its target) or a directory tree of /work.
+    Rm { id: String, path: String },
+    /// Print the events of a directory of /work as they happen (`create PATH`, `write`,
+    /// `remove`, `rename`, `chmod`), until interrupted, --count events or --seconds.
+    Watch {
+        id: String,
+        /// Relative to /work, or absolute under it (default: /work itself).
+        #[arg(default_value = "")]
+        path: String,
+        /// Every directory under it too.
+        #[arg(long, short)]
+        recursive: bool,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<usize>,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<u64>,
+        /// One JSON object a line.
         #[arg(long)]
         json: bool,
     },
@@ -553,7 +600,33 @@ pub fn main(args: SessionArgs) -> i32 {
                 }
             })
         }
-        SessionCommand::Ls { id, path, json } => {
+        SessionCommand::Ls {
+            id,
+            path,
+            depth: Some(depth),
+            json,
+        } => call(
+            "GET",
+            format!(
+                "/v1/sessions/{id}/fs/list?path={}&depth={depth}",
+                encode_path(&path)
+            ),
+            None,
+        )
+        .map(|answer| {
+            ok_or_report(answer.status, &answer.body, |v| {
+                if json {
+                    println!("{v}");
+                } else {
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .for_each(|e| println!("{}", entry_line(e)));
+                }
+                0
+            })
+        }),
+        SessionCommand::Ls { id, path, json, .. } => {
             let path = path.trim_start_matches("/work").trim_start_matches('/');
             send(
                 "GET",
@@ -579,6 +652,68 @@ pub fn main(args: SessionArgs) -> i32 {
                 })
             })
         }
+        SessionCommand::Stat { id, path, json } => call(
+            "GET",
+            format!("/v1/sessions/{id}/fs/stat?path={}", encode_path(&path)),
+            None,
+        )
+        .map(|answer| {
+            ok_or_report(answer.status, &answer.body, |v| {
+                if json {
+                    println!("{v}");
+                } else {
+                    println!("{}", entry_line(v));
+                }
+                0
+            })
+        }),
+        SessionCommand::Mkdir { id, path } => call(
+            "POST",
+            format!("/v1/sessions/{id}/fs/mkdir"),
+            Some(json!({ "path": path })),
+        )
+        .map(|answer| {
+            ok_or_report(answer.status, &answer.body, |v| {
+                let path = v["entry"]["path"].as_str().unwrap_or_default();
+                match v["created"].as_bool() {
+                    Some(true) => println!("made {path}"),
+                    _ => println!("{path} was there"),
+                }
+                0
+            })
+        }),
+        SessionCommand::Mv {
+            id,
+            src,
+            dest,
+            force,
+        } => call(
+            "POST",
+            format!("/v1/sessions/{id}/fs/move"),
+            Some(json!({ "source": src, "destination": dest, "overwrite": force })),
+        )
+        .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
+        SessionCommand::Rm { id, path } => call(
+            "POST",
+            format!("/v1/sessions/{id}/fs/remove"),
+            Some(json!({ "path": path })),
+        )
+        .map(|a| ok_or_report(a.status, &a.body, |_| 0)),
+        SessionCommand::Watch {
+            id,
+            path,
+            recursive,
+            count,
+            seconds,
+            json,
+        } => watch(
+            &call,
+            &id,
+            json!({ "path": path, "recursive": recursive }),
+            count,
+            seconds.map(std::time::Duration::from_secs),
+            json,
+        ),
         SessionCommand::Reset { id, lang } => call(
             "POST",
             match lang {
@@ -695,6 +830,112 @@ fn print_streams(v: &Value) {
         let _ = out.write_all(&bytes);
         let _ = out.flush();
     }
+}
+
+/// A JSON request to the server: method, path, body.
+type Call<'a> = dyn Fn(&str, String, Option<Value>) -> Result<client::Answer, String> + 'a;
+
+/// `session watch`: a polled watcher, its events printed as they come (every 200 ms), then
+/// removed. Ends at --count, --seconds, SIGINT or the watch's own end (the directory
+/// removed, the session closed: exit status 1).
+fn watch(
+    call: &Call<'_>,
+    id: &str,
+    request: Value,
+    count: Option<usize>,
+    limit: Option<std::time::Duration>,
+    json: bool,
+) -> Result<i32, String> {
+    let made = call(
+        "POST",
+        format!("/v1/sessions/{id}/fs/watchers"),
+        Some(request),
+    )?;
+    let mut watcher = None;
+    let status = ok_or_report(made.status, &made.body, |v| {
+        watcher = v["watcher_id"].as_str().map(str::to_string);
+        eprintln!(
+            "codecage: watching {} (C-c to stop)",
+            v["path"].as_str().unwrap_or_default()
+        );
+        0
+    });
+    let Some(watcher) = watcher else {
+        return Ok(status);
+    };
+    let interrupt = interrupt_fd();
+    let url = format!("/v1/sessions/{id}/fs/watchers/{watcher}");
+    let started = std::time::Instant::now();
+    let (mut cursor, mut seen) = (0u64, 0usize);
+    let status = loop {
+        let answer = call("GET", format!("{url}?after={cursor}"), None)?;
+        if !(200..300).contains(&answer.status) {
+            break ok_or_report(answer.status, &answer.body, |_| 0);
+        }
+        let v: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+        for event in v["events"].as_array().into_iter().flatten() {
+            if count.is_some_and(|n| seen >= n) {
+                break;
+            }
+            if json {
+                println!("{event}");
+            } else {
+                println!(
+                    "{} {}",
+                    event["type"].as_str().unwrap_or_default(),
+                    event["path"].as_str().unwrap_or_default()
+                );
+            }
+            seen += 1;
+        }
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        cursor = v["cursor"].as_u64().unwrap_or(cursor);
+        if let Some(why) = v["ended"].as_str() {
+            eprintln!("codecage: the watch ended: {why}");
+            break 1;
+        }
+        let done = count.is_some_and(|n| seen >= n)
+            || limit.is_some_and(|l| started.elapsed() >= l)
+            || interrupt
+                .as_ref()
+                .is_some_and(|fd| matches!(fd.read_signal(), Ok(Some(_))));
+        if done {
+            break 0;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let _ = call("DELETE", url, None);
+    Ok(status)
+}
+
+/// SIGINT blocked and read from a signalfd instead (C-c then ends the watch cleanly: its
+/// watcher is removed on the way out).
+fn interrupt_fd() -> Option<nix::sys::signalfd::SignalFd> {
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.thread_block().ok()?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
+}
+
+/// An entry of `/fs/stat` or `/fs/list` as `ls -l` would print it.
+fn entry_line(e: &Value) -> String {
+    let text = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+    let mut line = format!(
+        "{} {:<8} {:<8} {:>10}  {}  {}",
+        text("permissions"),
+        text("owner"),
+        text("group"),
+        e["size"].as_u64().unwrap_or(0),
+        text("modified_time"),
+        text("path")
+    );
+    if let Some(target) = e["symlink_target"].as_str() {
+        line.push_str(&format!(" -> {target}"));
+    }
+    line
 }
 
 /// Percent-encodes a path for a URL, keeping its `/` separators.

@@ -37,6 +37,9 @@ pub struct Started {
     pub go_ns: u64,
     /// The queue of the sandbox's link to its gateway (network modes other than `none`).
     pub tun: Option<OwnedFd>,
+    /// A copy of /work's tmpfs (its root), kept for `crate::workdir`; with the host id
+    /// of the sandbox's root.
+    pub work: Option<(OwnedFd, u32)>,
 }
 
 /// The fds the raw child puts on 0..=3, and the init binary it execs.
@@ -101,6 +104,12 @@ pub fn start(
     // The sandbox's root uid owns its user namespace (see IdMapping).
     let owner = spec.ids.host_root(slot.number());
     let tmpfs = make_tmpfs(spec, owner)?;
+    let work = Tmpfs::plan(spec)
+        .iter()
+        .position(|fs| *fs == Tmpfs::Work)
+        .and_then(|at| tmpfs.get(at))
+        .and_then(|fd| fd.try_clone().ok())
+        .map(|fd| (fd, owner));
     let job = CloneJob {
         devnull: child.devnull.as_raw_fd(),
         channel: child.channel.as_raw_fd(),
@@ -121,6 +130,7 @@ pub fn start(
         slot,
         go_ns: 0,
         tun: None,
+        work,
     };
     // In its cgroups before it may run: its limits hold from its first instruction, and its
     // cgroup namespace (created after "go") is rooted at its own cgroup.

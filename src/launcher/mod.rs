@@ -268,12 +268,19 @@ pub struct Sandbox {
     ptys_wanted: std::collections::BTreeSet<u64>,
     /// Their masters as they came (checked), or why one was refused.
     ptys: std::collections::BTreeMap<u64, Result<OwnedFd, String>>,
+    /// /work from the host (see [`crate::workdir`]).
+    work: Option<std::sync::Arc<crate::workdir::WorkDir>>,
 }
 
 /// The most fds from the sandbox the launcher holds unclaimed.
 const MAX_QUEUED_FDS: usize = 4;
 
 impl Sandbox {
+    /// /work from the host (see [`crate::workdir`]).
+    pub(crate) fn work_dir(&self) -> Option<std::sync::Arc<crate::workdir::WorkDir>> {
+        self.work.clone()
+    }
+
     /// Builds a sandbox: its cgroup with limits, the init in new namespaces, the id maps,
     /// and the spec sent. Returns as soon as the init is on its way (its setup errors come
     /// with the first payload's outcome).
@@ -333,6 +340,10 @@ impl Sandbox {
         let clone_ns = sys::monotonic_ns();
         let mut started = clone::start(spec, cgroup.as_ref(), volumes).map_err(setup_failed)?;
         let tun = started.tun.take();
+        let work = started
+            .work
+            .take()
+            .map(|(fd, root)| std::sync::Arc::new(crate::workdir::WorkDir::new(fd, root)));
         let mut sandbox = Sandbox {
             pid: started.pid,
             pidfd: started.pidfd,
@@ -358,6 +369,7 @@ impl Sandbox {
             received_fds: VecDeque::new(),
             ptys_wanted: Default::default(),
             ptys: Default::default(),
+            work,
         };
         if let (Some(gateway), Some(tun)) = (gateway, tun) {
             // On failure the sandbox is dropped: its init killed and reaped.

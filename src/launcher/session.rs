@@ -305,6 +305,12 @@ impl Session {
         self.contexts.clone()
     }
 
+    /// The sandbox's /work from the host, for stat, list, mkdir, move, remove and watch
+    /// (from any thread, while a call runs too); None if the launcher could not keep it.
+    pub fn work_dir(&self) -> Option<std::sync::Arc<crate::workdir::WorkDir>> {
+        self.sandbox.work_dir()
+    }
+
     /// Shows the started contexts in [`Contexts`].
     fn publish(&self) {
         let mut now: Vec<Lang> = [Lang::Python, Lang::Node, Lang::Bash]

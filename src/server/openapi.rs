@@ -49,6 +49,15 @@ pub fn document() -> String {
         api::list_files,
         api::download,
         api::upload,
+        api::fs::stat,
+        api::fs::list,
+        api::fs::mkdir,
+        api::fs::move_path,
+        api::fs::remove,
+        api::fs::watch,
+        api::fs::create_watcher,
+        api::fs::poll_watcher,
+        api::fs::remove_watcher,
         api::audit_api::audit_list,
         api::audit_api::audit_export,
         api::audit_api::audit_show,
@@ -105,6 +114,26 @@ pub enum Refusals {
     /// (`audit_unavailable`): retry after Retry-After's seconds.
     #[response(status = 503, headers(("Retry-After" = u64, description = "seconds")))]
     Capacity(ErrorBody),
+}
+
+/// What refuses a file operation on a session's /work.
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+pub enum FsRefusals {
+    /// A bad path (`invalid_request`): `..`, outside /work, through a symlink or a mount
+    /// point, the wrong type (a file for a directory); the message names the field.
+    #[response(status = 400)]
+    Invalid(ErrorBody),
+    /// No such session of this caller's, or no such path (`not_found`: the message says
+    /// which).
+    #[response(status = 404)]
+    Missing(ErrorBody),
+    /// What would be created or replaced exists (`exists`).
+    #[response(status = 409)]
+    Exists(ErrorBody),
+    /// The file system failed (`setup`).
+    #[response(status = 500)]
+    Failed(ErrorBody),
 }
 
 /// What refuses a session's call before it runs.

@@ -56,6 +56,14 @@ pub struct Entry {
     pub processes: Processes,
     /// Its contexts (shared with the session: readable while a call runs).
     pub contexts: codecage::session::Contexts,
+    /// Its /work from the host (stat, list, mkdir, move, remove, watch: while a call runs
+    /// too, no claim needed).
+    pub work: Option<Arc<codecage::workdir::WorkDir>>,
+    /// Its polled watchers (`POST .../fs/watchers`), by id, with the last number given.
+    pub watchers: Mutex<(
+        u64,
+        std::collections::BTreeMap<String, crate::service::fs::Polled>,
+    )>,
     busy: AtomicBool,
     pub executions: AtomicU64,
     pub caps: Caps,
@@ -91,6 +99,8 @@ impl Entry {
             interrupter: session.interrupter(),
             processes: session.processes(),
             contexts: session.contexts(),
+            work: session.work_dir(),
+            watchers: Mutex::new((0, Default::default())),
             session: Mutex::new(Some(session)),
             busy: AtomicBool::new(false),
             executions: AtomicU64::new(0),

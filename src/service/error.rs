@@ -23,6 +23,8 @@ pub enum Kind {
     SessionExpired,
     /// The session is running a call.
     Busy,
+    /// What a file operation would create or replace exists already.
+    Exists,
     /// The request body is over the server's limit.
     PayloadTooLarge,
     /// The caller is past one of its own quotas (sessions, concurrent runs).
@@ -50,6 +52,7 @@ impl Kind {
             Kind::NotFound => "not_found",
             Kind::SessionExpired => "session_expired",
             Kind::Busy => "busy",
+            Kind::Exists => "exists",
             Kind::PayloadTooLarge => "payload_too_large",
             Kind::Quota => "quota",
             Kind::Capacity => "capacity",

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod code;
 pub mod error;
+pub mod fs;
 pub mod keys;
 pub mod processes;
 pub mod request;

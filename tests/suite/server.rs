@@ -676,6 +676,79 @@ fn sessions_from_the_shell() {
     });
 }
 
+/// `codecage session stat|mkdir|mv|rm` and `ls --depth` on a session's /work; refusals
+/// print the server's message and exit 1 (missing, in the way) or 125 (a bad path).
+#[test]
+fn a_sessions_work_from_the_shell() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let (status, out, err) = server.session_cli(&["create", "--lang", "bash"]);
+        assert_eq!(status, 0, "{err}");
+        let id = out.lines().last().unwrap().to_string();
+        let cli = |args: &[&str]| {
+            let mut all = vec![args[0], id.as_str()];
+            all.extend(&args[1..]);
+            server.session_cli(&all)
+        };
+        let (status, out, err) = cli(&["mkdir", "a/b"]);
+        assert_eq!((status, out.as_str()), (0, "made /work/a/b\n"), "{err}");
+        assert_eq!(cli(&["mkdir", "/work/a/b"]).1, "/work/a/b was there\n");
+        assert_eq!(
+            cli(&["exec", "-c", "printf 12345 > a/b/f; ln -s /etc a/etc"]).0,
+            0
+        );
+        let (status, out, err) = cli(&["stat", "a/b/f"]);
+        assert_eq!(status, 0, "{err}");
+        assert!(
+            out.starts_with("-rw-r--r-- sandbox  sandbox           5  "),
+            "{out}"
+        );
+        assert!(out.ends_with("  /work/a/b/f\n"), "{out}");
+        assert!(cli(&["stat", "a/etc"]).1.ends_with("/work/a/etc -> /etc\n"));
+        let (_, out, _) = cli(&["ls", "a", "--depth", "2", "--json"]);
+        let paths: Vec<String> = serde_json::from_str::<Vec<Value>>(&out)
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(paths, ["/work/a/b", "/work/a/b/f", "/work/a/etc"]);
+        assert_eq!(cli(&["mv", "a/b/f", "g"]).0, 0);
+        assert_eq!(cli(&["exec", "-c", "echo x > h"]).0, 0);
+        let (status, _, err) = cli(&["mv", "g", "h"]);
+        assert_eq!(status, 1, "{err}");
+        assert!(
+            err.contains("/work/h exists") && err.contains("HTTP 409"),
+            "{err}"
+        );
+        assert_eq!(cli(&["mv", "--force", "g", "h"]).0, 0);
+        let (status, _, err) = cli(&["rm", "a/etc/passwd"]);
+        assert_eq!(status, 125, "{err}");
+        assert!(
+            err.contains("/work/a/etc is a symlink, which is not followed"),
+            "{err}"
+        );
+        let (status, _, err) = cli(&["stat", "../etc"]);
+        assert!(status == 125 && err.contains("`..`"), "{err}");
+        assert_eq!(cli(&["rm", "a"]).0, 0);
+        let (status, _, err) = cli(&["stat", "a"]);
+        assert!(
+            status == 1 && err.contains("/work/a does not exist"),
+            "{err}"
+        );
+        assert_eq!(cli(&["exec", "-c", "ls; cat h"]).1, "h\n12345");
+        // watch: the events as they come, until --count.
+        std::thread::scope(|scope| {
+            let watching = scope.spawn(|| cli(&["watch", "--count", "1", "--seconds", "20"]));
+            std::thread::sleep(Duration::from_millis(1500));
+            assert_eq!(cli(&["exec", "-c", "echo > z"]).0, 0);
+            let (status, out, err) = watching.join().unwrap();
+            assert_eq!((status, out.as_str()), (0, "create /work/z\n"), "{err}");
+            assert!(err.contains("watching /work"), "{err}");
+        });
+        server.stop();
+    });
+}
+
 /// Behind a cluster's router (deploy/kubernetes/README.md, "Routing"): a session's id
 /// carries the route its creator sent and this server's node; a create without the route
 /// header is refused, naming it; an id of another node is `session_lost` (410) naming that

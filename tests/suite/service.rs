@@ -2318,3 +2318,782 @@ fn terminals_leave_nothing_behind() {
         server.stop();
     });
 }
+
+/// A JSON request over TCP whose status and `error` are returned with the body.
+fn fs_call(
+    server: &Server,
+    token: &str,
+    method: &str,
+    path: String,
+    body: Option<Value>,
+) -> (u16, Value) {
+    server.tcp_request(token, method, &path, body)
+}
+
+/// `GET .../fs/{op}?path=P` with P percent-encoded.
+fn fs_get(
+    server: &Server,
+    token: &str,
+    id: &str,
+    op: &str,
+    path: &str,
+    extra: &str,
+) -> (u16, Value) {
+    let encoded: String = path
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    fs_call(
+        server,
+        token,
+        "GET",
+        format!("/v1/sessions/{id}/fs/{op}?path={encoded}{extra}"),
+        None,
+    )
+}
+
+/// A host directory a sandbox's symlink points at: the file system operations run on the
+/// host, so one that followed the link would reach it.
+struct Canary(std::path::PathBuf);
+impl Canary {
+    fn new() -> Canary {
+        let dir =
+            std::path::PathBuf::from(format!("/tmp/codecage-fs-canary-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("keep"), "host secret").unwrap();
+        Canary(dir)
+    }
+    fn intact(&self) {
+        assert_eq!(
+            std::fs::read_to_string(self.0.join("keep")).unwrap(),
+            "host secret"
+        );
+        let names: Vec<_> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["keep"], "the host directory was written to");
+    }
+}
+impl Drop for Canary {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// stat, list to a depth, mkdir, move and remove on a session's /work over HTTP: the
+/// sandbox's code sees what they did and they see what it did; 404 for a missing path,
+/// 409 for one in the way; every escape (`..`, a path outside /work, a symlink to /etc or
+/// to a host directory, anywhere on the path) is 400 and touches nothing; another token
+/// reaches nothing; they work while a call runs.
+#[test]
+fn a_sessions_work_is_a_file_system_over_the_api() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let canary = Canary::new();
+        let id = new_session(&server, USER1, "bash");
+        let execute = format!("/v1/sessions/{id}/execute");
+        let run = |code: &str| {
+            let (status, out) =
+                server.tcp_request(USER1, "POST", &execute, Some(json!({"code": code})));
+            assert_eq!(status, 200, "{out}");
+            out["stdout"].as_str().unwrap_or_default().to_string()
+        };
+        run(&format!(
+            "mkdir -p d/sub && printf hello > d/sub/f.txt && chmod 600 d/sub/f.txt && \
+             ln -s /etc etc_link && ln -s .. up && ln -s {} canary && ln -s d dlink",
+            canary.0.display()
+        ));
+        let get = |op: &str, path: &str, extra: &str| fs_get(&server, USER1, &id, op, path, extra);
+        let post = |op: &str, body: Value| {
+            fs_call(
+                &server,
+                USER1,
+                "POST",
+                format!("/v1/sessions/{id}/fs/{op}"),
+                Some(body),
+            )
+        };
+
+        // stat: every field of E2B's EntryInfo.
+        let (status, f) = get("stat", "d/sub/f.txt", "");
+        assert_eq!(status, 200, "{f}");
+        assert_eq!(
+            (
+                &f["name"],
+                &f["type"],
+                &f["path"],
+                &f["size"],
+                &f["mode"],
+                &f["permissions"]
+            ),
+            (
+                &json!("f.txt"),
+                &json!("file"),
+                &json!("/work/d/sub/f.txt"),
+                &json!(5),
+                &json!(0o600),
+                &json!("-rw-------")
+            ),
+            "{f}"
+        );
+        assert_eq!(
+            (&f["owner"], &f["group"], &f["is_symlink"]),
+            (&json!("sandbox"), &json!("sandbox"), &json!(false)),
+            "{f}"
+        );
+        let modified = humantime::parse_rfc3339(f["modified_time"].as_str().unwrap()).unwrap();
+        assert!(
+            modified.elapsed().unwrap() < Duration::from_secs(120),
+            "{f}"
+        );
+        let (_, link) = get("stat", "/work/etc_link", "");
+        assert_eq!(
+            (
+                &link["type"],
+                &link["symlink_target"],
+                &link["is_symlink"],
+                &link["permissions"]
+            ),
+            (
+                &json!("symlink"),
+                &json!("/etc"),
+                &json!(true),
+                &json!("lrwxrwxrwx")
+            ),
+            "{link}"
+        );
+        let (_, work) = get("stat", "", "");
+        assert_eq!(
+            (&work["path"], &work["type"], &work["owner"]),
+            (&json!("/work"), &json!("dir"), &json!("sandbox")),
+            "{work}"
+        );
+
+        // list: one level, then three; symlinks listed, never entered.
+        let paths = |depth: u32| -> Vec<String> {
+            let (status, list) = get("list", "", &format!("&depth={depth}"));
+            assert_eq!(status, 200, "{list}");
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["path"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            paths(1),
+            [
+                "/work/canary",
+                "/work/d",
+                "/work/dlink",
+                "/work/etc_link",
+                "/work/up"
+            ]
+        );
+        assert_eq!(
+            paths(3),
+            [
+                "/work/canary",
+                "/work/d",
+                "/work/d/sub",
+                "/work/d/sub/f.txt",
+                "/work/dlink",
+                "/work/etc_link",
+                "/work/up"
+            ]
+        );
+        assert_eq!(get("list", "", "&depth=0").0, 400);
+
+        // Escapes: 400 naming the problem, and nothing touched.
+        let refused = |(status, out): (u16, Value), what: &str| {
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (400, Some("invalid_request")),
+                "{what}: {out}"
+            );
+            out["message"].as_str().unwrap().to_string()
+        };
+        assert!(refused(get("stat", "../etc/passwd", ""), "..").contains("`..`"));
+        assert!(refused(get("stat", "d/../../etc/passwd", ""), "..").contains("`..`"));
+        assert!(refused(get("stat", "/etc/passwd", ""), "outside").contains("outside /work"));
+        for through in ["etc_link/passwd", "canary/keep", "up/work", "dlink/sub"] {
+            assert!(
+                refused(get("stat", through, ""), through).contains("symlink"),
+                "{through}"
+            );
+            refused(get("list", through, ""), through);
+        }
+        for dir in ["etc_link", "canary", "up"] {
+            let message = refused(get("list", dir, ""), dir);
+            assert!(
+                message.contains(&format!("/work/{dir} is a symlink, which is not followed")),
+                "{message}"
+            );
+        }
+        let message = refused(get("list", "d/sub/f.txt", ""), "a file");
+        assert!(
+            message.contains("/work/d/sub/f.txt is not a directory"),
+            "{message}"
+        );
+        refused(
+            post("mkdir", json!({"path": "canary/new"})),
+            "mkdir through a link",
+        );
+        refused(
+            post("remove", json!({"path": "canary/keep"})),
+            "remove through a link",
+        );
+        refused(
+            post("remove", json!({"path": "etc_link/passwd"})),
+            "remove through a link",
+        );
+        refused(
+            post(
+                "move",
+                json!({"source": "canary/keep", "destination": "stolen"}),
+            ),
+            "move out of a link",
+        );
+        refused(
+            post(
+                "move",
+                json!({"source": "d/sub/f.txt", "destination": "canary/planted"}),
+            ),
+            "move into a link",
+        );
+        refused(
+            post(
+                "move",
+                json!({"source": "d/sub/f.txt", "destination": "../planted"}),
+            ),
+            "move up",
+        );
+        refused(post("remove", json!({"path": ""})), "remove /work");
+        canary.intact();
+
+        // Missing: 404 naming the path.
+        let (status, out) = get("stat", "nope/x", "");
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (404, Some("not_found")),
+            "{out}"
+        );
+        assert!(
+            out["message"]
+                .as_str()
+                .unwrap()
+                .contains("/work/nope does not exist"),
+            "{out}"
+        );
+        assert_eq!(post("remove", json!({"path": "nope"})).0, 404);
+        assert_eq!(
+            post("move", json!({"source": "nope", "destination": "x"})).0,
+            404
+        );
+
+        // mkdir -p, then again; a file in the way is 409.
+        let (status, made) = post("mkdir", json!({"path": "a/b/c"}));
+        assert_eq!(
+            (status, &made["created"], &made["entry"]["path"]),
+            (201, &json!(true), &json!("/work/a/b/c")),
+            "{made}"
+        );
+        let (status, again) = post("mkdir", json!({"path": "/work/a/b"}));
+        assert_eq!((status, &again["created"]), (200, &json!(false)), "{again}");
+        let (status, out) = post("mkdir", json!({"path": "d/sub/f.txt"}));
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (409, Some("exists")),
+            "{out}"
+        );
+
+        // move: to a new name, refused onto an existing one unless overwrite.
+        let (status, moved) = post(
+            "move",
+            json!({"source": "d/sub/f.txt", "destination": "a/b/c/g.txt"}),
+        );
+        assert_eq!(
+            (status, &moved["path"], &moved["size"]),
+            (200, &json!("/work/a/b/c/g.txt"), &json!(5)),
+            "{moved}"
+        );
+        run("echo other > a/other");
+        let (status, out) = post(
+            "move",
+            json!({"source": "a/other", "destination": "a/b/c/g.txt"}),
+        );
+        assert_eq!(
+            (status, out["error"].as_str()),
+            (409, Some("exists")),
+            "{out}"
+        );
+        assert_eq!(
+            post(
+                "move",
+                json!({"source": "a/other", "destination": "a/b/c/g.txt", "overwrite": true})
+            )
+            .0,
+            200
+        );
+
+        // remove: a link removes the link only; a tree goes whole.
+        assert_eq!(post("remove", json!({"path": "canary"})).0, 204);
+        canary.intact();
+        assert_eq!(post("remove", json!({"path": "d"})).0, 204);
+        assert_eq!(get("stat", "d", "").0, 404);
+        // The sandbox's code sees it all, and owns what was made for it.
+        assert_eq!(
+            run("ls; cat a/b/c/g.txt; stat -c '%U %a' a/b/c; echo x > a/b/c/mine && echo wrote"),
+            "a\ndlink\netc_link\nup\nother\nsandbox 755\nwrote\n"
+        );
+
+        // While a call runs: no claim needed (a call's own 409 is for calls).
+        let slow = {
+            let url = format!("http://{}{execute}", server.tcp_address());
+            std::thread::spawn(move || {
+                Command::new("curl")
+                    .args([
+                        "-s",
+                        "-H",
+                        &format!("Authorization: Bearer {USER1}"),
+                        "-X",
+                        "POST",
+                        &url,
+                    ])
+                    .args([
+                        "-H",
+                        "Content-Type: application/json",
+                        "-d",
+                        r#"{"code":"sleep 2; echo slow > during"}"#,
+                    ])
+                    .output()
+                    .unwrap()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(700));
+        let (status, busy) = server.tcp_request(USER1, "GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!((status, &busy["busy"]), (200, &json!(true)), "{busy}");
+        assert_eq!(get("stat", "a", "").0, 200);
+        assert_eq!(post("mkdir", json!({"path": "during_call"})).0, 201);
+        slow.join().unwrap();
+        assert_eq!(get("stat", "during", "").1["size"], 5);
+
+        // Another token: every route is 404, as for a session that never was.
+        let tries: Vec<(&str, String, Option<Value>)> = vec![
+            ("GET", format!("/v1/sessions/{id}/fs/stat?path=a"), None),
+            ("GET", format!("/v1/sessions/{id}/fs/list?path="), None),
+            (
+                "POST",
+                format!("/v1/sessions/{id}/fs/mkdir"),
+                Some(json!({"path": "x"})),
+            ),
+            (
+                "POST",
+                format!("/v1/sessions/{id}/fs/move"),
+                Some(json!({"source": "a", "destination": "b"})),
+            ),
+            (
+                "POST",
+                format!("/v1/sessions/{id}/fs/remove"),
+                Some(json!({"path": "a"})),
+            ),
+        ];
+        for (method, path, body) in tries {
+            let (status, out) = server.tcp_request(USER2, method, &path, body);
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (404, Some("not_found")),
+                "{method} {path}: {out}"
+            );
+        }
+        assert_eq!(get("stat", "a", "").0, 200, "user2 removed nothing");
+        figures(&server, "fs operations");
+        server.stop();
+    });
+}
+
+/// The sandbox's code swaps a directory and a symlink to a host directory as fast as it
+/// can while the host lists, stats and removes under that name: nothing ever reaches the
+/// host directory (openat2 refuses the link wherever the race lands).
+#[test]
+fn a_symlink_raced_under_a_path_never_leads_the_host_out_of_work() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let canary = Canary::new();
+        let id = new_session(&server, USER1, "bash");
+        let racer = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"command": format!(
+                "while :; do rm -rf r; mkdir r; echo mine > r/keep; rm -rf r; ln -s {} r; done",
+                canary.0.display()
+            ), "background": true}),
+        );
+        // A recursive watcher follows each new `r` it can: never the link in its place.
+        let (status, made) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/fs/watchers"),
+            Some(json!({"path": "", "recursive": true})),
+        );
+        assert_eq!(status, 201, "{made}");
+        let watcher = format!(
+            "/v1/sessions/{id}/fs/watchers/{}",
+            made["watcher_id"].as_str().unwrap()
+        );
+        let (mut listed, mut refused) = (0, 0);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(6) {
+            let (status, list) = fs_get(&server, USER1, &id, "list", "r", "");
+            match status {
+                200 => {
+                    listed += 1;
+                    for e in list.as_array().unwrap() {
+                        assert_eq!(e["owner"], "sandbox", "{list}");
+                    }
+                }
+                400 | 404 => refused += 1,
+                _ => panic!("{status}: {list}"),
+            }
+            let (status, keep) = fs_get(&server, USER1, &id, "stat", "r/keep", "");
+            // The sandbox's own file (empty or written), never the host's ("host secret").
+            assert!(
+                status != 200 || (keep["owner"] == "sandbox" && keep["size"] != 11),
+                "{keep}"
+            );
+            let (status, out) = fs_call(
+                &server,
+                USER1,
+                "POST",
+                format!("/v1/sessions/{id}/fs/remove"),
+                Some(json!({"path": "r/keep"})),
+            );
+            assert!(matches!(status, 204 | 400 | 404), "{status}: {out}");
+            canary.intact();
+        }
+        eprintln!("figures: raced symlink: {listed} listings of the directory, {refused} refused or missing");
+        // Both sides of the race were met: the directory, and the link in its place.
+        assert!(
+            listed > 0 && refused > 0,
+            "{listed} listed, {refused} refused"
+        );
+        // The host writes into its directory: the watcher, which saw `r` come and go,
+        // says nothing of it.
+        std::fs::write(canary.0.join("host-write"), "x").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, polled) =
+            server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
+        assert_eq!(status, 200, "{polled}");
+        let events = polled["events"].as_array().unwrap();
+        assert!(
+            events.iter().any(|e| e["name"] == "r/keep"),
+            "the watcher followed no r"
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| e["name"].as_str().unwrap().contains("host-write")),
+            "{polled}"
+        );
+        std::fs::remove_file(canary.0.join("host-write")).unwrap();
+        let pid = racer["process_id"].as_u64().unwrap();
+        server.tcp_request(
+            USER1,
+            "DELETE",
+            &format!("/v1/sessions/{id}/processes/{pid}"),
+            None,
+        );
+        canary.intact();
+        server.stop();
+    });
+}
+
+/// `curl -N` on a watch stream: its lines as they come, on a channel.
+struct WatchStream {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl WatchStream {
+    fn open(server: &Server, token: &str, path: &str) -> WatchStream {
+        let mut child = Command::new("curl")
+            .args(["-s", "-N", "-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("http://{}{path}", server.tcp_address()))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                if send.send(value).is_err() {
+                    return;
+                }
+            }
+        });
+        WatchStream { child, lines }
+    }
+
+    /// The next line within `limit`.
+    fn next(&self, limit: Duration) -> Option<Value> {
+        self.lines.recv_timeout(limit).ok()
+    }
+
+    /// Lines until one `until` accepts (included), within `limit`.
+    fn until(&self, limit: Duration, until: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let end = Instant::now() + limit;
+        let mut got = Vec::new();
+        while let Some(line) = self.next(end.saturating_duration_since(Instant::now())) {
+            let last = until(&line);
+            got.push(line);
+            if last {
+                break;
+            }
+        }
+        got
+    }
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A watch sees what the session's code does, as it happens: over an NDJSON stream
+/// (recursive: a directory made meanwhile is followed) and polled from a cursor; a watch
+/// through a symlink or `..` is 400, of a missing directory 404, of another token's
+/// session 404; removing the directory or closing the session ends it.
+#[test]
+fn a_watch_sees_what_the_sessions_code_does() {
+    as_root(|| {
+        let server = Server::start(&tokens(""), true);
+        let id = new_session(&server, USER1, "bash");
+        let execute = format!("/v1/sessions/{id}/execute");
+        let run = |code: &str| {
+            let (status, out) =
+                server.tcp_request(USER1, "POST", &execute, Some(json!({"code": code})));
+            assert_eq!((status, &out["exit_code"]), (200, &json!(0)), "{out}");
+        };
+        run("mkdir w && ln -s /etc etc_link");
+        let fs_url = format!("/v1/sessions/{id}/fs");
+
+        // Streamed, recursive.
+        let stream = WatchStream::open(
+            &server,
+            USER1,
+            &format!("{fs_url}/watch?path=w&recursive=true"),
+        );
+        let start = stream
+            .next(Duration::from_secs(10))
+            .expect("the start line");
+        assert_eq!(start, json!({"type": "start", "path": "/work/w"}));
+        run(
+            "echo hi > w/a.txt; mkdir w/sub; sleep 0.5; echo x > w/sub/b.txt; \
+             mv w/a.txt w/c.txt; chmod 600 w/c.txt; rm w/c.txt",
+        );
+        let lines = stream.until(Duration::from_secs(10), |l| {
+            l["type"] == "remove" && l["name"] == "c.txt"
+        });
+        let seen: Vec<(String, String)> = lines
+            .iter()
+            .map(|l| {
+                (
+                    l["type"].as_str().unwrap().to_string(),
+                    l["name"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        for want in [
+            ("create", "a.txt"),
+            ("write", "a.txt"),
+            ("create", "sub"),
+            ("create", "sub/b.txt"),
+            ("write", "sub/b.txt"),
+            ("rename", "a.txt"),
+            ("create", "c.txt"),
+            ("chmod", "c.txt"),
+            ("remove", "c.txt"),
+        ] {
+            assert!(
+                seen.contains(&(want.0.to_string(), want.1.to_string())),
+                "{want:?} not in {seen:?}"
+            );
+        }
+        let b = lines.iter().find(|l| l["name"] == "sub/b.txt").unwrap();
+        assert_eq!(b["path"], "/work/w/sub/b.txt");
+        drop(stream);
+
+        // Polled from a cursor.
+        let (status, made) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("{fs_url}/watchers"),
+            Some(json!({"path": "/work/w"})),
+        );
+        assert_eq!(status, 201, "{made}");
+        let watcher = format!("{fs_url}/watchers/{}", made["watcher_id"].as_str().unwrap());
+        run("touch w/p1; echo z > w/p2");
+        // The watcher reads as events come: they are there within moments.
+        let mut polled = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(5), || {
+                let (status, got) =
+                    server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
+                assert_eq!(status, 200, "{got}");
+                polled = got;
+                polled["events"].as_array().unwrap().len() >= 4
+            }),
+            "{polled}"
+        );
+        let events: Vec<(&str, &str)> = polled["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["type"].as_str().unwrap(), e["name"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            &events[..2],
+            [("create", "p1"), ("chmod", "p1")].as_slice(),
+            "{polled}"
+        );
+        assert!(
+            events.contains(&("create", "p2")) && events.contains(&("write", "p2")),
+            "{polled}"
+        );
+        let cursor = polled["cursor"].as_u64().unwrap();
+        assert_eq!(cursor, events.len() as u64, "{polled}");
+        // The same cursor again: the events kept; past it: nothing new.
+        let (_, again) = server.tcp_request(USER1, "GET", &format!("{watcher}?after=0"), None);
+        assert_eq!(again["events"], polled["events"]);
+        let (_, after) =
+            server.tcp_request(USER1, "GET", &format!("{watcher}?after={cursor}"), None);
+        assert_eq!(
+            (after["events"].clone(), after["cursor"].as_u64()),
+            (json!([]), Some(cursor)),
+            "{after}"
+        );
+
+        // Refused: through a symlink, `..`, missing, a file; another token's.
+        for (path, status) in [
+            ("etc_link", 400),
+            ("../etc", 400),
+            ("nope", 404),
+            ("w/p1", 400),
+        ] {
+            let (got, out) = server.tcp_request(
+                USER1,
+                "POST",
+                &format!("{fs_url}/watchers"),
+                Some(json!({"path": path})),
+            );
+            assert_eq!(got, status, "{path}: {out}");
+            let (got, out) = server.tcp_curl(
+                USER1,
+                &[&format!(
+                    "http://{}{fs_url}/watch?path={path}",
+                    server.tcp_address()
+                )],
+            );
+            assert_eq!(got, status, "{path}: {out}");
+        }
+        for (method, path, body) in [
+            ("GET", format!("{fs_url}/watch?path=w"), None),
+            (
+                "POST",
+                format!("{fs_url}/watchers"),
+                Some(json!({"path": "w"})),
+            ),
+            ("GET", format!("{watcher}?after=0"), None),
+            ("DELETE", watcher.clone(), None),
+        ] {
+            let (status, out) = server.tcp_request(USER2, method, &path, body);
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (404, Some("not_found")),
+                "{method} {path}: {out}"
+            );
+        }
+
+        // The directory removed: its last events, then `ended`.
+        run("rm -r w");
+        let mut last = Value::Null;
+        assert!(
+            wait_for(Duration::from_secs(5), || {
+                last = server
+                    .tcp_request(USER1, "GET", &format!("{watcher}?after={cursor}"), None)
+                    .1;
+                last["ended"].is_string()
+            }),
+            "{last}"
+        );
+        assert!(
+            last["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["type"] == "remove" && e["name"] == "p1"),
+            "{last}"
+        );
+        assert!(
+            last["ended"]
+                .as_str()
+                .unwrap()
+                .contains("/work/w was removed"),
+            "{last}"
+        );
+        assert_eq!(server.tcp_request(USER1, "DELETE", &watcher, None).0, 204);
+        assert_eq!(server.tcp_request(USER1, "GET", &watcher, None).0, 404);
+
+        // The session closed under a stream: its last line says so.
+        let stream = WatchStream::open(&server, USER1, &format!("{fs_url}/watch"));
+        assert_eq!(
+            stream.next(Duration::from_secs(10)).unwrap()["type"],
+            "start"
+        );
+        assert_eq!(
+            server
+                .tcp_request(USER1, "DELETE", &format!("/v1/sessions/{id}"), None)
+                .0,
+            204
+        );
+        let lines = stream.until(Duration::from_secs(10), |l| l["type"] == "error");
+        let last = lines.last().expect("a last line");
+        assert_eq!(
+            (&last["type"], &last["error"]),
+            (&json!("error"), &json!("not_found")),
+            "{lines:?}"
+        );
+        figures(&server, "watches");
+        // The server stopping ends an open stream at once (not at the shutdown's grace).
+        let id = new_session(&server, USER1, "bash");
+        let stream = WatchStream::open(&server, USER1, &format!("/v1/sessions/{id}/fs/watch"));
+        assert_eq!(
+            stream.next(Duration::from_secs(10)).unwrap()["type"],
+            "start"
+        );
+        let stopping = Instant::now();
+        server.stop();
+        assert!(
+            stopping.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            stopping.elapsed()
+        );
+        let lines = stream.until(Duration::from_secs(5), |l| l["type"] == "error");
+        assert_eq!(
+            lines.last().map(|l| l["error"].clone()),
+            Some(json!("capacity")),
+            "{lines:?}"
+        );
+    });
+}

@@ -738,4 +738,42 @@ mod tests {
             );
         }
     }
+
+    /// The unit for a build from source (docs/systemd) carries every hardening directive
+    /// of the package's unit, so that the two cannot drift apart: a directive tried and
+    /// kept in packaging/debian/codecage.service is kept in both.
+    #[test]
+    fn the_source_builds_unit_has_the_packages_hardening() {
+        let root = workspace_root();
+        let directives = |path: &str| -> std::collections::BTreeSet<String> {
+            std::fs::read_to_string(root.join(path))
+                .unwrap()
+                .lines()
+                .map(str::trim)
+                .filter(|l| {
+                    [
+                        "Protect",
+                        "Private",
+                        "Restrict",
+                        "NoNewPrivileges",
+                        "LockPersonality",
+                        "SystemCallArchitectures",
+                        "KeyringMode",
+                        "ReadWritePaths",
+                    ]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+                })
+                .map(String::from)
+                .collect()
+        };
+        let package = directives("packaging/debian/codecage.service");
+        let source = directives("docs/systemd/codecage.service");
+        assert!(package.len() >= 15, "{package:?}");
+        let missing: Vec<_> = package.difference(&source).collect();
+        assert!(
+            missing.is_empty(),
+            "docs/systemd/codecage.service lacks {missing:?}"
+        );
+    }
 }

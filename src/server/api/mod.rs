@@ -26,6 +26,7 @@ use codecage::Stream;
 
 pub(crate) mod audit_api;
 mod body;
+pub(crate) mod fs;
 pub(crate) mod processes;
 mod stream;
 
@@ -58,6 +59,17 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/sessions/{id}/execute", post(execute))
         .route("/v1/sessions/{id}/reset", post(reset))
         .route("/v1/sessions/{id}/interrupt", post(interrupt))
+        .route("/v1/sessions/{id}/fs/stat", get(fs::stat))
+        .route("/v1/sessions/{id}/fs/list", get(fs::list))
+        .route("/v1/sessions/{id}/fs/mkdir", post(fs::mkdir))
+        .route("/v1/sessions/{id}/fs/move", post(fs::move_path))
+        .route("/v1/sessions/{id}/fs/remove", post(fs::remove))
+        .route("/v1/sessions/{id}/fs/watch", get(fs::watch))
+        .route("/v1/sessions/{id}/fs/watchers", post(fs::create_watcher))
+        .route(
+            "/v1/sessions/{id}/fs/watchers/{watcher_id}",
+            get(fs::poll_watcher).delete(fs::remove_watcher),
+        )
         .route(
             "/v1/sessions/{id}/processes",
             post(processes::start).get(processes::list),
@@ -102,7 +114,7 @@ pub fn status_of(kind: Kind) -> StatusCode {
         Kind::Unauthorized => StatusCode::UNAUTHORIZED,
         Kind::Policy | Kind::Forbidden => StatusCode::FORBIDDEN,
         Kind::NotFound | Kind::SessionExpired => StatusCode::NOT_FOUND,
-        Kind::Busy => StatusCode::CONFLICT,
+        Kind::Busy | Kind::Exists => StatusCode::CONFLICT,
         Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Kind::Quota => StatusCode::TOO_MANY_REQUESTS,
         Kind::Capacity | Kind::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -125,7 +137,8 @@ struct ErrorInfo {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// What went wrong, for a program: `invalid_request`, `unauthorized`, `policy`,
-    /// `not_found`, `session_expired`, `busy`, `payload_too_large`, `quota` (the caller
+    /// `not_found`, `session_expired`, `busy`, `exists` (a file operation's target is
+    /// there already: 409), `payload_too_large`, `quota` (the caller
     /// is past one of its quotas, a token's or a uid's: 429), `capacity`, `setup`,
     /// `forbidden` (the audit API without the admin role), `audit_unavailable` (the audit
     /// log cannot take the request's record and its `on_full` is `refuse`).
