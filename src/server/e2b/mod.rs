@@ -13,8 +13,10 @@
 //! bound to the caller that made it: its traffic acts as that caller, so tenancy holds
 //! as in the API.
 
+mod connect;
 mod control;
 mod envd;
+mod filesystem;
 mod interpreter;
 mod process;
 
@@ -84,6 +86,19 @@ pub(crate) struct Record {
     pub cpus: u64,
     pub memory_mb: u64,
     pub disk_mb: u64,
+    /// envd's watchers (filesystem.CreateWatcher) -> the cursor of the service's
+    /// watcher: GetWatcherEvents answers what came since its last answer.
+    pub watchers: Mutex<HashMap<String, WatcherCursor>>,
+}
+
+/// Where an envd watcher's reader is: the service watcher's cursor, the events it had
+/// lost when last asked (more since is an answer's data loss), and whether its events
+/// carry their entries (`include_entry`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WatcherCursor {
+    pub cursor: u64,
+    pub lost: u64,
+    pub include_entry: bool,
 }
 
 impl Record {
