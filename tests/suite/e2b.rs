@@ -549,6 +549,115 @@ sbx.kill()
     });
 }
 
+#[test]
+fn files_list_stat_mkdir_rename_remove_and_watch_through_envds_filesystem_service() {
+    e2b_test(|s| {
+        let lines = s.sdk(
+            TOKEN,
+            r#"
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+sbx = Sandbox.create()
+def err(f):
+    try:
+        f()
+        return None
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)
+made = sbx.files.make_dir("/home/user/a/b")
+again = sbx.files.make_dir("/home/user/a/b")
+sbx.files.write("/home/user/a/b/c.txt", "hello")
+sbx.commands.run("ln -s /etc/passwd /work/link")
+one = sorted((e.path, e.type.value) for e in sbx.files.list("/home/user/a"))
+two = sorted(e.path for e in sbx.files.list("/home/user/a", depth=2))
+info = sbx.files.get_info("/home/user/a/b/c.txt")
+link = sbx.files.get_info("link")
+exists = [sbx.files.exists(p) for p in ["/home/user/a/b/c.txt", "/home/user/nope"]]
+moved = sbx.files.rename("/home/user/a/b/c.txt", "/home/user/a/d.txt")
+after_move = sbx.files.exists("/home/user/a/b/c.txt")
+handle = sbx.files.watch_dir("/home/user/a", recursive=True)
+sbx.run_code("open('/work/a/from_code.txt', 'w').write('x')")
+sbx.commands.run("echo y > /work/a/b/from_command.txt")
+events, deadline = [], time.monotonic() + 10
+while time.monotonic() < deadline:
+    events += [(e.name, e.type.value) for e in handle.get_new_events()]
+    names = {n for n, _ in events}
+    if {"from_code.txt", "b/from_command.txt"} <= names:
+        break
+    time.sleep(0.1)
+handle.stop()
+sbx.files.remove("/home/user/a")
+gone = sbx.files.exists("/home/user/a")
+out(made=made, again=again, one=one, two=two,
+    info=dict(name=info.name, type=info.type.value, path=info.path, size=info.size,
+              mode=info.mode, permissions=info.permissions, owner=info.owner,
+              modified=info.modified_time.year, target=info.symlink_target),
+    link=dict(type=link.type.value, target=link.symlink_target),
+    exists=exists, moved=moved.path, after_move=after_move, events=events, gone=gone,
+    missing=err(lambda: sbx.files.get_info("/home/user/nope")),
+    remove_missing=err(lambda: sbx.files.remove("/home/user/nope")),
+    outside=err(lambda: sbx.files.list("/etc")),
+    dotdot=err(lambda: sbx.files.get_info("/home/user/../../etc/passwd")),
+    through_link=err(lambda: sbx.files.list("/home/user/link")),
+    watch_outside=err(lambda: sbx.files.watch_dir("/tmp")),
+    root=err(lambda: sbx.files.list("/home/user", user="root")))
+sbx.kill()
+"#,
+        );
+        let l = &lines[0];
+        assert_eq!(l["made"], true, "{l}");
+        assert_eq!(l["again"], false, "{l}");
+        assert_eq!(
+            l["one"],
+            serde_json::json!([["/home/user/a/b", "dir"]]),
+            "{l}"
+        );
+        assert_eq!(
+            l["two"],
+            serde_json::json!(["/home/user/a/b", "/home/user/a/b/c.txt"]),
+            "{l}"
+        );
+        let info = &l["info"];
+        assert_eq!(info["name"], "c.txt", "{l}");
+        assert_eq!(info["type"], "file", "{l}");
+        assert_eq!(info["path"], "/home/user/a/b/c.txt", "{l}");
+        assert_eq!(info["size"], 5, "{l}");
+        assert_eq!(info["permissions"], "-rw-r--r--", "{l}");
+        assert_eq!(info["mode"], 0o644, "{l}");
+        assert_eq!(info["owner"], "user", "{l}");
+        assert!(info["modified"].as_u64().unwrap() >= 2024, "{l}");
+        assert_eq!(info["target"], Value::Null, "{l}");
+        assert_eq!(
+            l["link"],
+            serde_json::json!({"type": "symlink", "target": "/etc/passwd"}),
+            "{l}"
+        );
+        assert_eq!(l["exists"], serde_json::json!([true, false]), "{l}");
+        assert_eq!(l["moved"], "/home/user/a/d.txt", "{l}");
+        assert_eq!(l["after_move"], false, "{l}");
+        let events = l["events"].as_array().unwrap();
+        for name in ["from_code.txt", "b/from_command.txt"] {
+            assert!(
+                events.contains(&serde_json::json!([name, "create"])),
+                "no create of {name}: {l}"
+            );
+        }
+        assert_eq!(l["gone"], false, "{l}");
+        let refused = |field: &str, class: &str, says: &str| {
+            let e = l[field].as_str().unwrap_or_else(|| panic!("{field}: {l}"));
+            assert!(e.starts_with(class), "{field}: {e}");
+            assert!(e.contains(says), "{field}: {e}");
+        };
+        refused("missing", "FileNotFoundException", "nope");
+        refused("remove_missing", "FileNotFoundException", "nope");
+        refused("outside", "InvalidArgumentException", "/home/user");
+        refused("dotdot", "InvalidArgumentException", "..");
+        refused("through_link", "InvalidArgumentException", "symlink");
+        refused("watch_outside", "InvalidArgumentException", "/tmp");
+        refused("root", "SandboxException", "one user");
+        assert!(s.sessions().is_empty(), "kill left a session");
+    });
+}
+
 /// The directory whose node_modules hold E2B's JavaScript SDK, or why there is none.
 fn e2b_js() -> Result<PathBuf, String> {
     let dir = std::env::var_os("CODECAGE_E2B_JS").map_or_else(
