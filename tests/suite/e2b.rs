@@ -728,3 +728,94 @@ console.log(JSON.stringify({{ text, png: chart.results.some(r => !!r.png), name:
         assert!(s.sessions().is_empty());
     });
 }
+
+#[test]
+fn the_javascript_sdk_lists_renames_and_watches_files_through_the_streaming_watch() {
+    e2b_test(|s| {
+        let dir = match e2b_js() {
+            Ok(dir) => dir,
+            Err(why) => return unavailable(&why),
+        };
+        let program = format!(
+            r#"
+import {{ createRequire }} from 'module';
+const require = createRequire({dir:?} + '/');
+const {{ Sandbox }} = require('@e2b/code-interpreter');
+const [url, key] = process.argv.slice(1);
+Object.assign(process.env, {{ E2B_API_URL: url, E2B_SANDBOX_URL: url, E2B_API_KEY: key }});
+const err = async (f) => {{ try {{ await f(); return null; }} catch (e) {{ return e.constructor.name + ': ' + e.message; }} }};
+const sbx = await Sandbox.create();
+const made = await sbx.files.makeDir('/home/user/j/k');
+const again = await sbx.files.makeDir('/home/user/j/k');
+await sbx.files.write('/home/user/j/k/f.txt', 'abc');
+const listed = (await sbx.files.list('/home/user/j', {{ depth: 2 }})).map(e => [e.path, e.type]).sort();
+const info = await sbx.files.getInfo('/home/user/j/k/f.txt');
+const moved = (await sbx.files.rename('/home/user/j/k/f.txt', '/home/user/j/g.txt')).path;
+const exists = [await sbx.files.exists('/home/user/j/g.txt'), await sbx.files.exists('/home/user/j/k/f.txt')];
+const events = [];
+const handle = await sbx.files.watchDir('/home/user/j', (e) => {{ events.push([e.name, e.type, e.entry ? e.entry.size : null]); }},
+  {{ recursive: true, includeEntry: true }});
+await sbx.runCode("open('/work/j/k/from_code.txt', 'w').write('12345')");
+for (let i = 0; i < 100 && !events.some(e => e[0] === 'k/from_code.txt'); i++) await new Promise(r => setTimeout(r, 100));
+await handle.stop();
+await sbx.files.remove('/home/user/j');
+const gone = await sbx.files.exists('/home/user/j');
+const missing = await err(() => sbx.files.getInfo('/home/user/nope'));
+const outside = await err(() => sbx.files.list('/etc'));
+const watchOutside = await err(() => sbx.files.watchDir('/home/user/../../tmp', () => {{}}));
+await sbx.kill();
+console.log(JSON.stringify({{ made, again, listed, info: [info.name, info.type, info.size, info.owner], moved, exists,
+  events, gone, missing, outside, watchOutside }}));
+"#,
+            dir = dir.display().to_string()
+        );
+        let out = Command::new("node")
+            .args(["--input-type=module", "-e", &program, &s.url, TOKEN])
+            .output()
+            .expect("node");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the JS SDK program failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let l: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(l["made"], true, "{l}");
+        assert_eq!(l["again"], false, "{l}");
+        assert_eq!(
+            l["listed"],
+            serde_json::json!([["/home/user/j/k", "dir"], ["/home/user/j/k/f.txt", "file"]]),
+            "{l}"
+        );
+        assert_eq!(
+            l["info"],
+            serde_json::json!(["f.txt", "file", 3, "user"]),
+            "{l}"
+        );
+        assert_eq!(l["moved"], "/home/user/j/g.txt", "{l}");
+        assert_eq!(l["exists"], serde_json::json!([true, false]), "{l}");
+        let events = l["events"].as_array().unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e[0] == "k/from_code.txt" && e[1] == "create"),
+            "{l}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| e[0] == "k/from_code.txt" && e[1] == "write" && e[2] == 5),
+            "a write with its entry (5 bytes): {l}"
+        );
+        assert_eq!(l["gone"], false, "{l}");
+        for (field, class, says) in [
+            ("missing", "NotFound", "nope"),
+            ("outside", "InvalidArgument", "/home/user"),
+            ("watchOutside", "InvalidArgument", ".."),
+        ] {
+            let e = l[field].as_str().unwrap_or_else(|| panic!("{field}: {l}"));
+            assert!(e.contains(class) && e.contains(says), "{field}: {e}");
+        }
+        assert!(s.sessions().is_empty());
+    });
+}

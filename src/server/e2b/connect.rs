@@ -137,6 +137,20 @@ pub(super) fn streaming(receiver: tokio::sync::mpsc::Receiver<Bytes>) -> Respons
         .into_response()
 }
 
+/// A server-streaming call's answer: a stream's errors, those before its first message
+/// too, travel in its end-of-stream envelope with status 200 (the SDKs' Connect clients
+/// take any other status as a transport failure: `[internal] HTTP 400`).
+pub(super) fn streamed(result: Unary) -> Response {
+    match result {
+        Ok(response) => response,
+        Err(e) => (
+            [(header::CONTENT_TYPE, "application/connect+json")],
+            envelope(2, &json!({"error": e.json()})),
+        )
+            .into_response(),
+    }
+}
+
 /// The user a call names (`Authorization: Basic base64("USER:")`, as the SDK sends it
 /// when given `user`): the sandbox has one, E2B's `user`.
 pub(super) fn check_user(headers: &HeaderMap) -> Result<(), ConnectError> {

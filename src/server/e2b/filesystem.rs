@@ -12,12 +12,15 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::routing::post;
 use axum::{Extension, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::connect::{answer, check_user, envelope, message, streaming, ConnectError, Unary};
+use super::connect::{
+    answer, check_user, envelope, message, streamed, streaming, ConnectError, Unary,
+};
 use super::{work_path, E2b, Record, WatcherCursor, HOME};
 use crate::server::api::RawBody;
 use crate::server::Shared;
@@ -246,6 +249,15 @@ struct WatchBody {
 }
 
 async fn watch_dir(
+    e2b: Extension<Arc<E2b>>,
+    record: Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: RawBody,
+) -> Response {
+    streamed(watch(e2b, record, headers, body).await)
+}
+
+async fn watch(
     Extension(e2b): Extension<Arc<E2b>>,
     Extension(record): Extension<Arc<Record>>,
     headers: HeaderMap,

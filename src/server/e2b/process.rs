@@ -19,7 +19,9 @@ use serde_json::{json, Value};
 
 use codecage::processes::{Status, TermSize};
 
-use super::connect::{answer, check_user, envelope, message, streaming, ConnectError, Unary};
+use super::connect::{
+    answer, check_user, envelope, message, streamed, streaming, ConnectError, Unary,
+};
 use super::{E2b, Record, HOME};
 use crate::server::api::RawBody;
 use crate::server::Shared;
@@ -99,6 +101,15 @@ fn cwd_of(cwd: Option<String>) -> Option<String> {
 }
 
 async fn start(
+    e2b: Extension<Arc<E2b>>,
+    record: Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: RawBody,
+) -> Response {
+    streamed(start_stream(e2b, record, headers, body).await)
+}
+
+async fn start_stream(
     Extension(e2b): Extension<Arc<E2b>>,
     Extension(record): Extension<Arc<Record>>,
     headers: HeaderMap,
@@ -141,6 +152,14 @@ struct ConnectBody {
 }
 
 async fn connect(
+    e2b: Extension<Arc<E2b>>,
+    record: Extension<Arc<Record>>,
+    body: RawBody,
+) -> Response {
+    streamed(connect_stream(e2b, record, body).await)
+}
+
+async fn connect_stream(
     Extension(e2b): Extension<Arc<E2b>>,
     Extension(record): Extension<Arc<Record>>,
     RawBody(body): RawBody,
