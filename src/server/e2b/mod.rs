@@ -2,7 +2,8 @@
 //! answered from the service layer, on a listener of its own. Like the HTTP API and MCP it
 //! translates and decides nothing: a sandbox is a session (its id is the session's id),
 //! a template names a profile, a code context is a session context, an envd process is
-//! one of the session's background processes, `/home/user` is `/work`.
+//! one of the session's background processes, envd's filesystem calls are service::fs on
+//! the session's /work, `/home/user` is `/work`.
 //!
 //! One router answers both of the SDK's destinations, `E2B_API_URL` and
 //! `E2B_SANDBOX_URL`: a request with `E2b-Sandbox-Id` is sandbox traffic, told apart by
