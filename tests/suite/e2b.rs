@@ -658,6 +658,41 @@ sbx.kill()
     });
 }
 
+#[test]
+fn a_watcher_polled_too_late_says_how_many_events_were_lost_then_answers_those_kept() {
+    e2b_test(|s| {
+        let lines = s.sdk(
+            TOKEN,
+            r#"
+sbx = Sandbox.create()
+sbx.files.make_dir("/home/user/w")
+handle = sbx.files.watch_dir("/home/user/w")
+sbx.run_code("for i in range(10500): open(f'/work/w/{i}', 'w').close()")
+time.sleep(1)
+try:
+    handle.get_new_events()
+    first = None
+except Exception as e:
+    first = type(e).__name__ + ": " + str(e)
+kept = handle.get_new_events()
+after = handle.get_new_events()
+handle.stop()
+out(first=first, kept=len(kept), last=kept[-1].name if kept else None, after=len(after))
+sbx.kill()
+"#,
+        );
+        let l = &lines[0];
+        let first = l["first"].as_str().unwrap_or_else(|| panic!("{l}"));
+        assert!(
+            first.contains("500 events were dropped") && first.contains("10000"),
+            "{l}"
+        );
+        assert_eq!(l["kept"], 10_000, "{l}");
+        assert_eq!(l["last"], "10499", "{l}");
+        assert_eq!(l["after"], 0, "{l}");
+    });
+}
+
 /// The directory whose node_modules hold E2B's JavaScript SDK, or why there is none.
 fn e2b_js() -> Result<PathBuf, String> {
     let dir = std::env::var_os("CODECAGE_E2B_JS").map_or_else(

@@ -392,29 +392,45 @@ async fn get_watcher_events(
         &body.watcher_id,
         Some(seen.cursor),
     )?;
-    record
-        .watchers
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(
-            body.watcher_id.clone(),
-            WatcherCursor {
-                cursor: polled.cursor,
-                lost: polled.lost,
-                ..seen
-            },
-        );
+    let keep = |cursor: u64| {
+        let now = WatcherCursor {
+            cursor,
+            lost: polled.lost,
+            ..seen
+        };
+        record
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(body.watcher_id.clone(), now);
+    };
     if polled.lost > seen.lost {
+        // Said once; the events still kept come with the next call.
+        keep(seen.cursor);
         return Err(ConnectError {
             code: "data_loss",
             status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
             message: format!(
-                "watcher {}: {} events were dropped, past the {} it keeps between polls (poll more often); those since come with the next call",
+                "watcher {}: {} events were dropped, past the {} it keeps between polls (poll more often); the next call answers those kept",
                 body.watcher_id,
                 polled.lost - seen.lost,
                 fs::WATCHER_BUFFER
             ),
         });
+    }
+    // The events before an overflow are answered; the overflow is the next call's error,
+    // and the events after it the call after.
+    let overflow = polled
+        .events
+        .iter()
+        .position(|seq| event_type(&seq.event).is_none());
+    match overflow {
+        Some(0) => {
+            keep(polled.events[0].seq);
+            return Err(overflowed());
+        }
+        Some(at) => keep(polled.events[at - 1].seq),
+        None => keep(polled.cursor),
     }
     if polled.events.is_empty() {
         if let Some(ended) = polled.ended {
@@ -424,11 +440,9 @@ async fn get_watcher_events(
             )));
         }
     }
-    let mut events = Vec::with_capacity(polled.events.len());
-    for seq in &polled.events {
-        let Some(kind) = event_type(&seq.event) else {
-            return Err(overflowed());
-        };
+    let mut events = Vec::new();
+    for seq in &polled.events[..overflow.unwrap_or(polled.events.len())] {
+        let kind = event_type(&seq.event).unwrap_or("EVENT_TYPE_UNSPECIFIED");
         events.push(fs_event(&e2b, &record, &seq.event, kind, seen.include_entry).await);
     }
     answer(json!({"events": events}))
