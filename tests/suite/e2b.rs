@@ -401,8 +401,15 @@ killed = Sandbox.kill(sbx.sandbox_id, api_key=other)
 headers = {{"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}}
 no_token = httpx.post(sys.argv[1] + "/execute", headers=headers, json={{"code": "1"}}).status_code
 bad_token = httpx.post(sys.argv[1] + "/execute", headers={{**headers, "X-Access-Token": "guess"}}, json={{"code": "1"}}).status_code
+# Another key's sandbox token does not open this sandbox's files (envd's filesystem service).
+theirs = Sandbox.create(api_key=other)
+envd = {{"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}}
+stat = lambda token: httpx.post(sys.argv[1] + "/filesystem.Filesystem/Stat", json={{"path": "/home/user"}},
+    headers={{**envd, "X-Access-Token": token}}).status_code
+cross_files = [stat(theirs._envd_access_token), stat(sbx._envd_access_token)]
+theirs.kill()
 out(wrong=wrong, connect=connect, listed=listed, killed=killed, no_token=no_token, bad_token=bad_token,
-    still=sbx.run_code("'still here'").text)
+    still=sbx.run_code("'still here'").text, cross_files=cross_files)
 sbx.kill()
 "#
             ),
@@ -415,6 +422,7 @@ sbx.kill()
         assert_eq!(l["no_token"], 401, "{l}");
         assert_eq!(l["bad_token"], 401, "{l}");
         assert_eq!(l["still"], "'still here'", "{l}");
+        assert_eq!(l["cross_files"], serde_json::json!([401, 200]), "{l}");
         // The refusals are in the audit log, through the E2B front end, with their callers.
         let (status, list) = s
             .server
@@ -436,14 +444,16 @@ sbx.kill()
         let (_, sessions) = s
             .server
             .request("GET", "/v1/audit?kind=session&limit=100", None);
-        assert!(
-            sessions["records"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|r| r["via"] == "e2b" && r["caller"] == "token:tests"),
-            "{sessions}"
-        );
+        // Each sandbox's session is its own key's: the test's, and the one `other` made.
+        let records = sessions["records"].as_array().unwrap();
+        assert!(records.iter().all(|r| r["via"] == "e2b"), "{sessions}");
+        let callers: Vec<&str> = records
+            .iter()
+            .map(|r| r["caller"].as_str().unwrap())
+            .collect();
+        assert_eq!(callers.len(), 2, "{sessions}");
+        assert!(callers.contains(&"token:tests"), "{sessions}");
+        assert!(callers.contains(&"token:other"), "{sessions}");
     });
 }
 
