@@ -401,8 +401,15 @@ killed = Sandbox.kill(sbx.sandbox_id, api_key=other)
 headers = {{"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}}
 no_token = httpx.post(sys.argv[1] + "/execute", headers=headers, json={{"code": "1"}}).status_code
 bad_token = httpx.post(sys.argv[1] + "/execute", headers={{**headers, "X-Access-Token": "guess"}}, json={{"code": "1"}}).status_code
+# Another key's sandbox token does not open this sandbox's files (envd's filesystem service).
+theirs = Sandbox.create(api_key=other)
+envd = {{"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}}
+stat = lambda token: httpx.post(sys.argv[1] + "/filesystem.Filesystem/Stat", json={{"path": "/home/user"}},
+    headers={{**envd, "X-Access-Token": token}}).status_code
+cross_files = [stat(theirs._envd_access_token), stat(sbx._envd_access_token)]
+theirs.kill()
 out(wrong=wrong, connect=connect, listed=listed, killed=killed, no_token=no_token, bad_token=bad_token,
-    still=sbx.run_code("'still here'").text)
+    still=sbx.run_code("'still here'").text, cross_files=cross_files)
 sbx.kill()
 "#
             ),
@@ -415,6 +422,7 @@ sbx.kill()
         assert_eq!(l["no_token"], 401, "{l}");
         assert_eq!(l["bad_token"], 401, "{l}");
         assert_eq!(l["still"], "'still here'", "{l}");
+        assert_eq!(l["cross_files"], serde_json::json!([401, 200]), "{l}");
         // The refusals are in the audit log, through the E2B front end, with their callers.
         let (status, list) = s
             .server
@@ -436,14 +444,16 @@ sbx.kill()
         let (_, sessions) = s
             .server
             .request("GET", "/v1/audit?kind=session&limit=100", None);
-        assert!(
-            sessions["records"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|r| r["via"] == "e2b" && r["caller"] == "token:tests"),
-            "{sessions}"
-        );
+        // Each sandbox's session is its own key's: the test's, and the one `other` made.
+        let records = sessions["records"].as_array().unwrap();
+        assert!(records.iter().all(|r| r["via"] == "e2b"), "{sessions}");
+        let callers: Vec<&str> = records
+            .iter()
+            .map(|r| r["caller"].as_str().unwrap())
+            .collect();
+        assert_eq!(callers.len(), 2, "{sessions}");
+        assert!(callers.contains(&"token:tests"), "{sessions}");
+        assert!(callers.contains(&"token:other"), "{sessions}");
     });
 }
 
@@ -549,6 +559,150 @@ sbx.kill()
     });
 }
 
+#[test]
+fn files_list_stat_mkdir_rename_remove_and_watch_through_envds_filesystem_service() {
+    e2b_test(|s| {
+        let lines = s.sdk(
+            TOKEN,
+            r#"
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+sbx = Sandbox.create()
+def err(f):
+    try:
+        f()
+        return None
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)
+made = sbx.files.make_dir("/home/user/a/b")
+again = sbx.files.make_dir("/home/user/a/b")
+sbx.files.write("/home/user/a/b/c.txt", "hello")
+sbx.commands.run("ln -s /etc/passwd /work/link")
+one = sorted((e.path, e.type.value) for e in sbx.files.list("/home/user/a"))
+two = sorted(e.path for e in sbx.files.list("/home/user/a", depth=2))
+info = sbx.files.get_info("/home/user/a/b/c.txt")
+link = sbx.files.get_info("link")
+exists = [sbx.files.exists(p) for p in ["/home/user/a/b/c.txt", "/home/user/nope"]]
+moved = sbx.files.rename("/home/user/a/b/c.txt", "/home/user/a/d.txt")
+after_move = sbx.files.exists("/home/user/a/b/c.txt")
+handle = sbx.files.watch_dir("/home/user/a", recursive=True)
+sbx.run_code("open('/work/a/from_code.txt', 'w').write('x')")
+sbx.commands.run("echo y > /work/a/b/from_command.txt")
+events, deadline = [], time.monotonic() + 10
+while time.monotonic() < deadline:
+    events += [(e.name, e.type.value) for e in handle.get_new_events()]
+    names = {n for n, _ in events}
+    if {"from_code.txt", "b/from_command.txt"} <= names:
+        break
+    time.sleep(0.1)
+handle.stop()
+sbx.files.remove("/home/user/a")
+gone = sbx.files.exists("/home/user/a")
+out(made=made, again=again, one=one, two=two,
+    info=dict(name=info.name, type=info.type.value, path=info.path, size=info.size,
+              mode=info.mode, permissions=info.permissions, owner=info.owner,
+              modified=info.modified_time.year, target=info.symlink_target),
+    link=dict(type=link.type.value, target=link.symlink_target),
+    exists=exists, moved=moved.path, after_move=after_move, events=events, gone=gone,
+    missing=err(lambda: sbx.files.get_info("/home/user/nope")),
+    remove_missing=err(lambda: sbx.files.remove("/home/user/nope")),
+    outside=err(lambda: sbx.files.list("/etc")),
+    dotdot=err(lambda: sbx.files.get_info("/home/user/../../etc/passwd")),
+    through_link=err(lambda: sbx.files.list("/home/user/link")),
+    watch_outside=err(lambda: sbx.files.watch_dir("/tmp")),
+    root=err(lambda: sbx.files.list("/home/user", user="root")))
+sbx.kill()
+"#,
+        );
+        let l = &lines[0];
+        assert_eq!(l["made"], true, "{l}");
+        assert_eq!(l["again"], false, "{l}");
+        assert_eq!(
+            l["one"],
+            serde_json::json!([["/home/user/a/b", "dir"]]),
+            "{l}"
+        );
+        assert_eq!(
+            l["two"],
+            serde_json::json!(["/home/user/a/b", "/home/user/a/b/c.txt"]),
+            "{l}"
+        );
+        let info = &l["info"];
+        assert_eq!(info["name"], "c.txt", "{l}");
+        assert_eq!(info["type"], "file", "{l}");
+        assert_eq!(info["path"], "/home/user/a/b/c.txt", "{l}");
+        assert_eq!(info["size"], 5, "{l}");
+        assert_eq!(info["permissions"], "-rw-r--r--", "{l}");
+        assert_eq!(info["mode"], 0o644, "{l}");
+        assert_eq!(info["owner"], "user", "{l}");
+        assert!(info["modified"].as_u64().unwrap() >= 2024, "{l}");
+        assert_eq!(info["target"], Value::Null, "{l}");
+        assert_eq!(
+            l["link"],
+            serde_json::json!({"type": "symlink", "target": "/etc/passwd"}),
+            "{l}"
+        );
+        assert_eq!(l["exists"], serde_json::json!([true, false]), "{l}");
+        assert_eq!(l["moved"], "/home/user/a/d.txt", "{l}");
+        assert_eq!(l["after_move"], false, "{l}");
+        let events = l["events"].as_array().unwrap();
+        for name in ["from_code.txt", "b/from_command.txt"] {
+            assert!(
+                events.contains(&serde_json::json!([name, "create"])),
+                "no create of {name}: {l}"
+            );
+        }
+        assert_eq!(l["gone"], false, "{l}");
+        let refused = |field: &str, class: &str, says: &str| {
+            let e = l[field].as_str().unwrap_or_else(|| panic!("{field}: {l}"));
+            assert!(e.starts_with(class), "{field}: {e}");
+            assert!(e.contains(says), "{field}: {e}");
+        };
+        refused("missing", "FileNotFoundException", "nope");
+        refused("remove_missing", "FileNotFoundException", "nope");
+        refused("outside", "InvalidArgumentException", "/home/user");
+        refused("dotdot", "InvalidArgumentException", "..");
+        refused("through_link", "InvalidArgumentException", "symlink");
+        refused("watch_outside", "InvalidArgumentException", "/tmp");
+        refused("root", "SandboxException", "one user");
+        assert!(s.sessions().is_empty(), "kill left a session");
+    });
+}
+
+#[test]
+fn a_watcher_polled_too_late_says_how_many_events_were_lost_then_answers_those_kept() {
+    e2b_test(|s| {
+        let lines = s.sdk(
+            TOKEN,
+            r#"
+sbx = Sandbox.create()
+sbx.files.make_dir("/home/user/w")
+handle = sbx.files.watch_dir("/home/user/w")
+sbx.run_code("for i in range(10500): open(f'/work/w/{i}', 'w').close()")
+time.sleep(1)
+try:
+    handle.get_new_events()
+    first = None
+except Exception as e:
+    first = type(e).__name__ + ": " + str(e)
+kept = handle.get_new_events()
+after = handle.get_new_events()
+handle.stop()
+out(first=first, kept=len(kept), last=kept[-1].name if kept else None, after=len(after))
+sbx.kill()
+"#,
+        );
+        let l = &lines[0];
+        let first = l["first"].as_str().unwrap_or_else(|| panic!("{l}"));
+        assert!(
+            first.contains("500 events were dropped") && first.contains("10000"),
+            "{l}"
+        );
+        assert_eq!(l["kept"], 10_000, "{l}");
+        assert_eq!(l["last"], "10499", "{l}");
+        assert_eq!(l["after"], 0, "{l}");
+    });
+}
+
 /// The directory whose node_modules hold E2B's JavaScript SDK, or why there is none.
 fn e2b_js() -> Result<PathBuf, String> {
     let dir = std::env::var_os("CODECAGE_E2B_JS").map_or_else(
@@ -616,6 +770,97 @@ console.log(JSON.stringify({{ text, png: chart.results.some(r => !!r.png), name:
         assert_eq!(l["command"], "hi\n", "{l}");
         assert_eq!(l["running"], false, "{l}");
         assert_eq!(l["badKey"], "AuthenticationError", "{l}");
+        assert!(s.sessions().is_empty());
+    });
+}
+
+#[test]
+fn the_javascript_sdk_lists_renames_and_watches_files_through_the_streaming_watch() {
+    e2b_test(|s| {
+        let dir = match e2b_js() {
+            Ok(dir) => dir,
+            Err(why) => return unavailable(&why),
+        };
+        let program = format!(
+            r#"
+import {{ createRequire }} from 'module';
+const require = createRequire({dir:?} + '/');
+const {{ Sandbox }} = require('@e2b/code-interpreter');
+const [url, key] = process.argv.slice(1);
+Object.assign(process.env, {{ E2B_API_URL: url, E2B_SANDBOX_URL: url, E2B_API_KEY: key }});
+const err = async (f) => {{ try {{ await f(); return null; }} catch (e) {{ return e.constructor.name + ': ' + e.message; }} }};
+const sbx = await Sandbox.create();
+const made = await sbx.files.makeDir('/home/user/j/k');
+const again = await sbx.files.makeDir('/home/user/j/k');
+await sbx.files.write('/home/user/j/k/f.txt', 'abc');
+const listed = (await sbx.files.list('/home/user/j', {{ depth: 2 }})).map(e => [e.path, e.type]).sort();
+const info = await sbx.files.getInfo('/home/user/j/k/f.txt');
+const moved = (await sbx.files.rename('/home/user/j/k/f.txt', '/home/user/j/g.txt')).path;
+const exists = [await sbx.files.exists('/home/user/j/g.txt'), await sbx.files.exists('/home/user/j/k/f.txt')];
+const events = [];
+const handle = await sbx.files.watchDir('/home/user/j', (e) => {{ events.push([e.name, e.type, e.entry ? e.entry.size : null]); }},
+  {{ recursive: true, includeEntry: true }});
+await sbx.runCode("open('/work/j/k/from_code.txt', 'w').write('12345')");
+for (let i = 0; i < 100 && !events.some(e => e[0] === 'k/from_code.txt'); i++) await new Promise(r => setTimeout(r, 100));
+await handle.stop();
+await sbx.files.remove('/home/user/j');
+const gone = await sbx.files.exists('/home/user/j');
+const missing = await err(() => sbx.files.getInfo('/home/user/nope'));
+const outside = await err(() => sbx.files.list('/etc'));
+const watchOutside = await err(() => sbx.files.watchDir('/home/user/../../tmp', () => {{}}));
+await sbx.kill();
+console.log(JSON.stringify({{ made, again, listed, info: [info.name, info.type, info.size, info.owner], moved, exists,
+  events, gone, missing, outside, watchOutside }}));
+"#,
+            dir = dir.display().to_string()
+        );
+        let out = Command::new("node")
+            .args(["--input-type=module", "-e", &program, &s.url, TOKEN])
+            .output()
+            .expect("node");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the JS SDK program failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let l: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(l["made"], true, "{l}");
+        assert_eq!(l["again"], false, "{l}");
+        assert_eq!(
+            l["listed"],
+            serde_json::json!([["/home/user/j/k", "dir"], ["/home/user/j/k/f.txt", "file"]]),
+            "{l}"
+        );
+        assert_eq!(
+            l["info"],
+            serde_json::json!(["f.txt", "file", 3, "user"]),
+            "{l}"
+        );
+        assert_eq!(l["moved"], "/home/user/j/g.txt", "{l}");
+        assert_eq!(l["exists"], serde_json::json!([true, false]), "{l}");
+        let events = l["events"].as_array().unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e[0] == "k/from_code.txt" && e[1] == "create"),
+            "{l}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| e[0] == "k/from_code.txt" && e[1] == "write" && e[2] == 5),
+            "a write with its entry (5 bytes): {l}"
+        );
+        assert_eq!(l["gone"], false, "{l}");
+        for (field, class, says) in [
+            ("missing", "NotFound", "nope"),
+            ("outside", "InvalidArgument", "/home/user"),
+            ("watchOutside", "InvalidArgument", ".."),
+        ] {
+            let e = l[field].as_str().unwrap_or_else(|| panic!("{field}: {l}"));
+            assert!(e.contains(class) && e.contains(says), "{field}: {e}");
+        }
         assert!(s.sessions().is_empty());
     });
 }

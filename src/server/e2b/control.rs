@@ -174,6 +174,7 @@ async fn create(
         cpus,
         memory_mb,
         disk_mb,
+        watchers: Mutex::default(),
     });
     e2b.sandboxes
         .lock()

@@ -23,7 +23,8 @@ pub(super) fn router(state: Shared) -> Router {
     let router = Router::new()
         .route("/health", get(health))
         .route("/files", get(download).post(upload));
-    super::process::routes(router)
+    let router = super::process::routes(router);
+    super::filesystem::routes(router)
         .fallback(not_done)
         .with_state(state)
 }

@@ -2,7 +2,8 @@
 //! answered from the service layer, on a listener of its own. Like the HTTP API and MCP it
 //! translates and decides nothing: a sandbox is a session (its id is the session's id),
 //! a template names a profile, a code context is a session context, an envd process is
-//! one of the session's background processes, `/home/user` is `/work`.
+//! one of the session's background processes, envd's filesystem calls are service::fs on
+//! the session's /work, `/home/user` is `/work`.
 //!
 //! One router answers both of the SDK's destinations, `E2B_API_URL` and
 //! `E2B_SANDBOX_URL`: a request with `E2b-Sandbox-Id` is sandbox traffic, told apart by
@@ -13,8 +14,10 @@
 //! bound to the caller that made it: its traffic acts as that caller, so tenancy holds
 //! as in the API.
 
+mod connect;
 mod control;
 mod envd;
+mod filesystem;
 mod interpreter;
 mod process;
 
@@ -84,6 +87,19 @@ pub(crate) struct Record {
     pub cpus: u64,
     pub memory_mb: u64,
     pub disk_mb: u64,
+    /// envd's watchers (filesystem.CreateWatcher) -> the cursor of the service's
+    /// watcher: GetWatcherEvents answers what came since its last answer.
+    pub watchers: Mutex<HashMap<String, WatcherCursor>>,
+}
+
+/// Where an envd watcher's reader is: the service watcher's cursor, the events it had
+/// lost when last asked (more since is an answer's data loss), and whether its events
+/// carry their entries (`include_entry`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WatcherCursor {
+    pub cursor: u64,
+    pub lost: u64,
+    pub include_entry: bool,
 }
 
 impl Record {

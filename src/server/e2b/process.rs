@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::routing::post;
 use axum::{Extension, Router};
 use base64::Engine as _;
@@ -19,11 +19,13 @@ use serde_json::{json, Value};
 
 use codecage::processes::{Status, TermSize};
 
+use super::connect::{
+    answer, check_user, envelope, message, streamed, streaming, ConnectError, Unary,
+};
 use super::{E2b, Record, HOME};
 use crate::server::api::RawBody;
 use crate::server::Shared;
 use crate::service::processes::{self as procs, ProcessRequest, PtyOption, StdinRequest};
-use crate::service::{self, Kind};
 
 pub(super) fn routes(router: Router<Shared>) -> Router<Shared> {
     router
@@ -40,108 +42,6 @@ pub(super) fn routes(router: Router<Shared>) -> Router<Shared> {
 const POLL: Duration = Duration::from_millis(20);
 /// A stream with nothing to say sends a keepalive this often.
 const KEEPALIVE: Duration = Duration::from_secs(30);
-
-/// A Connect error: its code's name and HTTP status.
-struct ConnectError {
-    code: &'static str,
-    status: StatusCode,
-    message: String,
-}
-
-impl ConnectError {
-    fn invalid(message: impl Into<String>) -> ConnectError {
-        ConnectError {
-            code: "invalid_argument",
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
-    }
-
-    fn json(&self) -> Value {
-        json!({"code": self.code, "message": self.message})
-    }
-}
-
-impl From<service::Error> for ConnectError {
-    fn from(e: service::Error) -> ConnectError {
-        let (code, status) = match e.kind {
-            Kind::InvalidRequest => ("invalid_argument", StatusCode::BAD_REQUEST),
-            Kind::Unauthorized => ("unauthenticated", StatusCode::UNAUTHORIZED),
-            Kind::Policy | Kind::Forbidden => ("permission_denied", StatusCode::FORBIDDEN),
-            Kind::NotFound | Kind::SessionExpired => ("not_found", StatusCode::NOT_FOUND),
-            Kind::Busy => ("failed_precondition", StatusCode::PRECONDITION_FAILED),
-            Kind::Exists => ("already_exists", StatusCode::CONFLICT),
-            // E2B has no approvals: the command did not start, and the message names the
-            // pending approval a person decides through codecage's own API or CLI.
-            Kind::ApprovalPending => ("failed_precondition", StatusCode::PRECONDITION_FAILED),
-            Kind::PayloadTooLarge | Kind::Quota => {
-                ("resource_exhausted", StatusCode::TOO_MANY_REQUESTS)
-            }
-            Kind::Capacity | Kind::AuditUnavailable | Kind::SessionLost => {
-                ("unavailable", StatusCode::SERVICE_UNAVAILABLE)
-            }
-            Kind::Setup | Kind::Audit => ("internal", StatusCode::INTERNAL_SERVER_ERROR),
-        };
-        ConnectError {
-            code,
-            status,
-            message: format!("{}: {}", e.kind.name(), e.message),
-        }
-    }
-}
-
-impl IntoResponse for ConnectError {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.json().to_string(),
-        )
-            .into_response()
-    }
-}
-
-type Unary = Result<Response, ConnectError>;
-
-fn answer(value: Value) -> Unary {
-    Ok((
-        [(header::CONTENT_TYPE, "application/json")],
-        value.to_string(),
-    )
-        .into_response())
-}
-
-/// A unary request's message, or a streaming one's (its one envelope).
-fn message<T: for<'de> Deserialize<'de>>(body: &[u8], enveloped: bool) -> Result<T, ConnectError> {
-    let json = if enveloped {
-        if body.len() < 5 {
-            return Err(ConnectError::invalid(
-                "the request has no enveloped message",
-            ));
-        }
-        if body[0] & 1 != 0 {
-            return Err(ConnectError::invalid(
-                "compressed messages are not taken (send them uncompressed)",
-            ));
-        }
-        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-        body.get(5..5 + len)
-            .ok_or_else(|| ConnectError::invalid("the enveloped message is cut short"))?
-    } else {
-        body
-    };
-    serde_json::from_slice(if json.is_empty() { b"{}" } else { json })
-        .map_err(|e| ConnectError::invalid(format!("the request's message: {e}")))
-}
-
-fn envelope(flags: u8, value: &Value) -> Bytes {
-    let json = value.to_string().into_bytes();
-    let mut bytes = Vec::with_capacity(json.len() + 5);
-    bytes.push(flags);
-    bytes.extend_from_slice(&(json.len() as u32).to_be_bytes());
-    bytes.extend_from_slice(&json);
-    Bytes::from(bytes)
-}
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -200,38 +100,16 @@ fn cwd_of(cwd: Option<String>) -> Option<String> {
     })
 }
 
-/// The user a call names (`Authorization: Basic base64("USER:")`, as the SDK sends it
-/// when given `user`): the sandbox has one, E2B's `user`.
-fn check_user(headers: &HeaderMap) -> Result<(), ConnectError> {
-    let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Ok(());
-    };
-    let user = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.strip_prefix("Basic "))
-        .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
-        .map(|v| {
-            String::from_utf8_lossy(&v)
-                .split(':')
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
-        .unwrap_or_default();
-    if user.is_empty() || user == "user" {
-        return Ok(());
-    }
-    Err(ConnectError {
-        code: "permission_denied",
-        status: StatusCode::FORBIDDEN,
-        message: format!(
-            "user {user:?}: a codecage sandbox has one user, `user` (uid 1000); there is no root in it"
-        ),
-    })
+async fn start(
+    e2b: Extension<Arc<E2b>>,
+    record: Extension<Arc<Record>>,
+    headers: HeaderMap,
+    body: RawBody,
+) -> Response {
+    streamed(start_stream(e2b, record, headers, body).await)
 }
 
-async fn start(
+async fn start_stream(
     Extension(e2b): Extension<Arc<E2b>>,
     Extension(record): Extension<Arc<Record>>,
     headers: HeaderMap,
@@ -281,6 +159,14 @@ struct ConnectBody {
 }
 
 async fn connect(
+    e2b: Extension<Arc<E2b>>,
+    record: Extension<Arc<Record>>,
+    body: RawBody,
+) -> Response {
+    streamed(connect_stream(e2b, record, body).await)
+}
+
+async fn connect_stream(
     Extension(e2b): Extension<Arc<E2b>>,
     Extension(record): Extension<Arc<Record>>,
     RawBody(body): RawBody,
@@ -380,13 +266,7 @@ fn stream(e2b: Arc<E2b>, record: Arc<Record>, pid: u64, out: u64, err: u64) -> R
         };
         let _ = sender.send(envelope(2, &end)).await;
     });
-    let body = tokio_stream::wrappers::ReceiverStream::new(receiver);
-    let body = tokio_stream::StreamExt::map(body, Ok::<_, std::convert::Infallible>);
-    (
-        [(header::CONTENT_TYPE, "application/connect+json")],
-        Body::from_stream(body),
-    )
-        .into_response()
+    streaming(receiver)
 }
 
 async fn list(
@@ -510,19 +390,4 @@ async fn update(
     };
     procs::resize_process(&e2b.state, &record.caller, &record.id, pid, request)?;
     answer(json!({}))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn envelopes_round_trip() {
-        let bytes = envelope(0, &json!({"process": {"pid": 7}}));
-        let body: ConnectBody = message(&bytes, true).ok().unwrap();
-        assert_eq!(body.process.unwrap().pid, Some(7));
-        assert!(message::<ConnectBody>(&bytes[..4], true).is_err());
-        let end = envelope(2, &json!({}));
-        assert_eq!(&end[..], b"\x02\x00\x00\x00\x02{}");
-    }
 }
