@@ -988,10 +988,13 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
         tail_prose.push(capped_prose(channel, &notes.join(" "), (room / 8).min(250)));
     }
 
-    let fence = |s: &Stream| {
+    // Of the text shown, not the whole stream's: a stream of 865 backticks cut to fit
+    // 1 000 characters needs a fence longer than the run it shows, not than the run it had
+    // (a fence of 866 around any part of it could not fit, and the message came out empty).
+    let fence = |shown: &str| {
         let mut longest = 0;
         let mut run = 0;
-        for c in s.display.chars() {
+        for c in shown.chars() {
             run = if c == '`' { run + 1 } else { 0 };
             longest = longest.max(run);
         }
@@ -1030,7 +1033,7 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
                 blocks.push(Block::Code {
                     stream: i,
                     lang: if s.tagged { lang.clone() } else { None },
-                    fence: fence(s),
+                    fence: fence(shown),
                     text: shown.to_string(),
                 });
             }
@@ -1066,14 +1069,20 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
         let segments = pack(channel, &blocks, limit);
         (segments, cut_attachments, kept, truncated)
     };
+    // An attempt fits when every block found room and the messages are few enough.
+    let fits = |segments: &Option<Vec<Vec<Segment>>>| {
+        segments
+            .as_ref()
+            .is_some_and(|m| m.len() <= options.max_messages)
+    };
 
     let full: Vec<usize> = streams.iter().map(|s| s.display.chars().count()).collect();
     let mut result = attempt(&full);
-    if result.0.len() > options.max_messages {
+    if !fits(&result.0) {
         // Room for output, in characters, shared out so that a short stream is shown whole
         // and the long ones share the rest; shrunk until the layout fits.
         let zero = vec![0; streams.len()];
-        let fixed: usize = attempt(&zero).0.iter().flatten().map(seg_len).sum();
+        let fixed: usize = attempt(&zero).0.iter().flatten().flatten().map(seg_len).sum();
         let total = limit
             .unwrap_or(usize::MAX / 4)
             .saturating_mul(options.max_messages);
@@ -1083,7 +1092,7 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
         for _ in 0..80 {
             let keep = share(&full, room);
             result = attempt(&keep);
-            if result.0.len() <= options.max_messages {
+            if fits(&result.0) {
                 fitted = true;
                 break;
             }
@@ -1097,7 +1106,7 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
         while fitted && too_much - room > 16 {
             let mid = room + (too_much - room) / 2;
             let candidate = attempt(&share(&full, mid));
-            if candidate.0.len() <= options.max_messages {
+            if fits(&candidate.0) {
                 room = mid;
                 result = candidate;
             } else {
@@ -1108,10 +1117,15 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
             result = attempt(&zero);
             // The words alone overflow (a small max_chars and many attachments): keep the
             // first messages; every stream is attached.
-            result.0.truncate(options.max_messages);
+            if let Some(m) = &mut result.0 {
+                m.truncate(options.max_messages);
+            }
         }
     }
     let (segments, cut_attachments, kept, truncated) = result;
+    // Prose alone always finds room (a message takes any prose), so only an attempt with
+    // output can come back without messages, and the attempt with none stands in.
+    let segments = segments.unwrap_or_default();
     attachments.extend(cut_attachments);
     let messages = segments
         .iter()
@@ -1168,8 +1182,9 @@ fn code_piece_cost(channel: Channel, text: &str) -> usize {
     cost
 }
 
-/// Lays blocks out into messages of at most `limit` UTF-16 units.
-fn pack(channel: Channel, blocks: &[Block], limit: Option<usize>) -> Vec<Vec<Segment>> {
+/// Lays blocks out into messages of at most `limit` UTF-16 units; None when a code block
+/// cannot take one character even in a message of its own (its fences alone fill it).
+fn pack(channel: Channel, blocks: &[Block], limit: Option<usize>) -> Option<Vec<Vec<Segment>>> {
     let limit = limit.unwrap_or(usize::MAX / 4);
     let mut messages: Vec<Vec<Segment>> = vec![Vec::new()];
     let mut used = 0usize;
@@ -1207,9 +1222,9 @@ fn pack(channel: Channel, blocks: &[Block], limit: Option<usize>) -> Vec<Vec<Seg
                             used = 0;
                             continue;
                         }
-                        // Not one character fits in an empty message: cannot happen with
-                        // the minimum limit; never loop.
-                        _ => break,
+                        // Not one character fits in an empty message: the fences are too
+                        // long for the limit (a long backtick run shown); less must be shown.
+                        _ => return None,
                     };
                     let piece = &rest[..take];
                     used += sep(used) + overhead + code_piece_cost(channel, piece);
@@ -1225,7 +1240,7 @@ fn pack(channel: Channel, blocks: &[Block], limit: Option<usize>) -> Vec<Vec<Seg
         }
     }
     messages.retain(|m| !m.is_empty());
-    messages
+    Some(messages)
 }
 
 /// The longest head of `text` that costs at most `room` sent: Some((bytes, true)) when it
@@ -1703,6 +1718,26 @@ pub(crate) mod tests {
             o.language = Some("python".into());
             let layout = check(&(&out).into(), &o);
             assert!(!layout.formatted.truncated);
+        }
+    }
+
+    /// Found by the property below (1 case in about 21 000): a backtick run longer than
+    /// half the limit. Its part that fits gets a fence longer than the run it shows.
+    #[test]
+    fn a_backtick_run_longer_than_half_the_limit_is_cut_and_fenced_by_what_is_shown() {
+        let out = outcome(&"`".repeat(865), "");
+        for channel in Channel::ALL {
+            let o = Options {
+                channel,
+                max_messages: 1,
+                language: Some("++".into()),
+                max_chars: Some(1000),
+            };
+            let layout = check(&(&out).into(), &o);
+            // max_chars is markdown's and plain's limit; the chat channels' own fit it.
+            if channel == Channel::Markdown {
+                assert!(layout.formatted.truncated);
+            }
         }
     }
 }
