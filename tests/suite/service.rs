@@ -2111,8 +2111,9 @@ fn a_terminal_follows_a_resize() {
     });
 }
 
-/// Full-screen programs read as a person sees them: the image's pager (`more`: the image
-/// has neither less nor vim) shows a file's first page and its prompt, and pages on; a
+/// Full-screen programs read as a person sees them: `more` shows a file's first page and
+/// its prompt, and pages on; `less` pages to the end; vim edits the file on the alternate
+/// screen and writes it; a
 /// curses program takes the alternate screen and application cursor keys, and `Up` reaches
 /// it as the key curses decodes; bash's readline asks for bracketed paste, and a paste of
 /// two lines arrives as one edit.
@@ -2148,6 +2149,49 @@ fn full_screen_programs_render_on_the_screen() {
         assert!(rows(&next)[23].contains("--More--"), "{:#?}", rows(&next));
         send_input(&server, &id, pid, json!({"keys": ["q"]}));
         assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 0);
+
+        // less, as a person pages a file: its first screen, `G` to the end, `q`.
+        let less = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["less", "file.txt"], "pty": {"cols": 80, "rows": 24}, "background": true}),
+        );
+        let pid = less["process_id"].as_u64().unwrap();
+        let page = wait_screen(&server, &id, pid, |r| r == "line 23");
+        assert_eq!(rows(&page)[0], "line 1", "{:#?}", rows(&page));
+        send_input(&server, &id, pid, json!({"keys": ["G"]}));
+        let end = wait_screen(&server, &id, pid, |r| r == "line 100");
+        assert!(
+            rows(&end)[23].contains("(END)"),
+            "{:#?}",
+            rows(&end)
+        );
+        send_input(&server, &id, pid, json!({"keys": ["q"]}));
+        assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 0);
+
+        // vim (the image's vim.tiny) on the alternate screen: the file, its status line, an
+        // edit written back, :wq.
+        let vim = start_process(
+            &server,
+            USER1,
+            &id,
+            json!({"argv": ["vim.tiny", "-i", "NONE", "file.txt"], "pty": {"cols": 80, "rows": 24}, "background": true}),
+        );
+        let pid = vim["process_id"].as_u64().unwrap();
+        let opened = wait_screen(&server, &id, pid, |r| r.contains("\"file.txt\""));
+        assert_eq!(rows(&opened)[0], "line 1", "{:#?}", rows(&opened));
+        assert_eq!(opened["alternate_screen"], true, "{opened}");
+        send_input(&server, &id, pid, json!({"data": "ccedited\u{1b}:wq\r"}));
+        assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 0);
+        let (status, out) = server.tcp_request(
+            USER1,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "head -2 file.txt"})),
+        );
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["stdout"], "edited\nline 2\n", "{out}");
 
         let curses = "import curses\n\
                       def main(s):\n\
