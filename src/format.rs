@@ -1082,7 +1082,13 @@ pub(crate) fn lay_out(input: &Input, options: &Options) -> Layout {
         // Room for output, in characters, shared out so that a short stream is shown whole
         // and the long ones share the rest; shrunk until the layout fits.
         let zero = vec![0; streams.len()];
-        let fixed: usize = attempt(&zero).0.iter().flatten().flatten().map(seg_len).sum();
+        let fixed: usize = attempt(&zero)
+            .0
+            .iter()
+            .flatten()
+            .flatten()
+            .map(seg_len)
+            .sum();
         let total = limit
             .unwrap_or(usize::MAX / 4)
             .saturating_mul(options.max_messages);

@@ -2162,11 +2162,7 @@ fn full_screen_programs_render_on_the_screen() {
         assert_eq!(rows(&page)[0], "line 1", "{:#?}", rows(&page));
         send_input(&server, &id, pid, json!({"keys": ["G"]}));
         let end = wait_screen(&server, &id, pid, |r| r == "line 100");
-        assert!(
-            rows(&end)[23].contains("(END)"),
-            "{:#?}",
-            rows(&end)
-        );
+        assert!(rows(&end)[23].contains("(END)"), "{:#?}", rows(&end));
         send_input(&server, &id, pid, json!({"keys": ["q"]}));
         assert_eq!(wait_exit(&server, &id, pid)["exit_code"], 0);
 

@@ -98,7 +98,7 @@ impl CodecageMcp {
                      (a non-zero status marks it an error); else it goes on in the background and the answer says \
                      `running`, with its output so far and its sessionId for the process tool. background: true \
                      answers at once. Its output is kept as it comes, whoever polls (the last 1 MiB of each \
-                     stream; the answers say how many bytes were dropped before it). Its stdin stays open for \
+                     stream unless the profile's process_buffer says otherwise; the answers say how many bytes were dropped before it). Its stdin stays open for \
                      process action=write. timeout: seconds before it is killed (default 1800, at most the \
                      profile's). pty: true runs it on a terminal (80x24, TERM=xterm-256color) for programs that \
                      need one (REPLs, editors, pagers, TUIs): its output is then one stream, and process \
