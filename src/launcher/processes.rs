@@ -179,6 +179,10 @@ pub enum EventKind {
     Started,
     /// It exited and its output is all in its buffers (as a poll's `exited`).
     Exited,
+    /// Something its owner tells of the session that is not a process's start or exit
+    /// (the server's exec approvals: a command approved, denied, still running): the
+    /// event's `note` says what.
+    Note,
 }
 
 /// One entry of a session's event log, numbered from 1 in the order they happened.
@@ -187,8 +191,11 @@ pub struct Event {
     pub seq: u64,
     pub kind: EventKind,
     pub at: SystemTime,
-    /// The process then, without output (its cursors say how much there was).
-    pub process: Snapshot,
+    /// The process then, without output (its cursors say how much there was); none for a
+    /// note.
+    pub process: Option<Snapshot>,
+    /// A note's fields (its `type` among them).
+    pub note: Option<serde_json::Value>,
 }
 
 /// The table of a session's processes; cheap to clone, shared with the session's owner.
@@ -218,6 +225,15 @@ struct Inner {
 
 impl Inner {
     fn log(&mut self, kind: EventKind, process: Snapshot) {
+        self.push(kind, Some(process), None);
+    }
+
+    fn push(
+        &mut self,
+        kind: EventKind,
+        process: Option<Snapshot>,
+        note: Option<serde_json::Value>,
+    ) {
         let seq = self.next_event;
         self.next_event += 1;
         self.events.push_back(Event {
@@ -225,6 +241,7 @@ impl Inner {
             kind,
             at: SystemTime::now(),
             process,
+            note,
         });
         while self.events.len() > MAX_EVENTS {
             self.events.pop_front();
@@ -477,6 +494,12 @@ impl Processes {
             .cloned()
             .collect();
         (events, missed, inner.next_event)
+    }
+
+    /// Logs a note (`fields`, with its `type`) in the session's event log, numbered with
+    /// the processes' starts and exits.
+    pub fn note(&self, fields: serde_json::Value) {
+        self.inner().push(EventKind::Note, None, Some(fields));
     }
 
     /// How many still run.

@@ -352,6 +352,7 @@ pub async fn reap_forever(state: Shared) {
         for entry in sessions.iter().filter(|e| !e.is_busy()) {
             crate::service::processes::tend(entry);
         }
+        crate::service::approvals::announce_expired(&state);
         let due: Vec<String> = sessions
             .into_iter()
             .filter(|e| !e.is_busy() && e.expired(now))

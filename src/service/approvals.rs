@@ -206,6 +206,9 @@ pub struct RuleView {
 pub struct Approvals {
     pending: Mutex<HashMap<String, Approval>>,
     rules: Mutex<Connection>,
+    /// Questions that expired and whose session has not been told yet (the server's
+    /// reaper tells them: [`announce_expired`]).
+    expired: Mutex<Vec<(Caller, String, serde_json::Value)>>,
 }
 
 const SCHEMA: &str = "
@@ -241,6 +244,7 @@ impl Approvals {
             .and_then(|_| conn.execute_batch(SCHEMA))
             .map_err(|e| format!("approvals database: {e}"))?;
         Ok(Approvals {
+            expired: Mutex::default(),
             pending: Mutex::new(HashMap::new()),
             rules: Mutex::new(conn),
         })
@@ -257,6 +261,11 @@ impl Approvals {
             if a.status == "pending" && a.asked.elapsed() > APPROVAL_TIMEOUT {
                 a.status = "expired";
                 a.waiting = None;
+                let note = denied_note(a, "expired", "not decided in time: taken as denied");
+                self.expired
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((a.asker.clone(), a.session.clone(), note));
             }
         }
         map.retain(|_, a| a.status == "pending" || a.asked.elapsed() < Duration::from_secs(86_400));
@@ -655,6 +664,17 @@ pub async fn decide(
     )
     .await;
     tracing::info!(caller = %caller, approval = %id, decision = event, "exec approval decided");
+    if body.decision == Decision::Deny {
+        let note = {
+            let map = state.approvals.questions();
+            map.get(id)
+                .map(|a| denied_note(a, "denied", &format!("denied by {caller}")))
+        };
+        if let Some(note) = note {
+            announce(state, &asker, &session, note);
+        }
+    }
+    let started = start.is_some();
     if let Some(start) = start {
         // The process starts as the caller that asked would have started it.
         let deadline = Instant::now() + START_PATIENCE;
@@ -683,7 +703,96 @@ pub async fn decide(
             }
         }
     }
+    if body.decision != Decision::Deny {
+        let (note, process) = {
+            let map = state.approvals.questions();
+            match map.get(id) {
+                Some(a) => (
+                    Some(serde_json::json!({
+                        "type": "approval_finished",
+                        "approval_id": a.id,
+                        "decision": event,
+                        "status": a.status,
+                        "command": a.command,
+                        "process_id": a.process_id,
+                        "error": a.error,
+                    })),
+                    a.process_id.filter(|_| started),
+                ),
+                None => (None, None),
+            }
+        };
+        if let Some(note) = note {
+            announce(state, &asker, &session, note);
+        }
+        if let Some(process) = process {
+            running_notice(state.clone(), asker, session, id.to_string(), process);
+        }
+    }
     show(state, caller, id)
+}
+
+/// How long an approved command runs before the session's event stream says that it
+/// still runs (seed 004's `approval_running_notice`, 10 s).
+pub const APPROVAL_RUNNING_NOTICE: Duration = Duration::from_secs(10);
+
+/// An `exec_denied` note of approval `a` (denied by a person, or expired).
+fn denied_note(a: &Approval, status: &str, reason: &str) -> serde_json::Value {
+    serde_json::json!({
+        "type": "exec_denied",
+        "approval_id": a.id,
+        "status": status,
+        "command": a.command,
+        "programs": a.programs,
+        "reason": reason,
+    })
+}
+
+/// Tells session `session` (its event stream) what became of one of its questions; a
+/// session closed meanwhile has no one to tell.
+fn announce(state: &Shared, asker: &Caller, session: &str, note: serde_json::Value) {
+    if let Ok(entry) = super::lookup(state, asker, session) {
+        entry.processes.note(note);
+    }
+}
+
+/// After [`APPROVAL_RUNNING_NOTICE`], an `approval_running` note if the approved process
+/// still runs.
+fn running_notice(state: Shared, asker: Caller, session: String, approval: String, process: u64) {
+    tokio::spawn(async move {
+        tokio::time::sleep(APPROVAL_RUNNING_NOTICE).await;
+        let Ok(entry) = super::lookup(&state, &asker, &session) else {
+            return;
+        };
+        let running = entry
+            .processes
+            .poll(process, u64::MAX, u64::MAX)
+            .is_some_and(|p| p.status == codecage::processes::Status::Running);
+        if running {
+            entry.processes.note(serde_json::json!({
+                "type": "approval_running",
+                "approval_id": approval,
+                "process_id": process,
+                "running_for_ms": APPROVAL_RUNNING_NOTICE.as_millis() as u64,
+            }));
+        }
+    });
+}
+
+/// Tells the sessions whose questions expired (denied by no one in time); the server's
+/// reaper calls it every second.
+pub fn announce_expired(state: &Shared) {
+    drop(state.approvals.questions());
+    let expired = std::mem::take(
+        &mut *state
+            .approvals
+            .expired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
+    for (asker, session, note) in expired {
+        announce(state, &asker, &session, note);
+    }
 }
 
 fn admin_only(caller: &Caller) -> Result<(), Error> {

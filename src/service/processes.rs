@@ -931,11 +931,21 @@ pub fn stream_output(
 }
 
 /// An event of the session's log as JSON: `{"type": "started"|"exited", "seq", "at",
-/// ...the process without output}`.
+/// ...the process without output}`, or a note's fields with `seq` and `at` (the exec
+/// approvals': `approval_finished`, `exec_denied`, `approval_running`).
 pub fn event_view(event: codecage::processes::Event) -> serde_json::Value {
-    let mut line = bare(view(event.process));
+    let mut line = match (event.process, event.note) {
+        (Some(process), _) => {
+            let mut line = bare(view(process));
+            if let Some(map) = line.as_object_mut() {
+                map.insert("type".into(), serde_json::json!(event.kind));
+            }
+            line
+        }
+        // A note: its own fields and type (`approval_finished`, `exec_denied`, ...).
+        (None, note) => note.unwrap_or_else(|| serde_json::json!({"type": "note"})),
+    };
     if let Some(map) = line.as_object_mut() {
-        map.insert("type".into(), serde_json::json!(event.kind));
         map.insert("seq".into(), event.seq.into());
         map.insert(
             "at".into(),

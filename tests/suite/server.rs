@@ -1511,6 +1511,47 @@ fn exec_ask_on_miss_approvals_over_http() {
         assert!(shown.contains("\"denied\""), "{shown}");
         let (code, _, err) = approvals_cli(&["deny", &again]);
         assert_eq!(code, 125, "decided already: {err}");
+        // The session's event stream told the agent of both decisions, in order with the
+        // approved process's start and exit.
+        let events = Command::new("curl")
+            .args(["-s", "-N", "--max-time", "3", "-H"])
+            .arg(format!("Authorization: Bearer {AGENT}"))
+            .arg(format!(
+                "http://{}/v1/sessions/{id}/events?after=0",
+                server.tcp_address()
+            ))
+            .output()
+            .expect("curl");
+        let events: Vec<Value> = String::from_utf8_lossy(&events.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        let of = |kind: &str, approval: &str| {
+            events
+                .iter()
+                .position(|e| e["type"] == kind && e["approval_id"] == approval)
+                .unwrap_or_else(|| panic!("no {kind} of {approval} in {events:#?}"))
+        };
+        let finished = of("approval_finished", &touch);
+        let e = &events[finished];
+        assert_eq!(
+            (&e["decision"], &e["status"], e["process_id"].as_u64()),
+            (&json!("allow-once"), &json!("started"), Some(process)),
+            "{e}"
+        );
+        let started = events
+            .iter()
+            .position(|e| e["type"] == "started" && e["process_id"] == process)
+            .unwrap_or_else(|| panic!("{events:#?}"));
+        assert!(started < finished, "{events:#?}");
+        let denied = &events[of("exec_denied", &again)];
+        assert_eq!(denied["command"], "touch /work/again", "{denied}");
+        assert!(
+            denied["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("denied by")),
+            "{denied}"
+        );
         // The session CLI says that a command waits, and exits 3.
         let (code, _, err) = server.session_cli(&["exec", &id, "--", "touch", "/work/cli"]);
         assert_eq!(code, 3, "{err}");
@@ -1621,6 +1662,45 @@ fn exec_ask_on_miss_approvals_over_http() {
                 .contains("cannot approve its own"),
             "{out}"
         );
+        // An approved command still running after 10 s is said on the event stream.
+        let (status, out) = start("sleep 30");
+        assert_eq!(status, 202, "{out}");
+        let slow = out["approval_id"].as_str().unwrap().to_string();
+        let (status, out) = decide(None, &slow, json!({"decision": "allow-once"}));
+        assert_eq!(
+            (status, out["status"].as_str()),
+            (200, Some("started")),
+            "{out}"
+        );
+        let sleeper = out["process_id"].as_u64().unwrap();
+        let mut stream = Command::new("curl")
+            .args([
+                "-s",
+                "-N",
+                "--max-time",
+                &(25 * slowdown()).to_string(),
+                "-H",
+            ])
+            .arg(format!("Authorization: Bearer {AGENT}"))
+            .arg(format!(
+                "http://{}/v1/sessions/{id}/events?after=0",
+                server.tcp_address()
+            ))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("curl");
+        let lines = stream.stdout.take().unwrap();
+        let running = std::io::BufRead::lines(std::io::BufReader::new(lines))
+            .map_while(Result::ok)
+            .map(|l| serde_json::from_str::<Value>(&l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .find(|e| e["type"] == "approval_running" && e["approval_id"] == slow.as_str())
+            .expect("approval_running within 25 s");
+        let _ = stream.kill();
+        let _ = stream.wait();
+        assert_eq!(running["process_id"].as_u64(), Some(sleeper), "{running}");
+        assert_eq!(running["running_for_ms"], 10_000, "{running}");
+        let (status, out) = agent("DELETE", &format!("{procs}/{sleeper}"), None);
+        assert!(status < 300, "{status} {out}");
         // The audit log: every question, decision and revocation.
         let (status, records) = server.request("GET", "/v1/audit?kind=approval&limit=100", None);
         assert_eq!(status, 200, "{records}");

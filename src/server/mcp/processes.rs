@@ -662,7 +662,7 @@ impl CodecageMcp {
         let newest = events
             .iter()
             .filter(|e| e.kind == EventKind::Started)
-            .map(|e| e.process.id)
+            .filter_map(|e| e.process.as_ref().map(|p| p.id))
             .max();
         let subject = match subject {
             Subject::Process(id) => Some(id),
@@ -671,8 +671,9 @@ impl CodecageMcp {
         };
         let exits: Vec<&Snapshot> = events
             .iter()
-            .filter(|e| e.kind == EventKind::Exited && Some(e.process.id) != subject)
-            .map(|e| &e.process)
+            .filter(|e| e.kind == EventKind::Exited)
+            .filter_map(|e| e.process.as_ref())
+            .filter(|p| Some(p.id) != subject)
             .collect();
         self.state
             .mcp
