@@ -732,6 +732,51 @@ pub async fn decide(
     show(state, caller, id)
 }
 
+/// A one-shot run's command (bash code, or a program's argv) judged by its profile's
+/// `ask`: a run cannot wait for a person, so one that would ask is refused (403 `policy`)
+/// with the reason, and the caller is pointed at a session, where it can be approved.
+/// Judged against the profile's `allowed` and argument rules; standing rules (which
+/// belong to sessions, tokens and profiles of sessions) are not consulted.
+pub fn judge_run(gate: &AskGate, command: &str, argv: Option<&[String]>) -> Result<(), Error> {
+    let analysis = match argv {
+        Some(argv) => exec_ask::analyze(
+            &argv
+                .iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        None => exec_ask::analyze(command),
+    };
+    let mut violations = Vec::new();
+    for invocation in &analysis.programs {
+        let Some(file) = gate.file_of(&invocation.program) else {
+            continue;
+        };
+        if let Some((_, rule)) = gate.arg_rules.iter().find(|(f, _)| *f == file) {
+            if let Err(why) = rule.check(&invocation.program, invocation.args.as_deref()) {
+                violations.push(why);
+            }
+        }
+    }
+    let allowed = |name: &str| {
+        gate.file_of(name)
+            .is_some_and(|file| gate.allowed.contains(&file))
+    };
+    match exec_ask::needs_approval(gate.mode, &analysis, allowed, &violations) {
+        None => Ok(()),
+        Some(reason) => Err(Error::new(
+            Kind::Policy,
+            format!(
+                "the profile asks a person before this command runs (exec.ask = {}: {reason}), \
+                 and a one-shot run cannot wait for an approval: run it in a session \
+                 (POST /v1/sessions, then POST /v1/sessions/{{id}}/processes), where it can be approved",
+                gate.mode.name()
+            ),
+        )),
+    }
+}
+
 /// How long an approved command runs before the session's event stream says that it
 /// still runs (seed 004's `approval_running_notice`, 10 s).
 pub const APPROVAL_RUNNING_NOTICE: Duration = Duration::from_secs(10);

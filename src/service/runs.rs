@@ -183,6 +183,13 @@ fn resolve_run(
         profile.value(Knob::InputTotalSize),
     )
     .map_err(|e| Error::invalid(format!("field `files`: {e}")))?;
+    // What `ask` judges of a run: bash code, or a program's argv (a python or node run's
+    // code is not a command, as a session's python cell is not).
+    let judged = match (&body.argv, body.language.or(profile.language), &body.code) {
+        (Some(argv), _, _) => Some((argv.join(" "), Some(argv.clone()))),
+        (None, Some(codecage::runner::Lang::Bash), Some(code)) => Some((code.clone(), None)),
+        _ => None,
+    };
     let request = PolicyRequest {
         code: body.code,
         lang: body.language,
@@ -201,6 +208,12 @@ fn resolve_run(
         &state.config.network,
     )?;
     spec.exec.stdin = body.stdin.map(String::into_bytes);
+    if let (Some(gate), Some((command, argv))) = (
+        super::approvals::gate_of(&profile, &spec.sandbox, &spec.exec.env),
+        judged,
+    ) {
+        super::approvals::judge_run(&gate, &command, argv.as_deref())?;
+    }
     // Opened now (they stay open until the sandbox has started); a spec with volumes is
     // never a pooled sandbox's, so such a run is cold.
     let (volumes, opened) = open_volumes(state, &body.volumes)?;

@@ -1662,6 +1662,32 @@ fn exec_ask_on_miss_approvals_over_http() {
                 .contains("cannot approve its own"),
             "{out}"
         );
+        // A one-shot run cannot wait for a person: what would ask is refused, naming why
+        // and where it could be approved; what would not ask runs.
+        let run = |body: Value| agent("POST", "/v1/run", Some(body));
+        let (status, out) = run(json!({"profile": "askme", "code": "ls / | grep -x usr"}));
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("usr\n")),
+            "{out}"
+        );
+        for body in [
+            json!({"profile": "askme", "code": "ls && touch /work/run"}),
+            json!({"profile": "askme", "language": "bash", "code": "$(echo rm) -f x"}),
+            json!({"profile": "askme", "argv": ["touch", "/work/run"]}),
+        ] {
+            let (status, out) = run(body.clone());
+            assert_eq!(
+                (status, out["error"].as_str()),
+                (403, Some("policy")),
+                "{body}: {out}"
+            );
+            let message = out["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("one-shot run cannot wait") && message.contains("/v1/sessions"),
+                "{out}"
+            );
+        }
         // An approved command still running after 10 s is said on the event stream.
         let (status, out) = start("sleep 30");
         assert_eq!(status, 202, "{out}");
