@@ -345,6 +345,8 @@ pub async fn gate(
     let command_rule = approvals.matches(entry, None, Some(command));
     let mut missing = Vec::new();
     let mut ruled = Vec::new();
+    // The standing rules that let something through, for the audit record.
+    let mut matched: Vec<String> = Vec::new();
     let reason = {
         // Argument rules: a program used outside its rule asks, unless a standing rule
         // allows the program with any arguments.
@@ -357,37 +359,55 @@ pub async fn gate(
                 continue;
             };
             if let Err(why) = rule.check(&invocation.program, invocation.args.as_deref()) {
-                if approvals.matches(entry, Some(&file), None).is_none() {
-                    violations.push(why);
-                    if !missing.contains(&file) {
-                        missing.push(file);
+                match approvals.matches(entry, Some(&file), None) {
+                    Some(rule) => {
+                        if !matched.contains(&rule) {
+                            matched.push(rule);
+                        }
+                    }
+                    None => {
+                        violations.push(why);
+                        if !missing.contains(&file) {
+                            missing.push(file);
+                        }
                     }
                 }
             }
         }
         let allowed = |name: &str| match gate.file_of(name) {
             Some(file) if gate.allowed.contains(&file) => true,
-            // Allowed by a rule beyond the profile's list: the payload's own ruleset.
-            Some(file) if approvals.matches(entry, Some(&file), None).is_some() => {
-                if !ruled.contains(&file) {
-                    ruled.push(file);
+            Some(file) => match approvals.matches(entry, Some(&file), None) {
+                // Allowed by a rule beyond the profile's list: the payload's own ruleset.
+                Some(rule) => {
+                    if !ruled.contains(&file) {
+                        ruled.push(file);
+                    }
+                    if !matched.contains(&rule) {
+                        matched.push(rule);
+                    }
+                    true
                 }
-                true
-            }
-            Some(file) => {
-                if !missing.contains(&file) {
-                    missing.push(file);
+                None => {
+                    if !missing.contains(&file) {
+                        missing.push(file);
+                    }
+                    false
                 }
-                false
-            }
+            },
             None => false,
         };
         exec_ask::needs_approval(gate.mode, &analysis, allowed, &violations)
     };
     // A rule for this exact command (one the parse could not judge) lets it run; the
     // program rules added with it give its payload their files.
+    if let (Some(_), Some(rule)) = (&reason, &command_rule) {
+        matched.push(rule.clone());
+    }
     let reason = reason.filter(|_| command_rule.is_none());
     let Some(reason) = reason else {
+        if !matched.is_empty() {
+            record_rule(state, via, caller, entry, command, &analysis, &matched).await;
+        }
         return gate.extra(&ruled);
     };
     let id = new_id()?;
@@ -509,6 +529,35 @@ async fn record(
     };
     if let Err(e) = audit.refusal(start, end).await {
         tracing::warn!("the approval's audit record was not taken: {e}");
+    }
+}
+
+/// A command a standing rule let run without asking: an audit record of kind `approval`,
+/// event `rule`, naming the rules that matched.
+async fn record_rule(
+    state: &Shared,
+    via: Via,
+    caller: &Caller,
+    entry: &Entry,
+    command: &str,
+    analysis: &exec_ask::Analysis,
+    rules: &[String],
+) {
+    let Some(audit) = &state.audit else {
+        return;
+    };
+    let mut start = Start::new(AuditKind::Approval, via, caller.to_string());
+    start.session = Some(entry.id.clone());
+    start.profile = Some(entry.profile.clone());
+    start.code = Some(command.to_string());
+    start.details = json!({
+        "event": "rule",
+        "programs": analysis.program_names(),
+        "unresolved": analysis.unresolved,
+        "rules": rules,
+    });
+    if let Err(e) = audit.refusal(start, End::default()).await {
+        tracing::warn!("the approval rule's audit record was not taken: {e}");
     }
 }
 

@@ -1736,9 +1736,30 @@ fn exec_ask_on_miss_approvals_over_http() {
             .iter()
             .map(|r| r["details"]["event"].as_str().unwrap_or("?").to_string())
             .collect();
-        for event in ["asked", "allow-once", "allow-always", "deny", "revoke"] {
+        for event in [
+            "asked",
+            "allow-once",
+            "allow-always",
+            "deny",
+            "revoke",
+            "rule",
+        ] {
             assert!(events.iter().any(|e| e == event), "{event}: {events:?}");
         }
+        // A command a standing rule let through names the rule that matched.
+        let ruled = records["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["details"]["event"] == "rule")
+            .unwrap();
+        assert_eq!(ruled["caller"], "token:agent", "{ruled}");
+        assert!(
+            ruled["details"]["rules"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty()),
+            "{ruled}"
+        );
         let decision = records["records"]
             .as_array()
             .unwrap()
