@@ -45,6 +45,29 @@ impl ExecSecurity {
     }
 }
 
+/// `[exec] interpreter`: where the language's interpreter (python3, node, bash: the
+/// program of a run of code, or a session context's driver) may run under an allowlist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterpreterScope {
+    /// Only if `allowed` lists it, and then for every process of the sandbox.
+    #[default]
+    Listed,
+    /// For its own context only: a run's payload, a session context's driver and what
+    /// they start get the interpreter in a ruleset (and a mount namespace) of their own;
+    /// a session's processes and its other contexts do not.
+    Context,
+}
+
+impl InterpreterScope {
+    pub fn name(self) -> &'static str {
+        match self {
+            InterpreterScope::Listed => "listed",
+            InterpreterScope::Context => "context",
+        }
+    }
+}
+
 /// A profile's `[exec]` as written.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -67,6 +90,8 @@ pub struct ExecSection {
     /// `[exec.args.PROGRAM]`: the arguments a program of `allowed` runs with without
     /// asking (with `ask`: anything else asks). The service's gate, not the kernel's.
     pub args: std::collections::BTreeMap<String, crate::exec_ask::ArgRule>,
+    /// Where the language's interpreter may run when `allowed` does not list it.
+    pub interpreter: InterpreterScope,
 }
 
 impl ExecSection {
@@ -125,6 +150,14 @@ impl ExecSection {
                 "exec.allowed, exec.denied and exec.libraries take effect only with security = \"allowlist\" (exec.allowed \
                  and exec.denied also with security = \"full\" and ask = \"on-miss\", as the programs that run \
                  without asking; this profile says security = \"{}\")",
+                self.security.name()
+            ));
+        }
+        if self.interpreter == InterpreterScope::Context && self.security != ExecSecurity::Allowlist
+        {
+            return Err(format!(
+                "exec.interpreter = \"context\" takes effect only with security = \"allowlist\" (this profile \
+                 says security = \"{}\", under which the interpreter runs anyway)",
                 self.security.name()
             ));
         }
@@ -206,6 +239,65 @@ pub fn denied(profile: &str, what: &str) -> String {
         "{what} is refused: the profile {profile} says exec.security = \"deny\" (no shell, no programs started \
          by the client); use the profile's language, or a profile that allows it"
     )
+}
+
+/// `programs` (names or paths) with what they need (loaders, libraries), resolved as
+/// `allowed` is: an approved command's or a context interpreter's own ruleset, beyond
+/// the sandbox's.
+pub fn resolve_programs(
+    programs: &[String],
+    root: &Path,
+    path_var: &str,
+) -> Result<ExecAllowlist, String> {
+    let section = ExecSection {
+        security: ExecSecurity::Allowlist,
+        allowed: programs.to_vec(),
+        ..Default::default()
+    };
+    resolve(&section, root, path_var)
+}
+
+/// A language's interpreter as its own context runs it (`interpreter = "context"`): the
+/// program with its loader and libraries, plus the directory of the extension modules it
+/// loads as it starts (Python's `lib-dynload`: asyncio needs `_contextvars`) and what
+/// those need, so that a context runs without the profile listing the interpreter's
+/// internals. All of it is bound exec in the context's own mount namespace only.
+pub fn resolve_interpreter(
+    program: &str,
+    root: &Path,
+    path_var: &str,
+) -> Result<ExecAllowlist, String> {
+    let mut list = resolve_programs(&[program.to_string()], root, path_var)?;
+    let Some(file) = list.programs.first().cloned() else {
+        return Ok(list);
+    };
+    let mut libraries: BTreeSet<PathBuf> = list.libraries.iter().cloned().collect();
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+    let version = name.as_deref().and_then(|n| n.strip_prefix("python"));
+    if let Some(version) = version.filter(|v| v.contains('.')) {
+        for prefix in ["/usr/lib", "/usr/local/lib"] {
+            let dir = PathBuf::from(format!("{prefix}/python{version}/lib-dynload"));
+            let Some(dir) = canonical_in(root, &dir) else {
+                continue;
+            };
+            let Ok(entries) = std::fs::read_dir(host_path(root, &dir)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let module = dir.join(entry.file_name());
+                // A module whose library the image lacks fails at its import, as bare.
+                if let Ok(elf) = Elf::read(&entry.path()) {
+                    let _ = needed_closure(root, &module, &elf, &mut libraries);
+                }
+            }
+            libraries.insert(dir);
+        }
+    }
+    for file in list.programs.iter().chain(&list.interpreters) {
+        libraries.remove(file);
+    }
+    list.libraries = libraries.into_iter().collect();
+    Ok(list)
 }
 
 /// Resolves `section` (an allowlist) in the image at `root` (`/` for the host's), names
@@ -710,5 +802,33 @@ mod tests {
             .validate()
             .unwrap_err()
             .contains("exec.args.git"));
+    }
+
+    /// `interpreter = "context"` only under an allowlist; the host's python3 as a context
+    /// brings its loader, libraries and lib-dynload (what asyncio imports at a start).
+    #[test]
+    fn a_context_interpreter_needs_an_allowlist_and_brings_its_extension_modules() {
+        let section = |security| ExecSection {
+            security,
+            allowed: vec!["bash".into()],
+            interpreter: InterpreterScope::Context,
+            ..ExecSection::default()
+        };
+        assert_eq!(section(ExecSecurity::Allowlist).validate(), Ok(()));
+        let full = ExecSection {
+            allowed: vec![],
+            ..section(ExecSecurity::Full)
+        };
+        assert!(full.validate().unwrap_err().contains("exec.interpreter"));
+        let Ok(list) = resolve_interpreter("python3", Path::new("/"), "/usr/bin:/bin") else {
+            return; // no python3 on this host
+        };
+        let program = list.programs[0].to_string_lossy();
+        assert!(program.starts_with("/usr/bin/python3."), "{list:?}");
+        assert!(!list.interpreters.is_empty(), "{list:?}");
+        assert!(
+            list.libraries.iter().any(|l| l.ends_with("lib-dynload")),
+            "{list:?}"
+        );
     }
 }

@@ -786,21 +786,49 @@ pub fn resolve(
     if profile.exec.security == ExecSecurity::Allowlist {
         let allowlist = resolve_allowlist(profile, profile_name, &spec)?;
         // The language's interpreter runs the code: it must be allowed (and then, for
-        // python3 or node, anything may run; see README's "Exec policy").
+        // python3 or node, anything may run; see README's "Exec policy"), or allowed to
+        // this run's payload alone (`interpreter = "context"`).
         if request.code.is_some() {
-            if let Some(program) = spec.exec.argv.first() {
-                let root = rootfs_dir(&spec.sandbox.rootfs);
-                allowlist
-                    .allows(&root, &payload_path(&spec), program)
-                    .map_err(|e| {
-                        exec_error(profile_name, format!("the language's interpreter: {e}"))
-                    })?;
+            if let Some(program) = spec.exec.argv.first().cloned() {
+                spec.exec.exec_extra =
+                    interpreter_ruleset(profile, profile_name, &spec, &allowlist, &program)
+                        .map_err(|e| {
+                            exec_error(profile_name, format!("the language's interpreter: {e}"))
+                        })?;
             }
         }
         spec.sandbox.exec = Some(allowlist);
     }
     spec.validate().map_err(|e| PolicyError::invalid(None, e))?;
     Ok(spec)
+}
+
+/// What a language's interpreter `program` needs beyond `allowlist` to run: nothing when
+/// the allowlist has it, its own ruleset (the program, its loader and libraries) under
+/// `interpreter = "context"`, else an error naming both ways to allow it.
+pub fn interpreter_ruleset(
+    profile: &Profile,
+    profile_name: &str,
+    spec: &Spec,
+    allowlist: &crate::exec_policy::ExecAllowlist,
+    program: &str,
+) -> Result<Option<crate::exec_policy::ExecAllowlist>, String> {
+    let root = rootfs_dir(&spec.sandbox.rootfs);
+    let path = payload_path(spec);
+    let Err(missing) = allowlist.allows(&root, &path, program) else {
+        return Ok(None);
+    };
+    match profile.exec.interpreter {
+        crate::exec_policy::InterpreterScope::Context => {
+            crate::exec_policy::resolve_interpreter(program, &root, &path)
+                .map(Some)
+                .map_err(|e| format!("{program} (exec.interpreter = \"context\"): {e}"))
+        }
+        crate::exec_policy::InterpreterScope::Listed => Err(format!(
+            "{missing}; allow it to its own context only with exec.interpreter = \"context\" in profile \
+             {profile_name}, or to every process by listing it in exec.allowed"
+        )),
+    }
 }
 
 /// The profile's `[exec]` allowlist resolved in the spec's image, along the payload's PATH.

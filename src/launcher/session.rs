@@ -78,6 +78,10 @@ pub fn driver_program(lang: crate::runner::Lang) -> &'static str {
 pub struct SessionSpec {
     pub sandbox: SandboxSpec,
     pub lang: Lang,
+    /// Under an exec allowlist, what a context's driver may execute beyond it (its
+    /// interpreter, `[exec] interpreter = "context"`), by context (python, node, bash):
+    /// the driver and what it starts get it; the session's processes do not.
+    pub context_exec: Vec<(Lang, crate::exec_policy::ExecAllowlist)>,
     pub env: Vec<(String, String)>,
     pub timeout: Duration,
     pub output_limit: u64,
@@ -1086,6 +1090,9 @@ impl Session {
         for (key, value) in &self.spec.env {
             exec.set_env(key, value);
         }
+        exec.exec_extra = (self.spec.context_exec.iter())
+            .find(|(context, _)| *context == kind)
+            .map(|(_, extra)| extra.clone());
         let streams = ExecStreams::open(&exec).map_err(setup)?;
         streams
             .give_to(self.sandbox.user_host_uid())

@@ -58,8 +58,6 @@ struct Init<'a> {
     call_mark: Option<i32>,
     /// The output directory as a session call began (`BeginCall`).
     marked: Option<files::Marks>,
-    /// Files bound exec for approved commands so far (beyond the sandbox's allowlist).
-    exec_bound: Vec<std::path::PathBuf>,
 }
 
 /// Serves the launcher until it says to stop, goes away, or the last payload ends.
@@ -74,7 +72,6 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
         reaped: std::collections::VecDeque::new(),
         call_mark: None,
         marked: None,
-        exec_bound: Default::default(),
     };
     let signals = match init.prepare() {
         Ok(signals) => signals,
@@ -176,16 +173,19 @@ impl Init<'_> {
                 if let Err(error) = super::write_work_files(&files) {
                     return self.report_failure(id, error, last);
                 }
-                // An approved command's own ruleset: the sandbox's allowlist plus its files,
-                // bound exec first (once each; they stay for the sandbox's life).
-                let merged = match (&self.spec.exec, exec_extra) {
+                // A payload's own ruleset (an approved command's, a context's interpreter):
+                // the sandbox's allowlist plus its files, which the payload binds exec in a
+                // mount namespace of its own (payload::own_exec_mounts), so that no other
+                // process of the sandbox can map them.
+                let (merged, exec_binds) = match (&self.spec.exec, exec_extra) {
                     (Some(base), Some(extra)) => {
-                        if let Err(error) = self.bind_exec_extra(base, &extra) {
-                            return self.report_failure(id, error, last);
-                        }
-                        Some(base.with(&extra))
+                        let binds = (extra.exec_mounted())
+                            .filter(|f| f.is_absolute() && !base.exec_mounted().any(|b| b == *f))
+                            .cloned()
+                            .collect();
+                        (Some(base.with(&extra)), binds)
                     }
-                    _ => None,
+                    _ => (None, Vec::new()),
                 };
                 let (fds, master) = match pty {
                     None => (fds, None),
@@ -202,6 +202,7 @@ impl Init<'_> {
                     fds,
                     terminal: master.is_some(),
                     exec: merged.as_ref(),
+                    exec_binds: &exec_binds,
                 };
                 match sys::fork_in_init() {
                     Ok(ForkedInit::Child) => {
@@ -292,26 +293,6 @@ impl Init<'_> {
     }
 
     /// A payload that never started: reported, and for a one-shot run the end.
-    /// Binds exec the files of `extra` that `base` (bound at setup) and earlier approvals
-    /// have not.
-    fn bind_exec_extra(
-        &mut self,
-        base: &crate::exec_policy::ExecAllowlist,
-        extra: &crate::exec_policy::ExecAllowlist,
-    ) -> Result<(), SetupError> {
-        for file in extra.exec_mounted() {
-            if !file.is_absolute()
-                || base.exec_mounted().any(|f| f == file)
-                || self.exec_bound.contains(file)
-            {
-                continue;
-            }
-            super::mount::bind_exec(file, file)?;
-            self.exec_bound.push(file.clone());
-        }
-        Ok(())
-    }
-
     fn report_failure(&mut self, id: u64, error: SetupError, last: bool) {
         if last {
             self.fail_and_exit(Some(id), error);

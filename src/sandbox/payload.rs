@@ -1,6 +1,8 @@
 //! The payload's last mile, in the child the init forked. Each step is one function; the
 //! order is the security argument:
 //!
+//! 0. with a ruleset of its own (an approved command, a context's interpreter): its own mount
+//!    namespace, where the extra files are bound exec (no other process sees them);
 //! 1. signals unblocked (the init already set their dispositions back to default), its own
 //!    session (and a terminal's slave as its controlling terminal, when it runs on one);
 //! 2. rlimits (lowering needs no privilege);
@@ -53,6 +55,9 @@ pub struct Launch<'a> {
     /// Its exec allowlist when it differs from the sandbox's (an approved command's: the
     /// sandbox's plus what was approved).
     pub exec: Option<&'a crate::exec_policy::ExecAllowlist>,
+    /// The files of `exec` beyond the sandbox's allowlist: bound exec in the payload's own
+    /// mount namespace before anything else.
+    pub exec_binds: &'a [PathBuf],
 }
 
 /// Prepares and execs the payload. Never returns: a setup failure is reported on the
@@ -80,6 +85,46 @@ pub fn exec(
     }
 }
 
+/// A payload with a ruleset of its own (an approved command, a context's interpreter)
+/// gets its own mount namespace, a copy of the sandbox's with every mount private, and in
+/// it binds `files` exec (super::mount::bind_exec). Its children inherit the namespace;
+/// the sandbox's other processes never see these binds, so the files stay unmappable
+/// (noexec) for them, the loader's `ld.so FILE` included. While still the sandbox's root,
+/// before the capabilities go.
+fn own_exec_mounts(files: &[PathBuf]) -> Result<(), SetupError> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| {
+        SetupError::errno(
+            Step::RestrictExecMounts,
+            e,
+            "unshare(CLONE_NEWNS) for the payload's own exec binds",
+        )
+    })?;
+    // Nothing in the sandbox is shared (its root became a recursive slave at setup), but
+    // a private copy says so by construction: no bind here reaches the init's table.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        SetupError::errno(
+            Step::RestrictExecMounts,
+            e,
+            "making the payload's mounts private",
+        )
+    })?;
+    for file in files {
+        super::mount::bind_exec(file, file)?;
+    }
+    Ok(())
+}
+
 fn prepare(
     spec: &SandboxSpec,
     launch: &Launch,
@@ -87,6 +132,7 @@ fn prepare(
     channel: &UnixStream,
 ) -> Result<(), SetupError> {
     attach_fds(&launch.fds)?;
+    own_exec_mounts(launch.exec_binds)?;
     unblock_signals()?;
     setsid().map_err(|e| SetupError::errno(Step::NewSession, e, "setsid"))?;
     if launch.terminal {

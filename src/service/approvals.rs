@@ -62,15 +62,11 @@ impl AskGate {
         if !self.kernel || programs.is_empty() {
             return Ok(None);
         }
-        let section = codecage::exec_policy::ExecSection {
-            security: codecage::exec_policy::ExecSecurity::Allowlist,
-            allowed: programs
-                .iter()
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect(),
-            ..Default::default()
-        };
-        codecage::exec_policy::resolve(&section, &self.root, &self.path)
+        let names: Vec<String> = programs
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        codecage::exec_policy::resolve_programs(&names, &self.root, &self.path)
             .map(Some)
             .map_err(|e| Error::new(Kind::Policy, format!("the approved programs: {e}")))
     }

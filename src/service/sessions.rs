@@ -185,22 +185,34 @@ pub fn session_spec_of(
         .on("exec"));
     }
     let spec = profile::resolve(profile, name, &request, data)?;
+    let mut context_exec = Vec::new();
     if let Some(allowlist) = &spec.sandbox.exec {
-        // The driver's interpreter must be allowed, as a run's is.
-        let root = profile::rootfs_dir(&spec.sandbox.rootfs);
-        let program = codecage::session::driver_program(lang);
-        allowlist
-            .allows(&root, &profile::payload_path(&spec), program)
-            .map_err(|e| {
-                profile::exec_error(
-                    name,
-                    format!("the {} session's interpreter: {e}", lang.name()),
-                )
-            })?;
+        // The driver's interpreter must be allowed, as a run's is, or allowed to its own
+        // context (`interpreter = "context"`): then each context's driver gets a ruleset
+        // of its own, for the session's language and for any other context the image can
+        // start (E2B's contexts), and the session's processes get none.
+        let own = codecage::session::context_of(lang);
+        for context in [Lang::Python, Lang::Node, Lang::Bash] {
+            let program = codecage::session::driver_program(context);
+            match profile::interpreter_ruleset(profile, name, &spec, allowlist, program) {
+                Ok(Some(extra)) => context_exec.push((context, extra)),
+                Ok(None) => {}
+                Err(e) if context == own => {
+                    return Err(profile::exec_error(
+                        name,
+                        format!("the {} session's interpreter: {e}", lang.name()),
+                    )
+                    .into())
+                }
+                // Another context this image or allowlist cannot start: it fails if asked for.
+                Err(_) => {}
+            }
+        }
     }
     Ok(SessionSpec {
         sandbox: spec.sandbox,
         lang,
+        context_exec,
         env: spec.exec.env,
         timeout: spec.exec.timeout,
         output_limit: spec.exec.output_limit,

@@ -193,6 +193,7 @@ fn a_bash_session_under_an_allowlist_runs_only_its_programs() {
         let mut session = Session::start(SessionSpec {
             sandbox,
             lang: Lang::Bash,
+            context_exec: Vec::new(),
             env: Vec::new(),
             timeout: Duration::from_secs(30 * slowdown()),
             output_limit: 1 << 20,

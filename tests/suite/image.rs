@@ -138,6 +138,7 @@ fn image_session(lang: codecage::runner::Lang, dir: &Path) -> codecage::session:
     let spec = codecage::session::SessionSpec {
         sandbox,
         lang,
+        context_exec: Vec::new(),
         env: vec![
             ("MPLBACKEND".into(), "Agg".into()),
             ("OPENBLAS_NUM_THREADS".into(), "1".into()),

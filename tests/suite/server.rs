@@ -1381,6 +1381,126 @@ fn exec_policy_deny_and_allowlist_over_the_api() {
     });
 }
 
+/// `[exec] interpreter = "context"` (issue 25): the language's interpreter, not in the
+/// allowlist, runs for its own context only. A python session's cells (and what they
+/// start) run python3; the session's processes and its bash context cannot, not by
+/// `execve` and not through the loader (the interpreter's exec bind lives in the python
+/// driver's own mount namespace); a profile that says nothing refuses the session and
+/// names both ways to allow it; a one-shot run gets the same.
+#[test]
+fn the_interpreter_runs_for_its_own_context_only() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let dir = server.profiles_dir();
+        let allowed = "allowed = [\"bash\", \"ls\", \"cat\", \"head\"]\n";
+        std::fs::write(
+            dir.join("ctx.toml"),
+            format!(
+                "language = \"python\"\nrootfs = \"host\"\n[exec]\nsecurity = \"allowlist\"\n{allowed}\
+                 interpreter = \"context\"\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("listed.toml"),
+            format!("language = \"python\"\nrootfs = \"host\"\n[exec]\nsecurity = \"allowlist\"\n{allowed}"),
+        )
+        .unwrap();
+        let (status, out) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "profile": "listed"})),
+        );
+        assert_eq!(status, 400, "{out}");
+        let message = out["message"].as_str().unwrap();
+        assert!(
+            message.contains("python3") && message.contains("exec.interpreter = \"context\""),
+            "{out}"
+        );
+        let (status, created) = server.request(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"language": "python", "profile": "ctx"})),
+        );
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap();
+        let cell = |code: &str, lang: &str| {
+            let (status, out) = server.request(
+                "POST",
+                &format!("/v1/sessions/{id}/execute"),
+                Some(json!({"code": code, "language": lang})),
+            );
+            assert_eq!(status, 200, "{out}");
+            out
+        };
+        // The python context: its interpreter, again from a child; an allowed program;
+        // one the allowlist lacks is refused.
+        let out = cell(
+            "import subprocess, sys\n\
+             r = subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True)\n\
+             print(r.stdout.strip(), subprocess.run(['ls', '-d', '/work']).returncode)\n\
+             try:\n    subprocess.run(['rm', '-f', 'x'])\nexcept PermissionError as e:\n    print('rm', e.errno)",
+            "python",
+        );
+        assert_eq!(out["stdout"], "/work\n42 0\nrm 13\n", "{out}");
+        // A process of the session: python3 is refused at exec, and the loader cannot map
+        // it (its exec bind is not in this process's mount namespace).
+        let (status, out) = server.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(
+                json!({"command": "python3 -c 'print(1)'; echo \"exec $?\"; \
+                ld=$(ls /lib64/ld-linux-*.so.* /lib/ld-linux-*.so.* 2>/dev/null | head -n 1); \
+                $ld $(ls /usr/bin/python3.* | head -n 1) -c 'print(1)'; echo \"loader $?\""}),
+            ),
+        );
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["stdout"], "exec 126\nloader 127\n", "{out}");
+        assert!(
+            out["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("failed to map segment"),
+            "{out}"
+        );
+        // The bash context of the same session: bash is allowed, python3 is not its.
+        let out = cell("python3 -c 'print(1)'; echo \"exec $?\"", "bash");
+        assert_eq!(out["stdout"], "exec 126\n", "{out}");
+        // The python context still runs it after the others were refused.
+        let out = cell(
+            "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(7)'])",
+            "python",
+        );
+        assert_eq!(out["stdout"], "7\n", "{out}");
+        let (status, _) = server.request("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        // A one-shot run: the payload is the context.
+        let (status, out) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "python", "profile": "ctx", "code":
+                "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(6 * 7)'])\n\
+                 try:\n    subprocess.run(['rm', '-f', 'x'])\nexcept PermissionError as e:\n    print('rm', e.errno)"})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("42\nrm 13\n")),
+            "{out}"
+        );
+        let (status, out) = server.request(
+            "POST",
+            "/v1/run",
+            Some(json!({"language": "bash", "profile": "ctx", "code": "python3 -c 1; echo \"exec $?\""})),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some("exec 126\n")),
+            "{out}"
+        );
+        server.stop();
+    });
+}
+
 /// `[exec] ask = "on-miss"` over HTTP (issue 25): commands whose programs are all allowed
 /// run; any other, and every bypass of a string match (a chain, `$(...)`, an alias,
 /// `bash -c "$(echo rm) f"`), waits for a person (202 `approval_pending`) and does not

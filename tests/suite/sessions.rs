@@ -27,6 +27,7 @@ pub(super) fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Ses
     let spec = SessionSpec {
         sandbox,
         lang,
+        context_exec: Vec::new(),
         env,
         timeout: Duration::from_secs(30 * slowdown()),
         output_limit: 1 << 20,
