@@ -297,22 +297,9 @@ impl Approvals {
     }
 }
 
-/// Whether the command may run now: Ok, or the `approval_pending` answer (or a refusal).
-/// `command` is the shell text (a process's `bash -c` line, a cell's code); `argv` a
-/// process started without a shell.
-pub async fn gate(
-    state: &Shared,
-    caller: &Caller,
-    via: Via,
-    entry: &Arc<Entry>,
-    command: &str,
-    argv: Option<&[String]>,
-    waiting: Option<ProcessStart>,
-) -> Result<Option<ExecAllowlist>, Error> {
-    let Some(gate) = entry.caps.ask.clone() else {
-        return Ok(None);
-    };
-    let analysis = match argv {
+/// What `command` (or `argv`, quoted) would start, parsed as bash.
+fn analysis_of(command: &str, argv: Option<&[String]>) -> exec_ask::Analysis {
+    match argv {
         Some(argv) => exec_ask::analyze(
             &argv
                 .iter()
@@ -321,59 +308,60 @@ pub async fn gate(
                 .join(" "),
         ),
         None => exec_ask::analyze(command),
-    };
-    let is_cell = waiting.is_none();
-    // A cell approved once runs when sent again.
-    if is_cell {
-        let mut map = state.approvals.questions();
-        if let Some(a) = map.values_mut().find(|a| {
-            a.status == "approved"
-                && a.session == entry.id
-                && a.command == command
-                && matches!(a.waiting, Some(Waiting::Cell))
-        }) {
-            a.status = "used";
-            a.waiting = None;
-            return Ok(None);
-        }
     }
-    let approvals = &state.approvals;
-    let command_rule = approvals.matches(entry, None, Some(command));
+}
+
+/// A command judged against the profile's lists and argument rules, and the standing
+/// rules `rule_for` finds for a program's file (its id).
+struct Judgement {
+    /// Why a person must approve it; None: it runs.
+    reason: Option<String>,
+    /// The files neither the profile nor a rule allows (or allows with these arguments).
+    missing: Vec<PathBuf>,
+    /// The files beyond the profile's list that rules allow: the payload's own ruleset.
+    ruled: Vec<PathBuf>,
+    /// The standing rules that let something through, for the audit record.
+    matched: Vec<String>,
+}
+
+fn judge(
+    gate: &AskGate,
+    analysis: &exec_ask::Analysis,
+    rule_for: impl Fn(&std::path::Path) -> Option<String>,
+) -> Judgement {
     let mut missing = Vec::new();
     let mut ruled = Vec::new();
-    // The standing rules that let something through, for the audit record.
     let mut matched: Vec<String> = Vec::new();
-    let reason = {
-        // Argument rules: a program used outside its rule asks, unless a standing rule
-        // allows the program with any arguments.
-        let mut violations = Vec::new();
-        for invocation in &analysis.programs {
-            let Some(file) = gate.file_of(&invocation.program) else {
-                continue;
-            };
-            let Some((_, rule)) = gate.arg_rules.iter().find(|(f, _)| *f == file) else {
-                continue;
-            };
-            if let Err(why) = rule.check(&invocation.program, invocation.args.as_deref()) {
-                match approvals.matches(entry, Some(&file), None) {
-                    Some(rule) => {
-                        if !matched.contains(&rule) {
-                            matched.push(rule);
-                        }
+    // Argument rules: a program used outside its rule asks, unless a standing rule
+    // allows the program with any arguments.
+    let mut violations = Vec::new();
+    for invocation in &analysis.programs {
+        let Some(file) = gate.file_of(&invocation.program) else {
+            continue;
+        };
+        let Some((_, rule)) = gate.arg_rules.iter().find(|(f, _)| *f == file) else {
+            continue;
+        };
+        if let Err(why) = rule.check(&invocation.program, invocation.args.as_deref()) {
+            match rule_for(&file) {
+                Some(rule) => {
+                    if !matched.contains(&rule) {
+                        matched.push(rule);
                     }
-                    None => {
-                        violations.push(why);
-                        if !missing.contains(&file) {
-                            missing.push(file);
-                        }
+                }
+                None => {
+                    violations.push(why);
+                    if !missing.contains(&file) {
+                        missing.push(file);
                     }
                 }
             }
         }
-        let allowed = |name: &str| match gate.file_of(name) {
+    }
+    let reason = {
+        let mut allowed = |name: &str| match gate.file_of(name) {
             Some(file) if gate.allowed.contains(&file) => true,
-            Some(file) => match approvals.matches(entry, Some(&file), None) {
-                // Allowed by a rule beyond the profile's list: the payload's own ruleset.
+            Some(file) => match rule_for(&file) {
                 Some(rule) => {
                     if !ruled.contains(&file) {
                         ruled.push(file);
@@ -392,8 +380,57 @@ pub async fn gate(
             },
             None => false,
         };
-        exec_ask::needs_approval(gate.mode, &analysis, allowed, &violations)
+        exec_ask::needs_approval(gate.mode, analysis, &mut allowed, &violations)
     };
+    Judgement {
+        reason,
+        missing,
+        ruled,
+        matched,
+    }
+}
+
+/// Whether the command may run now: Ok, or the `approval_pending` answer (or a refusal).
+/// `command` is the shell text (a process's `bash -c` line, a cell's code); `argv` a
+/// process started without a shell.
+pub async fn gate(
+    state: &Shared,
+    caller: &Caller,
+    via: Via,
+    entry: &Arc<Entry>,
+    command: &str,
+    argv: Option<&[String]>,
+    waiting: Option<ProcessStart>,
+) -> Result<Option<ExecAllowlist>, Error> {
+    let Some(gate) = entry.caps.ask.clone() else {
+        return Ok(None);
+    };
+    let analysis = analysis_of(command, argv);
+    let is_cell = waiting.is_none();
+    // A cell approved once runs when sent again.
+    if is_cell {
+        let mut map = state.approvals.questions();
+        if let Some(a) = map.values_mut().find(|a| {
+            a.status == "approved"
+                && a.session == entry.id
+                && a.command == command
+                && matches!(a.waiting, Some(Waiting::Cell))
+        }) {
+            a.status = "used";
+            a.waiting = None;
+            return Ok(None);
+        }
+    }
+    let approvals = &state.approvals;
+    let command_rule = approvals.matches(entry, None, Some(command));
+    let Judgement {
+        reason,
+        missing,
+        ruled,
+        mut matched,
+    } = judge(&gate, &analysis, |file| {
+        approvals.matches(entry, Some(file), None)
+    });
     // A rule for this exact command (one the parse could not judge) lets it run; the
     // program rules added with it give its payload their files.
     if let (Some(_), Some(rule)) = (&reason, &command_rule) {
@@ -783,32 +820,9 @@ pub async fn decide(
 /// Judged against the profile's `allowed` and argument rules; standing rules (which
 /// belong to sessions, tokens and profiles of sessions) are not consulted.
 pub fn judge_run(gate: &AskGate, command: &str, argv: Option<&[String]>) -> Result<(), Error> {
-    let analysis = match argv {
-        Some(argv) => exec_ask::analyze(
-            &argv
-                .iter()
-                .map(|a| shell_quote(a))
-                .collect::<Vec<_>>()
-                .join(" "),
-        ),
-        None => exec_ask::analyze(command),
-    };
-    let mut violations = Vec::new();
-    for invocation in &analysis.programs {
-        let Some(file) = gate.file_of(&invocation.program) else {
-            continue;
-        };
-        if let Some((_, rule)) = gate.arg_rules.iter().find(|(f, _)| *f == file) {
-            if let Err(why) = rule.check(&invocation.program, invocation.args.as_deref()) {
-                violations.push(why);
-            }
-        }
-    }
-    let allowed = |name: &str| {
-        gate.file_of(name)
-            .is_some_and(|file| gate.allowed.contains(&file))
-    };
-    match exec_ask::needs_approval(gate.mode, &analysis, allowed, &violations) {
+    let analysis = analysis_of(command, argv);
+    // No session, no standing rule: the profile's lists and argument rules alone.
+    match judge(gate, &analysis, |_| None).reason {
         None => Ok(()),
         Some(reason) => Err(Error::new(
             Kind::Policy,
