@@ -790,11 +790,10 @@ pub fn resolve(
         // this run's payload alone (`interpreter = "context"`).
         if request.code.is_some() {
             if let Some(program) = spec.exec.argv.first().cloned() {
-                spec.exec.exec_extra =
-                    interpreter_ruleset(profile, profile_name, &spec, &allowlist, &program)
-                        .map_err(|e| {
-                            exec_error(profile_name, format!("the language's interpreter: {e}"))
-                        })?;
+                spec.exec.exec_extra = interpreter_ruleset(profile, &spec, &allowlist, &program)
+                    .map_err(|e| {
+                        exec_error(profile_name, format!("the language's interpreter: {e}"))
+                    })?;
             }
         }
         spec.sandbox.exec = Some(allowlist);
@@ -808,7 +807,6 @@ pub fn resolve(
 /// `interpreter = "context"`, else an error naming both ways to allow it.
 pub fn interpreter_ruleset(
     profile: &Profile,
-    profile_name: &str,
     spec: &Spec,
     allowlist: &crate::exec_policy::ExecAllowlist,
     program: &str,
@@ -825,8 +823,8 @@ pub fn interpreter_ruleset(
                 .map_err(|e| format!("{program} (exec.interpreter = \"context\"): {e}"))
         }
         crate::exec_policy::InterpreterScope::Listed => Err(format!(
-            "{missing}; allow it to its own context only with exec.interpreter = \"context\" in profile \
-             {profile_name}, or to every process by listing it in exec.allowed"
+            "{missing}; allow it to its own context only with exec.interpreter = \"context\", or to every \
+             process by listing it in exec.allowed"
         )),
     }
 }

@@ -194,7 +194,7 @@ pub fn session_spec_of(
         let own = codecage::session::context_of(lang);
         for context in [Lang::Python, Lang::Node, Lang::Bash] {
             let program = codecage::session::driver_program(context);
-            match profile::interpreter_ruleset(profile, name, &spec, allowlist, program) {
+            match profile::interpreter_ruleset(profile, &spec, allowlist, program) {
                 Ok(Some(extra)) => context_exec.push((context, extra)),
                 Ok(None) => {}
                 Err(e) if context == own => {
