@@ -285,7 +285,7 @@ pub fn table(codecage: &str, work: &Path, requests: usize, out: &mut String) -> 
     for n in POOL_SIZES {
         status(
             "Measuring",
-            &format!("the pool at a steady rate: python = {n}, {requests} requests back to back"),
+            format!("the pool at a steady rate: python = {n}, {requests} requests back to back"),
         );
         let server = server_with_pool(codecage, work, n)?;
         if n == 1 {
@@ -305,7 +305,7 @@ pub fn table(codecage: &str, work: &Path, requests: usize, out: &mut String) -> 
     }
     status(
         "Measuring",
-        &format!(
+        format!(
             "the pool at a steady rate: python = {PACED_POOL}, paced at {PACED_RATES:?} requests/s"
         ),
     );
