@@ -26,7 +26,7 @@ use crate::host::{install_missing, is_root, status, workspace_root, Recommends, 
 ///   sessions and the warm pool through `codecage serve`, and the pool at a steady request
 ///   rate (requests/s and how many the pool served, pools of 0, 1 and 4)
 /// and writes the tables to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap
-/// and crun from Debian when missing; builds codecage in release mode.
+/// and crun from Debian when missing; builds codecage in release mode (unless --codecage).
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
