@@ -23,8 +23,10 @@ use crate::host::{install_missing, is_root, status, workspace_root, Recommends, 
 ///   start-up of /bin/true, python3 -c pass and node -e 0: bare, bubblewrap, crun, codecage
 ///   the cost of each codecage layer (namespaces only; + cgroup; + landlock; + seccomp)
 ///   throughput of N x python3 -c pass, 1 and 2 in parallel: bare, bubblewrap, codecage
+///   sessions and the warm pool through `codecage serve`, and the pool at a steady request
+///   rate (requests/s and how many the pool served, pools of 0, 1 and 4)
 /// and writes the tables to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap
-/// and crun from Debian when missing; builds codecage in release mode.
+/// and crun from Debian when missing; builds codecage in release mode (unless --codecage).
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
@@ -46,6 +48,20 @@ pub struct Args {
     /// Measure only the warm-pool table (printed, not written)
     #[arg(long)]
     pool_only: bool,
+    /// Measure only the warm pool at a steady rate (printed, not written): requests/s,
+    /// latency and requests served from the pool with pools of 0, 1 and 4, back to back
+    /// and paced
+    #[arg(long)]
+    pool_rate: bool,
+    /// Requests of each back-to-back figure of the steady-rate table
+    #[arg(long, value_name = "N", default_value_t = crate::bench_pool_rate::DEFAULT_REQUESTS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
+    pool_rate_requests: usize,
+    /// Measure this codecage binary instead of building the release one (e.g.
+    /// target/debug/codecage to try a table: a debug build's figures are not the ones to
+    /// quote)
+    #[arg(long, value_name = "BIN")]
+    codecage: Option<PathBuf>,
     /// An older codecage binary whose phases the phase table shows beside this build's,
     /// measured in the same rounds (e.g. a build of the commit before a change)
     #[arg(long, value_name = "BIN")]
@@ -159,16 +175,19 @@ pub fn bench(args: &Args) -> Result<i32> {
     if !is_root() {
         bail!("the benchmark creates namespaces and cgroups: run it as root");
     }
-    install_missing(
-        &Runner::terminal(),
-        &[("bwrap", "bubblewrap"), ("crun", "crun")],
-        Recommends::Skip,
-    )?;
     let root = workspace_root();
-    let codecage = build_codecage(&root)?;
+    let codecage = match &args.codecage {
+        Some(bin) => {
+            if !bin.is_file() {
+                bail!("--codecage {}: no such file", bin.display());
+            }
+            std::fs::canonicalize(bin)?.display().to_string()
+        }
+        None => build_codecage(&root)?,
+    };
     let work = TempTree::create_in(&std::env::temp_dir(), "codecage-bench-")?;
     let mut figures = Figures::default();
-    if args.sessions_only || args.pool_only {
+    if args.sessions_only || args.pool_only || args.pool_rate {
         let mut report = String::new();
         if args.sessions_only {
             crate::bench_sessions::table(
@@ -182,9 +201,22 @@ pub fn bench(args: &Args) -> Result<i32> {
         if args.pool_only {
             crate::bench_pool::table(&codecage, work.path(), &mut figures, &mut report)?;
         }
+        if args.pool_rate {
+            crate::bench_pool_rate::table(
+                &codecage,
+                work.path(),
+                args.pool_rate_requests,
+                &mut report,
+            )?;
+        }
         print!("{report}");
         return Ok(0);
     }
+    install_missing(
+        &Runner::terminal(),
+        &[("bwrap", "bubblewrap"), ("crun", "crun")],
+        Recommends::Skip,
+    )?;
     let mut bench = Bench::prepare(args, codecage.clone(), work.path())?;
     let mut report = String::new();
     write_intro(&mut report)?;
@@ -200,6 +232,7 @@ pub fn bench(args: &Args) -> Result<i32> {
         &mut report,
     )?;
     crate::bench_pool::table(&codecage, work.path(), &mut figures, &mut report)?;
+    crate::bench_pool_rate::table(&codecage, work.path(), args.pool_rate_requests, &mut report)?;
     write_targets(&figures, &mut report)?;
     print!("{report}");
     if !args.no_write {
@@ -874,10 +907,31 @@ mod tests {
             panic!()
         };
         assert_eq!((a.rounds, a.throughput, a.no_write), (7, 9, true));
+        assert_eq!(
+            (a.pool_rate, a.pool_rate_requests, a.codecage),
+            (false, 200, None)
+        );
+        let Ok(Task::Bench(a)) = parse(&[
+            "bench",
+            "--pool-rate",
+            "--pool-rate-requests",
+            "20",
+            "--codecage",
+            "target/debug/codecage",
+        ]) else {
+            panic!()
+        };
+        assert!(a.pool_rate && !a.pool_only && !a.sessions_only);
+        assert_eq!(a.pool_rate_requests, 20);
+        assert_eq!(a.codecage, Some(PathBuf::from("target/debug/codecage")));
         for bad in [
             &["bench", "--rounds"][..],
             &["bench", "--rounds", "x"],
             &["bench", "x"],
+            &["bench", "--pool-rate-requests", "1"],
+            &["bench", "--pool-rate-requests", "x"],
+            &["bench", "--pool-rate=yes"],
+            &["bench", "--codecage"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

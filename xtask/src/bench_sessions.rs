@@ -48,7 +48,7 @@ fn start_server(codecage: &str, work: &Path, max_sessions: usize) -> Result<Serv
     )
 }
 
-/// A server of the release binary on a socket in `work`, with `extra` config (TOML tables).
+/// A server of `codecage` (the release binary, or `--codecage`) on a socket in `work`, with `extra` config (TOML tables).
 pub(crate) fn start_server_with(
     codecage: &str,
     work: &Path,
@@ -66,6 +66,8 @@ pub(crate) fn start_server_with(
             work.join("audit").join("audit.db"),
         ),
     )?;
+    // A socket left by the server before: the wait below is for this one's.
+    let _ = std::fs::remove_file(&socket);
     let child = Command::new(codecage)
         .args(["serve", "--config"])
         .arg(&config)

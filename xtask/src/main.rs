@@ -16,6 +16,7 @@
 
 mod bench;
 mod bench_pool;
+mod bench_pool_rate;
 mod bench_sessions;
 mod compat;
 mod dist;
