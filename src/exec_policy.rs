@@ -258,45 +258,34 @@ pub fn resolve_programs(
 }
 
 /// A language's interpreter as its own context runs it (`interpreter = "context"`): the
-/// program with its loader and libraries, plus the directory of the extension modules it
-/// loads as it starts (Python's `lib-dynload`: asyncio needs `_contextvars`) and what
-/// those need, so that a context runs without the profile listing the interpreter's
-/// internals. All of it is bound exec in the context's own mount namespace only.
+/// program with its loader and libraries, and the image's library trees (/usr/lib,
+/// /usr/local/lib, /lib64 ...) mappable as whole directories: what its extension modules
+/// load (Python's lib-dynload, numpy's libraries in dist-packages, Node's addons), without
+/// the profile listing an interpreter's internals. An interpreter runs anything anyway
+/// (README: ctypes maps anonymous memory executable), so its own context loses nothing by
+/// it; all of it is bound exec in that context's own mount namespace only, and landlock's
+/// EXECUTE stays on the program and its loader. Whole directories also keep this cheap:
+/// a handful of binds, no walk over every module's `DT_NEEDED`.
 pub fn resolve_interpreter(
     program: &str,
     root: &Path,
     path_var: &str,
 ) -> Result<ExecAllowlist, String> {
     let mut list = resolve_programs(&[program.to_string()], root, path_var)?;
-    let Some(file) = list.programs.first().cloned() else {
-        return Ok(list);
-    };
-    let mut libraries: BTreeSet<PathBuf> = list.libraries.iter().cloned().collect();
-    let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
-    let version = name.as_deref().and_then(|n| n.strip_prefix("python"));
-    if let Some(version) = version.filter(|v| v.contains('.')) {
-        for prefix in ["/usr/lib", "/usr/local/lib"] {
-            let dir = PathBuf::from(format!("{prefix}/python{version}/lib-dynload"));
-            let Some(dir) = canonical_in(root, &dir) else {
-                continue;
-            };
-            let Ok(entries) = std::fs::read_dir(host_path(root, &dir)) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let module = dir.join(entry.file_name());
-                // A module whose library the image lacks fails at its import, as bare.
-                if let Ok(elf) = Elf::read(&entry.path()) {
-                    let _ = needed_closure(root, &module, &elf, &mut libraries);
-                }
-            }
-            libraries.insert(dir);
+    let mut trees: Vec<PathBuf> = Vec::new();
+    for dir in ["/usr/lib", "/usr/local/lib", "/lib", "/lib64", "/usr/lib64"] {
+        // A merged-/usr image's /lib is /usr/lib: one bind.
+        let Some(dir) = canonical_in(root, Path::new(dir)) else {
+            continue;
+        };
+        if host_path(root, &dir).is_dir() && !trees.iter().any(|t| dir.starts_with(t)) {
+            trees.retain(|t| !t.starts_with(&dir));
+            trees.push(dir);
         }
     }
-    for file in list.programs.iter().chain(&list.interpreters) {
-        libraries.remove(file);
-    }
-    list.libraries = libraries.into_iter().collect();
+    list.libraries
+        .retain(|l| !trees.iter().any(|t| l.starts_with(t)));
+    list.libraries.extend(trees);
     Ok(list)
 }
 
@@ -805,7 +794,8 @@ mod tests {
     }
 
     /// `interpreter = "context"` only under an allowlist; the host's python3 as a context
-    /// brings its loader, libraries and lib-dynload (what asyncio imports at a start).
+    /// brings its loader and the library trees (lib-dynload: what asyncio imports at a
+    /// start).
     #[test]
     fn a_context_interpreter_needs_an_allowlist_and_brings_its_extension_modules() {
         let section = |security| ExecSection {
@@ -826,8 +816,14 @@ mod tests {
         let program = list.programs[0].to_string_lossy();
         assert!(program.starts_with("/usr/bin/python3."), "{list:?}");
         assert!(!list.interpreters.is_empty(), "{list:?}");
+        // /usr/lib as a whole (lib-dynload and the system libraries under it), not file
+        // by file.
         assert!(
-            list.libraries.iter().any(|l| l.ends_with("lib-dynload")),
+            list.libraries.contains(&PathBuf::from("/usr/lib")),
+            "{list:?}"
+        );
+        assert!(
+            !(list.libraries.iter()).any(|l| l.to_string_lossy().starts_with("/usr/lib/")),
             "{list:?}"
         );
     }
