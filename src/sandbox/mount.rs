@@ -59,16 +59,22 @@ pub fn build_root(
     // Our mounts must never propagate to the host's table: with a shared / (systemd's
     // default) they would, even from a new mount namespace.
     stop_mount_propagation()?;
-    match &spec.rootfs {
-        Rootfs::Host => {
+    // Opened before the stage covers NEW_ROOT: the image may lie under the host's /tmp.
+    let image = match &spec.rootfs {
+        Rootfs::Host => None,
+        Rootfs::Dir(dir) => Some(open_image(dir)?),
+    };
+    let stage = Stage::attach(&mut tmpfs)?;
+    match (&spec.rootfs, image) {
+        (Rootfs::Dir(dir), Some(image)) => {
+            mount_image_root(dir, image, &mut tmpfs)?;
+            check_mount_points(dir)?;
+        }
+        _ => {
             mount_root_tmpfs(&mut tmpfs)?;
             bind_host_dirs()?;
             write_etc(&spec.hostname, spec.network.mode.has_gateway())?;
             make_mount_points()?;
-        }
-        Rootfs::Dir(dir) => {
-            mount_image_root(dir, &mut tmpfs)?;
-            check_mount_points(dir)?;
         }
     }
     mount_tmp(&mut tmpfs)?;
@@ -85,12 +91,19 @@ pub fn build_root(
     // ("mount too revealing"), which is why bubblewrap keeps its old root until then.
     mount_proc()?;
     protect_proc()?;
-    procfs::mask_host_entries(&at("proc"), &at("dev/.codecage-empty"), &mut tmpfs)?;
-    // Staged on /dev's tmpfs, which is still writable, then unlinked.
-    procfs::write_sandbox_files(&at("proc"), &at("dev/.codecage-proc"), spec)?;
-    if matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway() {
-        point_resolver_at_gateway()?;
+    let resolver = matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway();
+    procfs::stage_files(stage.path(), spec)?;
+    if resolver {
+        stage_resolver(stage.path())?;
     }
+    stage.seal()?;
+    procfs::mask_host_entries(&at("proc"), stage.path())?;
+    procfs::bind_sandbox_files(&at("proc"), stage.path())?;
+    if resolver {
+        point_resolver_at_gateway(stage.path())?;
+    }
+    // The stage's last path: it leaves the table with the old root (enter_new_root).
+    drop(stage);
     if let Some(exec) = &spec.exec {
         restrict_exec_mounts(exec)?;
     }
@@ -99,14 +112,62 @@ pub fn build_root(
     enter_new_root()
 }
 
+/// The staging tmpfs (see [`Tmpfs::Stage`]): attached at NEW_ROOT before the root is, so
+/// that the root covers it. No path of the new root leads to it, and the payload never sees
+/// it; the init reaches it through an fd opened before it was covered, by the path
+/// `/proc/self/fd/N` (the host's /proc, still mounted). It is made read-only once its files
+/// are written, so every bind of them is read-only from the start (a bind copies its source
+/// mount's flags), and it needs no unmount: it hangs under the old root's mount tree, and
+/// goes with it when enter_new_root detaches that. (An unmount waits for an RCU grace
+/// period: 80 us, to milliseconds on a loaded host.)
+pub struct Stage {
+    /// Its root directory, opened before the root covered it; closed by drop.
+    _dir: std::os::fd::OwnedFd,
+    path: PathBuf,
+}
+
+impl Stage {
+    fn attach(tmpfs: &mut TmpfsFds) -> Result<Stage, SetupError> {
+        use std::os::fd::AsRawFd;
+        attach(tmpfs, Tmpfs::Stage, Path::new(NEW_ROOT)).map_err(|e| {
+            SetupError::io(
+                Step::AttachStage,
+                &e,
+                format!("mounting the staging tmpfs on {NEW_ROOT}"),
+            )
+        })?;
+        let dir = nix::fcntl::open(
+            NEW_ROOT,
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| SetupError::errno(Step::AttachStage, e, "opening the staging tmpfs"))?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        Ok(Stage { _dir: dir, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Makes it read-only, once its files are written.
+    fn seal(&self) -> Done {
+        remount_readonly(&self.path).map_err(|e| {
+            SetupError::errno(
+                Step::MaskHostProcEntries,
+                e,
+                "making the staging tmpfs read-only",
+            )
+        })
+    }
+}
+
 /// An image's /etc is its own: its resolv.conf is covered by one naming the gateway's DNS,
-/// staged on /dev's tmpfs (still writable), bound read-only, and unlinked.
-fn point_resolver_at_gateway() -> Done {
+/// staged (while the stage is writable) by [`stage_resolver`] and bound read-only here.
+fn point_resolver_at_gateway(stage: &Path) -> Done {
     let target = at("etc/resolv.conf");
-    let staged = at("dev/.codecage-resolv.conf");
-    let fail = |e: std::io::Error, what: &str| {
-        SetupError::io(Step::PointResolverAtGateway, &e, what.to_string())
-    };
     if !target.is_file() {
         return Err(SetupError::refused(
             Step::PointResolverAtGateway,
@@ -114,15 +175,26 @@ fn point_resolver_at_gateway() -> Done {
              rootfs` (which creates one), or use the host rootfs",
         ));
     }
-    fs::write(&staged, resolv_conf(true)).map_err(|e| fail(e, "staging resolv.conf"))?;
-    bind_readonly(&staged, &target).map_err(|e| {
+    bind_copy(&stage.join(RESOLV_CONF), &target).map_err(|e| {
         SetupError::errno(
             Step::PointResolverAtGateway,
             e,
             "binding resolv.conf over the image's",
         )
-    })?;
-    fs::remove_file(&staged).map_err(|e| fail(e, "removing the staged resolv.conf"))
+    })
+}
+
+/// The name in the stage of the gateway's resolv.conf.
+const RESOLV_CONF: &str = "resolv.conf";
+
+fn stage_resolver(stage: &Path) -> Done {
+    fs::write(stage.join(RESOLV_CONF), resolv_conf(true)).map_err(|e| {
+        SetupError::io(
+            Step::PointResolverAtGateway,
+            &e,
+            "staging resolv.conf".to_string(),
+        )
+    })
 }
 
 fn stop_mount_propagation() -> Done {
@@ -253,16 +325,9 @@ fn make_mount_points() -> Done {
 /// image as ".", our cwd, the empty one as NEW_ROOT), and overlay shows them as given; the
 /// empty tmpfs leaves the table with the old root. Before Linux 5.11 a user namespace
 /// cannot mount an overlay: there the image is bound on top of the empty tmpfs instead.
-fn mount_image_root(dir: &Path, tmpfs: &mut TmpfsFds) -> Done {
+fn mount_image_root(dir: &Path, image: std::os::fd::OwnedFd, tmpfs: &mut TmpfsFds) -> Done {
     use std::os::fd::AsRawFd;
     let fail = |e: Errno, what: String| SetupError::errno(Step::BindImageRoot, e, what);
-    // Opened before anything covers NEW_ROOT: the image may lie under the host's /tmp.
-    let image = nix::fcntl::open(
-        dir,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| fail(e, format!("opening the rootfs {}", dir.display())))?;
     attach(tmpfs, Tmpfs::Empty, Path::new(NEW_ROOT))
         .map_err(|e| SetupError::io(Step::BindImageRoot, &e, "attaching the empty layer"))?;
     nix::unistd::fchdir(&image).map_err(|e| fail(e, format!("chdir {}", dir.display())))?;
@@ -308,6 +373,23 @@ fn bind_image_root(dir: &Path) -> Done {
     })
 }
 
+/// The image directory, opened before anything covers NEW_ROOT (it may lie under the
+/// host's /tmp).
+fn open_image(dir: &Path) -> Result<std::os::fd::OwnedFd, SetupError> {
+    nix::fcntl::open(
+        dir,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| {
+        SetupError::errno(
+            Step::BindImageRoot,
+            e,
+            format!("opening the rootfs {}", dir.display()),
+        )
+    })
+}
+
 /// A prepared image cannot grow mount points: it is read-only, and it is the user's.
 fn check_mount_points(dir: &Path) -> Done {
     for name in ["tmp", "work", "dev", "proc"] {
@@ -337,7 +419,7 @@ fn mount_work(tmpfs: &mut TmpfsFds) -> Done {
 
 /// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks, a
 /// /dev/shm tmpfs and a devpts instance of the sandbox's own; [`seal_dev`] makes it
-/// read-only once /proc's files are staged. (Its size leaves room for those files.)
+/// read-only at the end.
 fn mount_dev(tmpfs: &mut TmpfsFds) -> Done {
     let dev = at("dev");
     attach(tmpfs, Tmpfs::Dev, &dev)
