@@ -73,7 +73,7 @@ pub fn build_root(
         _ => {
             mount_root_tmpfs(&mut tmpfs)?;
             bind_host_dirs()?;
-            write_etc(&spec.hostname, spec.network.mode.has_gateway())?;
+            write_etc(&spec.hostname, spec.network.mode.has_gateway(), &stage)?;
             make_mount_points()?;
         }
     }
@@ -150,6 +150,27 @@ impl Stage {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The host's /etc bound (with its submounts) on the stage, every mount of it made
+    /// read-only, nosuid and nodev at once (mount_setattr, Linux 5.12): the source of the
+    /// host rootfs's /etc entries. None before 5.12; the entries are then each bound from
+    /// the host's /etc and remounted read-only.
+    fn host_etc(&self) -> Result<Option<PathBuf>, SetupError> {
+        let dir = self.path.join("etc");
+        let fail = |e: std::io::Error, what: &str| SetupError::io(Step::WriteEtc, &e, what);
+        mkdir(&dir, 0o755).map_err(|e| fail(e, "creating the stage's etc"))?;
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REC;
+        mount(Some("/etc"), &dir, None::<&str>, flags, None::<&str>)
+            .map_err(|e| SetupError::errno(Step::WriteEtc, e, "binding /etc on the stage"))?;
+        let readonly = crate::sys::MOUNT_ATTR_RDONLY
+            | crate::sys::MOUNT_ATTR_NOSUID
+            | crate::sys::MOUNT_ATTR_NODEV;
+        match crate::sys::set_mount_attrs_recursive(&dir, readonly) {
+            Ok(()) => Ok(Some(dir)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(None),
+            Err(e) => Err(fail(e, "making the stage's bind of /etc read-only")),
+        }
     }
 
     /// Makes it read-only, once its files are written.
@@ -236,8 +257,10 @@ fn bind_host_dirs() -> Done {
     Ok(())
 }
 
-/// A synthesized /etc plus the harmless host entries (see rootfs.rs).
-fn write_etc(hostname: &str, gateway: bool) -> Done {
+/// A synthesized /etc plus the harmless host entries (see rootfs.rs), bound from a
+/// read-only bind of the host's /etc on the stage ([`Stage::host_etc`]): a bind copies its
+/// source's flags, so each entry is one bind instead of a bind and a remount.
+fn write_etc(hostname: &str, gateway: bool, stage: &Stage) -> Done {
     let etc = at("etc");
     mkdir(&etc, 0o755)
         .map_err(|e| SetupError::io(Step::WriteEtc, &e, format!("creating {}", etc.display())))?;
@@ -247,15 +270,32 @@ fn write_etc(hostname: &str, gateway: bool) -> Done {
             SetupError::io(Step::WriteEtc, &e, format!("writing {}", path.display()))
         })?;
     }
+    let source = stage.host_etc()?;
+    let (from, bind) = match &source {
+        Some(readonly) => (readonly.as_path(), Bind::Copy),
+        None => (Path::new("/etc"), Bind::Readonly),
+    };
     for name in HOST_ETC {
-        copy_entry(Path::new("/etc"), &etc, name, Step::WriteEtc)?;
+        copy_entry_with(from, &etc, name, Step::WriteEtc, bind)?;
     }
     Ok(())
+}
+
+/// How [`copy_entry_with`] binds: onto the new mount point then made read-only, or as a
+/// copy of a source that is read-only already.
+#[derive(Clone, Copy)]
+enum Bind {
+    Readonly,
+    Copy,
 }
 
 /// Recreates `from/name` under `to`: a symlink is copied, a directory or file is bound
 /// read-only onto a new mount point. A missing source is skipped.
 fn copy_entry(from: &Path, to: &Path, name: &str, step: Step) -> Done {
+    copy_entry_with(from, to, name, step, Bind::Readonly)
+}
+
+fn copy_entry_with(from: &Path, to: &Path, name: &str, step: Step, bind: Bind) -> Done {
     let src = from.join(name);
     let dst = to.join(name);
     let meta = match fs::symlink_metadata(&src) {
@@ -288,7 +328,11 @@ fn copy_entry(from: &Path, to: &Path, name: &str, step: Step) -> Done {
         fs::write(&dst, b"")
     };
     made.map_err(|e| SetupError::io(step, &e, format!("creating mount point {}", dst.display())))?;
-    bind_readonly(&src, &dst).map_err(|e| {
+    let bound = match bind {
+        Bind::Readonly => bind_readonly(&src, &dst),
+        Bind::Copy => bind_copy_recursive(&src, &dst),
+    };
+    bound.map_err(|e| {
         SetupError::errno(
             step,
             e,
@@ -612,6 +656,12 @@ pub(super) fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
 /// mount's flags, so one remount of the source serves every bind of it.
 pub(super) fn bind_copy(src: &Path, dst: &Path) -> nix::Result<()> {
     mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+}
+
+/// [`bind_copy`] of `src` and every mount below it.
+fn bind_copy_recursive(src: &Path, dst: &Path) -> nix::Result<()> {
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REC;
+    mount(Some(src), dst, None::<&str>, flags, None::<&str>)
 }
 
 /// Makes a mount read-only, nosuid, nodev. The first bind ignores these flags; only a
