@@ -64,7 +64,17 @@ pub fn build_root(
         Rootfs::Host => None,
         Rootfs::Dir(dir) => Some(open_image(dir)?),
     };
-    let stage = Stage::attach(&mut tmpfs)?;
+    let mut stage = Stage::attach(&mut tmpfs)?;
+    // Everything bound from the stage is written first, then it is made read-only once.
+    let resolver = matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway();
+    procfs::stage_files(stage.path(), spec)?;
+    if resolver {
+        stage_resolver(stage.path())?;
+    }
+    if matches!(spec.rootfs, Rootfs::Host) {
+        stage.bind_host_etc()?;
+    }
+    stage.seal()?;
     match (&spec.rootfs, image) {
         (Rootfs::Dir(dir), Some(image)) => {
             mount_image_root(dir, image, &mut tmpfs)?;
@@ -82,7 +92,7 @@ pub fn build_root(
     // On /work's tmpfs, before the payload exists: read-only trees attached, copies made.
     super::volumes::apply(&spec.volumes, volumes, &at("work"), spec.work_size)?;
     mount_dev(&mut tmpfs)?;
-    procfs::mount_sys(&at("sys"), &mut tmpfs, spec)?;
+    procfs::mount_sys(&at("sys"), stage.path())?;
     if spec.drivers {
         mount_drivers(&mut tmpfs, matches!(spec.rootfs, Rootfs::Host))?;
     }
@@ -91,12 +101,6 @@ pub fn build_root(
     // ("mount too revealing"), which is why bubblewrap keeps its old root until then.
     mount_proc()?;
     protect_proc()?;
-    let resolver = matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway();
-    procfs::stage_files(stage.path(), spec)?;
-    if resolver {
-        stage_resolver(stage.path())?;
-    }
-    stage.seal()?;
     procfs::mask_host_entries(&at("proc"), stage.path())?;
     procfs::bind_sandbox_files(&at("proc"), stage.path())?;
     if resolver {
@@ -124,6 +128,8 @@ pub struct Stage {
     /// Its root directory, opened before the root covered it; closed by drop.
     _dir: std::os::fd::OwnedFd,
     path: PathBuf,
+    /// The read-only bind of the host's /etc on it, if [`Stage::bind_host_etc`] made one.
+    etc: Option<PathBuf>,
 }
 
 impl Stage {
@@ -145,7 +151,11 @@ impl Stage {
         )
         .map_err(|e| SetupError::errno(Step::AttachStage, e, "opening the staging tmpfs"))?;
         let path = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
-        Ok(Stage { _dir: dir, path })
+        Ok(Stage {
+            _dir: dir,
+            path,
+            etc: None,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -154,9 +164,9 @@ impl Stage {
 
     /// The host's /etc bound (with its submounts) on the stage, every mount of it made
     /// read-only, nosuid and nodev at once (mount_setattr, Linux 5.12): the source of the
-    /// host rootfs's /etc entries. None before 5.12; the entries are then each bound from
-    /// the host's /etc and remounted read-only.
-    fn host_etc(&self) -> Result<Option<PathBuf>, SetupError> {
+    /// host rootfs's /etc entries ([`Stage::etc`]). Before 5.12 (ENOSYS) there is none; the
+    /// entries are then each bound from the host's /etc and remounted read-only.
+    fn bind_host_etc(&mut self) -> Done {
         let dir = self.path.join("etc");
         let fail = |e: std::io::Error, what: &str| SetupError::io(Step::WriteEtc, &e, what);
         mkdir(&dir, 0o755).map_err(|e| fail(e, "creating the stage's etc"))?;
@@ -167,20 +177,22 @@ impl Stage {
             | crate::sys::MOUNT_ATTR_NOSUID
             | crate::sys::MOUNT_ATTR_NODEV;
         match crate::sys::set_mount_attrs_recursive(&dir, readonly) {
-            Ok(()) => Ok(Some(dir)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(None),
-            Err(e) => Err(fail(e, "making the stage's bind of /etc read-only")),
+            Ok(()) => self.etc = Some(dir),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {}
+            Err(e) => return Err(fail(e, "making the stage's bind of /etc read-only")),
         }
+        Ok(())
     }
 
-    /// Makes it read-only, once its files are written.
+    /// The read-only host /etc on the stage, if there is one.
+    fn etc(&self) -> Option<&Path> {
+        self.etc.as_deref()
+    }
+
+    /// Makes it read-only, once everything bound from it is written.
     fn seal(&self) -> Done {
         remount_readonly(&self.path).map_err(|e| {
-            SetupError::errno(
-                Step::MaskHostProcEntries,
-                e,
-                "making the staging tmpfs read-only",
-            )
+            SetupError::errno(Step::AttachStage, e, "making the staging tmpfs read-only")
         })
     }
 }
@@ -258,7 +270,7 @@ fn bind_host_dirs() -> Done {
 }
 
 /// A synthesized /etc plus the harmless host entries (see rootfs.rs), bound from a
-/// read-only bind of the host's /etc on the stage ([`Stage::host_etc`]): a bind copies its
+/// read-only bind of the host's /etc on the stage ([`Stage::bind_host_etc`]): a bind copies its
 /// source's flags, so each entry is one bind instead of a bind and a remount.
 fn write_etc(hostname: &str, gateway: bool, stage: &Stage) -> Done {
     let etc = at("etc");
@@ -270,9 +282,8 @@ fn write_etc(hostname: &str, gateway: bool, stage: &Stage) -> Done {
             SetupError::io(Step::WriteEtc, &e, format!("writing {}", path.display()))
         })?;
     }
-    let source = stage.host_etc()?;
-    let (from, bind) = match &source {
-        Some(readonly) => (readonly.as_path(), Bind::Copy),
+    let (from, bind) = match stage.etc() {
+        Some(readonly) => (readonly, Bind::Copy),
         None => (Path::new("/etc"), Bind::Readonly),
     };
     for name in HOST_ETC {

@@ -17,10 +17,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, MsFlags};
+use std::os::unix::fs::DirBuilderExt;
 
-use super::mount::{attach, bind_copy, mkdir, TmpfsFds};
-use crate::protocol::{SetupError, Step, Tmpfs};
+use super::mount::{bind_copy, mkdir};
+use crate::protocol::{SetupError, Step};
 use crate::spec::{SandboxSpec, CPU_PERIOD_US};
 
 type Done = Result<(), SetupError>;
@@ -71,7 +71,7 @@ fn staged_name(name: &str) -> String {
 
 /// Writes into the stage (see [`super::mount::Stage`], still writable) what is bound over
 /// the new /proc: the empty file and directory that hide the host's entries, and the
-/// sandbox's own meminfo, cpuinfo, stat, loadavg and boot id.
+/// sandbox's own meminfo, cpuinfo, stat, loadavg and boot id; and the sandbox's /sys.
 pub fn stage_files(stage: &Path, spec: &SandboxSpec) -> Done {
     let facts = Facts::of(spec);
     let fail = |e: std::io::Error, what: &str| {
@@ -89,6 +89,17 @@ pub fn stage_files(stage: &Path, spec: &SandboxSpec) -> Done {
         };
         fs::write(stage.join(staged_name(name)), content)
             .map_err(|e| fail(e, &format!("/proc/{name}")))?;
+    }
+    // The sandbox's /sys (see mount_sys).
+    let cpu = stage.join("sys/devices/system/cpu");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&cpu)
+        .map_err(|e| fail(e, "/sys/devices/system/cpu"))?;
+    let range = facts.cpu_range();
+    for name in ["online", "possible", "present"] {
+        fs::write(cpu.join(name), &range).map_err(|e| fail(e, &format!("/sys/{name}")))?;
     }
     Ok(())
 }
@@ -136,30 +147,13 @@ pub fn bind_sandbox_files(proc: &Path, stage: &Path) -> Done {
 }
 
 /// A read-only /sys with the CPU topology files glibc's CPU count reads, when the root has
-/// a /sys to mount on.
-pub fn mount_sys(sys: &Path, tmpfs: &mut TmpfsFds, spec: &SandboxSpec) -> Done {
+/// a /sys to mount on: the stage's `sys` ([`stage_files`]), bound.
+pub fn mount_sys(sys: &Path, stage: &Path) -> Done {
     if !sys.is_dir() {
         return Ok(());
     }
-    let fail = |e: std::io::Error, what: &str| {
-        SetupError::io(Step::MountSys, &e, format!("writing /sys/{what}"))
-    };
-    attach(tmpfs, Tmpfs::Sys, sys)
-        .map_err(|e| SetupError::io(Step::MountSys, &e, "mounting the tmpfs on /sys"))?;
-    let cpu = sys.join("devices/system/cpu");
-    fs::create_dir_all(&cpu).map_err(|e| fail(e, "devices/system/cpu"))?;
-    let range = Facts::of(spec).cpu_range();
-    for name in ["online", "possible", "present"] {
-        fs::write(cpu.join(name), &range).map_err(|e| fail(e, name))?;
-    }
-    let flags = MsFlags::MS_BIND
-        | MsFlags::MS_REMOUNT
-        | MsFlags::MS_RDONLY
-        | MsFlags::MS_NOSUID
-        | MsFlags::MS_NODEV
-        | MsFlags::MS_NOEXEC;
-    mount(None::<&str>, sys, None::<&str>, flags, None::<&str>)
-        .map_err(|e| SetupError::errno(Step::MountSys, e, "making /sys read-only"))
+    bind_copy(&stage.join("sys"), sys)
+        .map_err(|e| SetupError::errno(Step::MountSys, e, "binding the minimal /sys"))
 }
 
 fn read_host(name: &str) -> String {
