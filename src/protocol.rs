@@ -57,7 +57,7 @@ pub const TAG_MESSAGE: u8 = b'M';
 pub const TAG_VOLUMES: u8 = b'V';
 
 /// At most this many entries in [`Tmpfs::plan`].
-pub const MAX_TMPFS: usize = 7;
+pub const MAX_TMPFS: usize = 6;
 
 /// A tmpfs of the sandbox. The launcher makes each one (host root, in the host's user
 /// namespace) and sends it detached; the init attaches it. Made inside, by the sandbox's
@@ -73,13 +73,12 @@ pub enum Tmpfs {
     Work,
     Dev,
     Shm,
-    /// /run, for the REPL drivers.
-    Run,
     /// The staging tmpfs: attached first at the new root's mount point, under the root,
     /// where nothing of the sandbox can reach it. The files bound over /proc (the empty
     /// file and directory that mask host entries, the sandbox's own meminfo, ...) are
-    /// written there, with the sandbox's /sys, and bound from there once it is read-only;
-    /// it leaves the mount table with the old root (see mount.rs).
+    /// written there, with the sandbox's /sys and a session's /run (the REPL drivers), and
+    /// bound from there once it is read-only; it leaves the mount table with the old root
+    /// (see mount.rs).
     Stage,
     /// An image's root is an overlay of the image and this empty layer (see mount.rs).
     Empty,
@@ -114,9 +113,6 @@ impl Tmpfs {
             crate::spec::Rootfs::Dir(_) => plan.push(Tmpfs::Empty),
         }
         plan.extend([Tmpfs::Tmp, Tmpfs::Work, Tmpfs::Dev, Tmpfs::Shm]);
-        if spec.drivers {
-            plan.push(Tmpfs::Run);
-        }
         plan
     }
 
@@ -149,9 +145,9 @@ impl Tmpfs {
             ),
             Tmpfs::Dev => (fixed("0755", "64k", 64), true, false, TmpfsOwner::Root),
             Tmpfs::Shm => (sized("1777", spec.tmp_size), false, false, TmpfsOwner::Root),
-            Tmpfs::Run => (fixed("0755", "1m", 32), true, false, TmpfsOwner::Root),
-            // Room for the sandbox's cpuinfo (a few KiB a CPU) and its other files.
-            Tmpfs::Stage => (fixed("0755", "1m", 32), true, false, TmpfsOwner::Root),
+            // Room for the sandbox's cpuinfo (a few KiB a CPU), the drivers (32 KiB) and
+            // the other files.
+            Tmpfs::Stage => (fixed("0755", "1m", 64), true, false, TmpfsOwner::Root),
             Tmpfs::Empty => (fixed("0555", "4k", 1), true, true, TmpfsOwner::Root),
         };
         TmpfsSpec {

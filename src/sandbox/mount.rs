@@ -71,6 +71,9 @@ pub fn build_root(
     if resolver {
         stage_resolver(stage.path())?;
     }
+    if spec.drivers {
+        stage_drivers(stage.path())?;
+    }
     if matches!(spec.rootfs, Rootfs::Host) {
         stage.bind_host_etc()?;
     }
@@ -94,7 +97,7 @@ pub fn build_root(
     mount_dev(&mut tmpfs)?;
     procfs::mount_sys(&at("sys"), stage.path())?;
     if spec.drivers {
-        mount_drivers(&mut tmpfs, matches!(spec.rootfs, Rootfs::Host))?;
+        mount_drivers(stage.path(), matches!(spec.rootfs, Rootfs::Host))?;
     }
     // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
     // a new procfs in a user namespace unless a fully visible one is already mounted there
@@ -538,33 +541,42 @@ fn mount_devpts(dev: &Path) -> Done {
         .map_err(|e| SetupError::io(Step::MountDevpts, &e, "creating /dev/ptmx"))
 }
 
-/// The REPL drivers of this codecage's version, on a read-only tmpfs mounted on /run
-/// (which the host rootfs's root tmpfs gets, and images have).
-fn mount_drivers(tmpfs: &mut TmpfsFds, make_mount_point: bool) -> Done {
-    let run = at("run");
-    let dir = at(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
+/// The REPL drivers of this codecage's version, written on the stage's `run` directory.
+fn stage_drivers(stage: &Path) -> Done {
+    let dir = stage.join(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
     let fail = |e: std::io::Error, what: String| SetupError::io(Step::MountDrivers, &e, what);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .map_err(|e| fail(e, format!("staging {}", crate::spec::DRIVERS_DIR)))?;
+    for (name, content) in crate::drivers::FILES {
+        fs::write(dir.join(name), content)
+            .map_err(|e| fail(e, format!("staging the driver {name}")))?;
+    }
+    Ok(())
+}
+
+/// The REPL drivers ([`stage_drivers`]) on /run (which the host rootfs's root tmpfs gets,
+/// and images have): a bind of the stage's `run`, read-only from the stage.
+fn mount_drivers(stage: &Path, make_mount_point: bool) -> Done {
+    let run = at("run");
     if make_mount_point {
-        mkdir(&run, 0o755).map_err(|e| fail(e, format!("creating {}", run.display())))?;
+        mkdir(&run, 0o755).map_err(|e| {
+            SetupError::io(
+                Step::MountDrivers,
+                &e,
+                format!("creating {}", run.display()),
+            )
+        })?;
     } else if !run.is_dir() {
         return Err(SetupError::refused(
             Step::MountDrivers,
             "the image has no /run to mount the REPL drivers on",
         ));
     }
-    attach(tmpfs, Tmpfs::Run, &run)
-        .map_err(|e| SetupError::io(Step::MountDrivers, &e, "mounting the tmpfs on /run"))?;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&dir)
-        .map_err(|e| fail(e, format!("creating {}", dir.display())))?;
-    for (name, content) in crate::drivers::FILES {
-        let path = dir.join(name);
-        fs::write(&path, content).map_err(|e| fail(e, format!("writing {}", path.display())))?;
-    }
-    remount_readonly(&run)
-        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "making /run read-only"))
+    bind_copy(&stage.join("run"), &run)
+        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "binding the drivers on /run"))
 }
 
 fn seal_dev() -> Done {
