@@ -56,12 +56,8 @@ pub const TAG_MESSAGE: u8 = b'M';
 /// `SandboxSpec::volumes`; sent right after the spec.
 pub const TAG_VOLUMES: u8 = b'V';
 
-/// /proc directories a payload could list that describe the host, each hidden behind an
-/// empty read-only tmpfs.
-pub const MASKED_PROC_DIRS: &[&str] = &["acpi", "driver", "pressure"];
-
 /// At most this many entries in [`Tmpfs::plan`].
-pub const MAX_TMPFS: usize = 7 + MASKED_PROC_DIRS.len();
+pub const MAX_TMPFS: usize = 6;
 
 /// A tmpfs of the sandbox. The launcher makes each one (host root, in the host's user
 /// namespace) and sends it detached; the init attaches it. Made inside, by the sandbox's
@@ -77,11 +73,13 @@ pub enum Tmpfs {
     Work,
     Dev,
     Shm,
-    Sys,
-    /// /run, for the REPL drivers.
-    Run,
-    /// Over the /proc directory [`MASKED_PROC_DIRS`]`[i]`.
-    MaskedProc(usize),
+    /// The staging tmpfs: attached first at the new root's mount point, under the root,
+    /// where nothing of the sandbox can reach it. The files bound over /proc (the empty
+    /// file and directory that mask host entries, the sandbox's own meminfo, ...) are
+    /// written there, with the sandbox's /sys and a session's /run (the REPL drivers), and
+    /// bound from there once it is read-only; it leaves the mount table with the old root
+    /// (see mount.rs).
+    Stage,
     /// An image's root is an overlay of the image and this empty layer (see mount.rs).
     Empty,
 }
@@ -109,16 +107,12 @@ pub struct TmpfsSpec {
 impl Tmpfs {
     /// The tmpfs file systems of a sandbox built from `spec`, in the order they are sent.
     pub fn plan(spec: &crate::spec::SandboxSpec) -> Vec<Tmpfs> {
-        let mut plan = Vec::new();
+        let mut plan = vec![Tmpfs::Stage];
         match spec.rootfs {
             crate::spec::Rootfs::Host => plan.push(Tmpfs::Root),
             crate::spec::Rootfs::Dir(_) => plan.push(Tmpfs::Empty),
         }
-        plan.extend([Tmpfs::Tmp, Tmpfs::Work, Tmpfs::Dev, Tmpfs::Shm, Tmpfs::Sys]);
-        if spec.drivers {
-            plan.push(Tmpfs::Run);
-        }
-        plan.extend((0..MASKED_PROC_DIRS.len()).map(Tmpfs::MaskedProc));
+        plan.extend([Tmpfs::Tmp, Tmpfs::Work, Tmpfs::Dev, Tmpfs::Shm]);
         plan
     }
 
@@ -149,14 +143,12 @@ impl Tmpfs {
                 false,
                 TmpfsOwner::User,
             ),
-            // Its size leaves room for the /proc files staged on it.
-            Tmpfs::Dev => (fixed("0755", "512k", 64), true, false, TmpfsOwner::Root),
+            Tmpfs::Dev => (fixed("0755", "64k", 64), true, false, TmpfsOwner::Root),
             Tmpfs::Shm => (sized("1777", spec.tmp_size), false, false, TmpfsOwner::Root),
-            Tmpfs::Sys => (fixed("0755", "16k", 32), true, false, TmpfsOwner::Root),
-            Tmpfs::Run => (fixed("0755", "1m", 32), true, false, TmpfsOwner::Root),
-            Tmpfs::MaskedProc(_) | Tmpfs::Empty => {
-                (fixed("0555", "4k", 1), true, true, TmpfsOwner::Root)
-            }
+            // Room for the sandbox's cpuinfo (a few KiB a CPU), the drivers (32 KiB) and
+            // the other files.
+            Tmpfs::Stage => (fixed("0755", "1m", 64), true, false, TmpfsOwner::Root),
+            Tmpfs::Empty => (fixed("0555", "4k", 1), true, true, TmpfsOwner::Root),
         };
         TmpfsSpec {
             options,
@@ -225,6 +217,7 @@ steps! {
     ReceiveVolumes = "receive_volumes": "reading the volumes' mount trees from the launcher",
     EnterCgroupNamespace = "enter_cgroup_namespace": "creating the cgroup namespace",
     StopMountPropagation = "stop_mount_propagation": "making / a recursive slave mount",
+    AttachStage = "attach_stage": "attaching the tmpfs the /proc masks and the sandbox's /proc files are staged on, under the new root",
     MountRootTmpfs = "mount_root_tmpfs": "mounting the tmpfs the new root is assembled on",
     BindHostDirs = "bind_host_dirs": "binding the host's /usr, /bin and /lib* read-only",
     WriteEtc = "write_etc": "writing the sandbox's /etc",

@@ -59,16 +59,36 @@ pub fn build_root(
     // Our mounts must never propagate to the host's table: with a shared / (systemd's
     // default) they would, even from a new mount namespace.
     stop_mount_propagation()?;
-    match &spec.rootfs {
-        Rootfs::Host => {
+    // Opened before the stage covers NEW_ROOT: the image may lie under the host's /tmp.
+    let image = match &spec.rootfs {
+        Rootfs::Host => None,
+        Rootfs::Dir(dir) => Some(open_image(dir)?),
+    };
+    let mut stage = Stage::attach(&mut tmpfs)?;
+    // Everything bound from the stage is written first, then it is made read-only once.
+    let resolver = matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway();
+    procfs::stage_files(stage.path(), spec)?;
+    if resolver {
+        stage_resolver(stage.path())?;
+    }
+    if spec.drivers {
+        stage_drivers(stage.path())?;
+    }
+    if matches!(spec.rootfs, Rootfs::Host) {
+        stage.bind_host_etc()?;
+    }
+    stage.seal()?;
+    match (&spec.rootfs, image) {
+        (Rootfs::Dir(dir), Some(image)) => {
+            mount_image_root(dir, image, &mut tmpfs)?;
+            stage.enter()?;
+            check_mount_points(dir)?;
+        }
+        _ => {
             mount_root_tmpfs(&mut tmpfs)?;
             bind_host_dirs()?;
-            write_etc(&spec.hostname, spec.network.mode.has_gateway())?;
+            write_etc(&spec.hostname, spec.network.mode.has_gateway(), &stage)?;
             make_mount_points()?;
-        }
-        Rootfs::Dir(dir) => {
-            mount_image_root(dir, &mut tmpfs)?;
-            check_mount_points(dir)?;
         }
     }
     mount_tmp(&mut tmpfs)?;
@@ -76,21 +96,22 @@ pub fn build_root(
     // On /work's tmpfs, before the payload exists: read-only trees attached, copies made.
     super::volumes::apply(&spec.volumes, volumes, &at("work"), spec.work_size)?;
     mount_dev(&mut tmpfs)?;
-    procfs::mount_sys(&at("sys"), &mut tmpfs, spec)?;
+    procfs::mount_sys(&at("sys"), stage.path())?;
     if spec.drivers {
-        mount_drivers(&mut tmpfs, matches!(spec.rootfs, Rootfs::Host))?;
+        mount_drivers(stage.path(), matches!(spec.rootfs, Rootfs::Host))?;
     }
     // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
     // a new procfs in a user namespace unless a fully visible one is already mounted there
     // ("mount too revealing"), which is why bubblewrap keeps its old root until then.
     mount_proc()?;
     protect_proc()?;
-    procfs::mask_host_entries(&at("proc"), &at("dev/.codecage-empty"), &mut tmpfs)?;
-    // Staged on /dev's tmpfs, which is still writable, then unlinked.
-    procfs::write_sandbox_files(&at("proc"), &at("dev/.codecage-proc"), spec)?;
-    if matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway() {
-        point_resolver_at_gateway()?;
+    procfs::mask_host_entries(&at("proc"), stage.path())?;
+    procfs::bind_sandbox_files(&at("proc"), stage.path())?;
+    if resolver {
+        point_resolver_at_gateway(stage.path())?;
     }
+    // The stage's last use: it leaves the table with the old root (enter_new_root).
+    stage.leave()?;
     if let Some(exec) = &spec.exec {
         restrict_exec_mounts(exec)?;
     }
@@ -99,14 +120,99 @@ pub fn build_root(
     enter_new_root()
 }
 
+/// The staging tmpfs (see [`Tmpfs::Stage`]): attached at NEW_ROOT before the root is, so
+/// that the root covers it. No path of the new root leads to it, and the payload never sees
+/// it; the init reaches it as its working directory, entered before the root covered it
+/// (relative paths: a path through `/proc/self/fd/N` cost each bind ~15 us of lookups in
+/// procfs), and by an fd to come back to after mount_image_root's chdir. It is made
+/// read-only once its files are written, so every bind of them is read-only from the start
+/// (a bind copies its source mount's flags), and it needs no unmount: it hangs under the old
+/// root's mount tree, and goes with it when enter_new_root detaches that. (An unmount waits
+/// for an RCU grace period: 80 us, to milliseconds on a loaded host.)
+pub struct Stage {
+    /// Its root directory, opened before the root covered it; closed by [`Stage::leave`].
+    dir: std::os::fd::OwnedFd,
+    /// The read-only bind of the host's /etc on it, if [`Stage::bind_host_etc`] made one.
+    etc: Option<PathBuf>,
+}
+
+impl Stage {
+    fn attach(tmpfs: &mut TmpfsFds) -> Result<Stage, SetupError> {
+        attach(tmpfs, Tmpfs::Stage, Path::new(NEW_ROOT)).map_err(|e| {
+            SetupError::io(
+                Step::AttachStage,
+                &e,
+                format!("mounting the staging tmpfs on {NEW_ROOT}"),
+            )
+        })?;
+        let dir = nix::fcntl::open(
+            NEW_ROOT,
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| SetupError::errno(Step::AttachStage, e, "opening the staging tmpfs"))?;
+        let stage = Stage { dir, etc: None };
+        stage.enter()?;
+        Ok(stage)
+    }
+
+    /// Makes the stage the working directory again ([`Stage::path`] is relative to it).
+    fn enter(&self) -> Done {
+        nix::unistd::fchdir(&self.dir)
+            .map_err(|e| SetupError::errno(Step::AttachStage, e, "entering the staging tmpfs"))
+    }
+
+    /// Leaves it for good (the working directory back at /, the fd closed).
+    fn leave(self) -> Done {
+        chdir("/").map_err(|e| SetupError::errno(Step::AttachStage, e, "chdir /"))
+    }
+
+    /// Its root: the working directory while the init builds the root.
+    pub fn path(&self) -> &Path {
+        Path::new(".")
+    }
+
+    /// The host's /etc bound (with its submounts) on the stage, every mount of it made
+    /// read-only, nosuid and nodev at once (mount_setattr, Linux 5.12): the source of the
+    /// host rootfs's /etc entries ([`Stage::etc`]). Before 5.12 (ENOSYS) there is none; the
+    /// entries are then each bound from the host's /etc and remounted read-only.
+    fn bind_host_etc(&mut self) -> Done {
+        let dir = self.path().join("etc");
+        let fail = |e: std::io::Error, what: &str| SetupError::io(Step::WriteEtc, &e, what);
+        mkdir(&dir, 0o755).map_err(|e| fail(e, "creating the stage's etc"))?;
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REC;
+        mount(Some("/etc"), &dir, None::<&str>, flags, None::<&str>)
+            .map_err(|e| SetupError::errno(Step::WriteEtc, e, "binding /etc on the stage"))?;
+        let readonly = crate::sys::MOUNT_ATTR_RDONLY
+            | crate::sys::MOUNT_ATTR_NOSUID
+            | crate::sys::MOUNT_ATTR_NODEV;
+        match crate::sys::set_mount_attrs_recursive(&dir, readonly) {
+            Ok(()) => self.etc = Some(dir),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {}
+            Err(e) => return Err(fail(e, "making the stage's bind of /etc read-only")),
+        }
+        Ok(())
+    }
+
+    /// The read-only host /etc on the stage, if there is one.
+    fn etc(&self) -> Option<&Path> {
+        self.etc.as_deref()
+    }
+
+    /// Makes it read-only, once everything bound from it is written.
+    fn seal(&self) -> Done {
+        remount_readonly(self.path()).map_err(|e| {
+            SetupError::errno(Step::AttachStage, e, "making the staging tmpfs read-only")
+        })
+    }
+}
+
 /// An image's /etc is its own: its resolv.conf is covered by one naming the gateway's DNS,
-/// staged on /dev's tmpfs (still writable), bound read-only, and unlinked.
-fn point_resolver_at_gateway() -> Done {
+/// staged (while the stage is writable) by [`stage_resolver`] and bound read-only here.
+fn point_resolver_at_gateway(stage: &Path) -> Done {
     let target = at("etc/resolv.conf");
-    let staged = at("dev/.codecage-resolv.conf");
-    let fail = |e: std::io::Error, what: &str| {
-        SetupError::io(Step::PointResolverAtGateway, &e, what.to_string())
-    };
     if !target.is_file() {
         return Err(SetupError::refused(
             Step::PointResolverAtGateway,
@@ -114,15 +220,26 @@ fn point_resolver_at_gateway() -> Done {
              rootfs` (which creates one), or use the host rootfs",
         ));
     }
-    fs::write(&staged, resolv_conf(true)).map_err(|e| fail(e, "staging resolv.conf"))?;
-    bind_readonly(&staged, &target).map_err(|e| {
+    bind_copy(&stage.join(RESOLV_CONF), &target).map_err(|e| {
         SetupError::errno(
             Step::PointResolverAtGateway,
             e,
             "binding resolv.conf over the image's",
         )
-    })?;
-    fs::remove_file(&staged).map_err(|e| fail(e, "removing the staged resolv.conf"))
+    })
+}
+
+/// The name in the stage of the gateway's resolv.conf.
+const RESOLV_CONF: &str = "resolv.conf";
+
+fn stage_resolver(stage: &Path) -> Done {
+    fs::write(stage.join(RESOLV_CONF), resolv_conf(true)).map_err(|e| {
+        SetupError::io(
+            Step::PointResolverAtGateway,
+            &e,
+            "staging resolv.conf".to_string(),
+        )
+    })
 }
 
 fn stop_mount_propagation() -> Done {
@@ -164,8 +281,10 @@ fn bind_host_dirs() -> Done {
     Ok(())
 }
 
-/// A synthesized /etc plus the harmless host entries (see rootfs.rs).
-fn write_etc(hostname: &str, gateway: bool) -> Done {
+/// A synthesized /etc plus the harmless host entries (see rootfs.rs), bound from a
+/// read-only bind of the host's /etc on the stage ([`Stage::bind_host_etc`]): a bind copies its
+/// source's flags, so each entry is one bind instead of a bind and a remount.
+fn write_etc(hostname: &str, gateway: bool, stage: &Stage) -> Done {
     let etc = at("etc");
     mkdir(&etc, 0o755)
         .map_err(|e| SetupError::io(Step::WriteEtc, &e, format!("creating {}", etc.display())))?;
@@ -175,15 +294,31 @@ fn write_etc(hostname: &str, gateway: bool) -> Done {
             SetupError::io(Step::WriteEtc, &e, format!("writing {}", path.display()))
         })?;
     }
+    let (from, bind) = match stage.etc() {
+        Some(readonly) => (readonly, Bind::Copy),
+        None => (Path::new("/etc"), Bind::Readonly),
+    };
     for name in HOST_ETC {
-        copy_entry(Path::new("/etc"), &etc, name, Step::WriteEtc)?;
+        copy_entry_with(from, &etc, name, Step::WriteEtc, bind)?;
     }
     Ok(())
+}
+
+/// How [`copy_entry_with`] binds: onto the new mount point then made read-only, or as a
+/// copy of a source that is read-only already.
+#[derive(Clone, Copy)]
+enum Bind {
+    Readonly,
+    Copy,
 }
 
 /// Recreates `from/name` under `to`: a symlink is copied, a directory or file is bound
 /// read-only onto a new mount point. A missing source is skipped.
 fn copy_entry(from: &Path, to: &Path, name: &str, step: Step) -> Done {
+    copy_entry_with(from, to, name, step, Bind::Readonly)
+}
+
+fn copy_entry_with(from: &Path, to: &Path, name: &str, step: Step, bind: Bind) -> Done {
     let src = from.join(name);
     let dst = to.join(name);
     let meta = match fs::symlink_metadata(&src) {
@@ -216,7 +351,11 @@ fn copy_entry(from: &Path, to: &Path, name: &str, step: Step) -> Done {
         fs::write(&dst, b"")
     };
     made.map_err(|e| SetupError::io(step, &e, format!("creating mount point {}", dst.display())))?;
-    bind_readonly(&src, &dst).map_err(|e| {
+    let bound = match bind {
+        Bind::Readonly => bind_readonly(&src, &dst),
+        Bind::Copy => bind_copy_recursive(&src, &dst),
+    };
+    bound.map_err(|e| {
         SetupError::errno(
             step,
             e,
@@ -253,16 +392,9 @@ fn make_mount_points() -> Done {
 /// image as ".", our cwd, the empty one as NEW_ROOT), and overlay shows them as given; the
 /// empty tmpfs leaves the table with the old root. Before Linux 5.11 a user namespace
 /// cannot mount an overlay: there the image is bound on top of the empty tmpfs instead.
-fn mount_image_root(dir: &Path, tmpfs: &mut TmpfsFds) -> Done {
+fn mount_image_root(dir: &Path, image: std::os::fd::OwnedFd, tmpfs: &mut TmpfsFds) -> Done {
     use std::os::fd::AsRawFd;
     let fail = |e: Errno, what: String| SetupError::errno(Step::BindImageRoot, e, what);
-    // Opened before anything covers NEW_ROOT: the image may lie under the host's /tmp.
-    let image = nix::fcntl::open(
-        dir,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| fail(e, format!("opening the rootfs {}", dir.display())))?;
     attach(tmpfs, Tmpfs::Empty, Path::new(NEW_ROOT))
         .map_err(|e| SetupError::io(Step::BindImageRoot, &e, "attaching the empty layer"))?;
     nix::unistd::fchdir(&image).map_err(|e| fail(e, format!("chdir {}", dir.display())))?;
@@ -308,6 +440,23 @@ fn bind_image_root(dir: &Path) -> Done {
     })
 }
 
+/// The image directory, opened before anything covers NEW_ROOT (it may lie under the
+/// host's /tmp).
+fn open_image(dir: &Path) -> Result<std::os::fd::OwnedFd, SetupError> {
+    nix::fcntl::open(
+        dir,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| {
+        SetupError::errno(
+            Step::BindImageRoot,
+            e,
+            format!("opening the rootfs {}", dir.display()),
+        )
+    })
+}
+
 /// A prepared image cannot grow mount points: it is read-only, and it is the user's.
 fn check_mount_points(dir: &Path) -> Done {
     for name in ["tmp", "work", "dev", "proc"] {
@@ -337,7 +486,7 @@ fn mount_work(tmpfs: &mut TmpfsFds) -> Done {
 
 /// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks, a
 /// /dev/shm tmpfs and a devpts instance of the sandbox's own; [`seal_dev`] makes it
-/// read-only once /proc's files are staged. (Its size leaves room for those files.)
+/// read-only at the end.
 fn mount_dev(tmpfs: &mut TmpfsFds) -> Done {
     let dev = at("dev");
     attach(tmpfs, Tmpfs::Dev, &dev)
@@ -401,33 +550,42 @@ fn mount_devpts(dev: &Path) -> Done {
         .map_err(|e| SetupError::io(Step::MountDevpts, &e, "creating /dev/ptmx"))
 }
 
-/// The REPL drivers of this codecage's version, on a read-only tmpfs mounted on /run
-/// (which the host rootfs's root tmpfs gets, and images have).
-fn mount_drivers(tmpfs: &mut TmpfsFds, make_mount_point: bool) -> Done {
-    let run = at("run");
-    let dir = at(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
+/// The REPL drivers of this codecage's version, written on the stage's `run` directory.
+fn stage_drivers(stage: &Path) -> Done {
+    let dir = stage.join(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
     let fail = |e: std::io::Error, what: String| SetupError::io(Step::MountDrivers, &e, what);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .map_err(|e| fail(e, format!("staging {}", crate::spec::DRIVERS_DIR)))?;
+    for (name, content) in crate::drivers::FILES {
+        fs::write(dir.join(name), content)
+            .map_err(|e| fail(e, format!("staging the driver {name}")))?;
+    }
+    Ok(())
+}
+
+/// The REPL drivers ([`stage_drivers`]) on /run (which the host rootfs's root tmpfs gets,
+/// and images have): a bind of the stage's `run`, read-only from the stage.
+fn mount_drivers(stage: &Path, make_mount_point: bool) -> Done {
+    let run = at("run");
     if make_mount_point {
-        mkdir(&run, 0o755).map_err(|e| fail(e, format!("creating {}", run.display())))?;
+        mkdir(&run, 0o755).map_err(|e| {
+            SetupError::io(
+                Step::MountDrivers,
+                &e,
+                format!("creating {}", run.display()),
+            )
+        })?;
     } else if !run.is_dir() {
         return Err(SetupError::refused(
             Step::MountDrivers,
             "the image has no /run to mount the REPL drivers on",
         ));
     }
-    attach(tmpfs, Tmpfs::Run, &run)
-        .map_err(|e| SetupError::io(Step::MountDrivers, &e, "mounting the tmpfs on /run"))?;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&dir)
-        .map_err(|e| fail(e, format!("creating {}", dir.display())))?;
-    for (name, content) in crate::drivers::FILES {
-        let path = dir.join(name);
-        fs::write(&path, content).map_err(|e| fail(e, format!("writing {}", path.display())))?;
-    }
-    remount_readonly(&run)
-        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "making /run read-only"))
+    bind_copy(&stage.join("run"), &run)
+        .map_err(|e| SetupError::errno(Step::MountDrivers, e, "binding the drivers on /run"))
 }
 
 fn seal_dev() -> Done {
@@ -530,6 +688,12 @@ pub(super) fn bind_readonly(src: &Path, dst: &Path) -> nix::Result<()> {
 /// mount's flags, so one remount of the source serves every bind of it.
 pub(super) fn bind_copy(src: &Path, dst: &Path) -> nix::Result<()> {
     mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+}
+
+/// [`bind_copy`] of `src` and every mount below it.
+fn bind_copy_recursive(src: &Path, dst: &Path) -> nix::Result<()> {
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REC;
+    mount(Some(src), dst, None::<&str>, flags, None::<&str>)
 }
 
 /// Makes a mount read-only, nosuid, nodev. The first bind ignores these flags; only a

@@ -17,11 +17,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use std::os::unix::fs::DirBuilderExt;
 
-use super::mount::{attach, bind_copy, bind_readonly, mkdir, TmpfsFds};
+use super::mount::{bind_copy, mkdir};
 use crate::protocol::{SetupError, Step};
-use crate::protocol::{Tmpfs, MASKED_PROC_DIRS};
 use crate::spec::{SandboxSpec, CPU_PERIOD_US};
 
 type Done = Result<(), SetupError>;
@@ -57,60 +56,30 @@ pub const VIRTUAL_FILES: &[&str] = &[
     "sys/kernel/random/boot_id",
 ];
 
-/// Hides the host's entries of the new /proc mounted at `proc`. The empty file bound over
-/// them is staged at `empty` (on the sandbox's /dev tmpfs, before it is made read-only) and
-/// unlinked afterwards: the binds keep it alive, and nothing of it stays visible elsewhere.
-/// (Binding /dev/null instead, as runc does, would give EACCES here: our read-only binds
-/// are nodev.)
-pub fn mask_host_entries(proc: &Path, empty: &Path, tmpfs: &mut TmpfsFds) -> Done {
-    let fail = |e: nix::Error, what: &str| SetupError::errno(Step::MaskHostProcEntries, e, what);
-    fs::write(empty, b"")
-        .map_err(|e| SetupError::io(Step::MaskHostProcEntries, &e, "creating the empty file"))?;
-    // Made read-only once (bound onto itself), then bound over each entry: a bind copies
-    // the read-only flag, which saves a remount per entry.
-    bind_readonly(empty, empty).map_err(|e| fail(e, "making the empty file read-only"))?;
-    for name in MASKED_FILES {
-        let path = proc.join(name);
-        if !path.exists() {
-            continue;
-        }
-        bind_copy(empty, &path).map_err(|e| fail(e, &format!("hiding /proc/{name}")))?;
-    }
-    for (i, name) in MASKED_PROC_DIRS.iter().enumerate() {
-        let path = proc.join(name);
-        if !path.is_dir() {
-            continue;
-        }
-        // An empty tmpfs made by the launcher, read-only once here.
-        attach(tmpfs, Tmpfs::MaskedProc(i), &path).map_err(|e| {
-            SetupError::io(
-                Step::MaskHostProcEntries,
-                &e,
-                format!("hiding /proc/{name}"),
-            )
-        })?;
-        super::mount::remount_readonly(&path)
-            .map_err(|e| fail(e, &format!("making /proc/{name} read-only")))?;
-    }
-    umount2(empty, MntFlags::MNT_DETACH).map_err(|e| fail(e, "unbinding the empty file"))?;
-    fs::remove_file(empty)
-        .map_err(|e| SetupError::io(Step::MaskHostProcEntries, &e, "removing the empty file"))
+/// /proc directories a payload could list that describe the host, each hidden behind an
+/// empty read-only directory.
+pub const MASKED_DIRS: &[&str] = &["acpi", "driver", "pressure"];
+
+/// The names in the stage of the empty file and directory that mask host entries.
+const EMPTY_FILE: &str = "empty";
+const EMPTY_DIR: &str = "empty.d";
+
+/// The name in the stage of the sandbox's own /proc/`name`.
+fn staged_name(name: &str) -> String {
+    name.replace('/', "_")
 }
 
-/// Writes the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id, and binds them
-/// over /proc's. The files are staged in `staging` (on /dev's tmpfs) and unlinked after.
-pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &SandboxSpec) -> Done {
+/// Writes into the stage (see [`super::mount::Stage`], still writable) what is bound over
+/// the new /proc: the empty file and directory that hide the host's entries, and the
+/// sandbox's own meminfo, cpuinfo, stat, loadavg and boot id; and the sandbox's /sys.
+pub fn stage_files(stage: &Path, spec: &SandboxSpec) -> Done {
     let facts = Facts::of(spec);
     let fail = |e: std::io::Error, what: &str| {
-        SetupError::io(Step::WriteSandboxProcFiles, &e, format!("writing {what}"))
+        SetupError::io(Step::WriteSandboxProcFiles, &e, format!("staging {what}"))
     };
-    mkdir(staging, 0o755).map_err(|e| fail(e, "the staging directory"))?;
-    let mut staged = Vec::new();
+    fs::write(stage.join(EMPTY_FILE), b"").map_err(|e| fail(e, "the empty file"))?;
+    mkdir(&stage.join(EMPTY_DIR), 0o555).map_err(|e| fail(e, "the empty directory"))?;
     for name in VIRTUAL_FILES {
-        let target = proc.join(name);
-        if !target.exists() {
-            continue;
-        }
         let content = match *name {
             "meminfo" => facts.meminfo(),
             "cpuinfo" => facts.cpuinfo(&read_host("cpuinfo")),
@@ -118,52 +87,73 @@ pub fn write_sandbox_files(proc: &Path, staging: &Path, spec: &SandboxSpec) -> D
             "loadavg" => "0.00 0.00 0.00 1/1 1\n".to_string(),
             _ => format!("{}\n", random_uuid()),
         };
-        let file = staging.join(name.replace('/', "_"));
-        fs::write(&file, content).map_err(|e| fail(e, &format!("/proc/{name}")))?;
-        staged.push((name, file, target));
+        fs::write(stage.join(staged_name(name)), content)
+            .map_err(|e| fail(e, &format!("/proc/{name}")))?;
     }
-    // The staging directory is made read-only once; each file's bind copies that.
-    let bind_fail =
-        |e: nix::Error, what: String| SetupError::errno(Step::WriteSandboxProcFiles, e, what);
-    bind_readonly(staging, staging)
-        .map_err(|e| bind_fail(e, "making the staging directory read-only".into()))?;
-    for (name, file, target) in &staged {
-        bind_copy(file, target)
-            .map_err(|e| bind_fail(e, format!("binding the sandbox's /proc/{name}")))?;
+    // The sandbox's /sys (see mount_sys).
+    let cpu = stage.join("sys/devices/system/cpu");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&cpu)
+        .map_err(|e| fail(e, "/sys/devices/system/cpu"))?;
+    let range = facts.cpu_range();
+    for name in ["online", "possible", "present"] {
+        fs::write(cpu.join(name), &range).map_err(|e| fail(e, &format!("/sys/{name}")))?;
     }
-    umount2(staging, MntFlags::MNT_DETACH)
-        .map_err(|e| bind_fail(e, "unbinding the staging directory".into()))?;
-    for (name, file, _) in &staged {
-        fs::remove_file(file).map_err(|e| fail(e, &format!("(removing) /proc/{name}")))?;
+    Ok(())
+}
+
+/// Hides the host's entries of the new /proc mounted at `proc` behind the stage's empty
+/// file and directory. The stage is read-only by now, and a bind copies its source mount's
+/// flags: one remount of the stage serves every bind. (Binding /dev/null instead, as runc
+/// does, would give EACCES here: our read-only binds are nodev.)
+pub fn mask_host_entries(proc: &Path, stage: &Path) -> Done {
+    let fail = |e: nix::Error, what: &str| SetupError::errno(Step::MaskHostProcEntries, e, what);
+    for (names, empty, is_dir) in [
+        (MASKED_FILES, EMPTY_FILE, false),
+        (MASKED_DIRS, EMPTY_DIR, true),
+    ] {
+        for name in names {
+            let path = proc.join(name);
+            let there = if is_dir { path.is_dir() } else { path.exists() };
+            if !there {
+                continue;
+            }
+            bind_copy(&stage.join(empty), &path)
+                .map_err(|e| fail(e, &format!("hiding /proc/{name}")))?;
+        }
     }
-    fs::remove_dir(staging).map_err(|e| fail(e, "(removing) the staging directory"))
+    Ok(())
+}
+
+/// Binds the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id, staged by
+/// [`stage_files`] on the read-only stage, over /proc's.
+pub fn bind_sandbox_files(proc: &Path, stage: &Path) -> Done {
+    for name in VIRTUAL_FILES {
+        let target = proc.join(name);
+        if !target.exists() {
+            continue;
+        }
+        bind_copy(&stage.join(staged_name(name)), &target).map_err(|e| {
+            SetupError::errno(
+                Step::WriteSandboxProcFiles,
+                e,
+                format!("binding the sandbox's /proc/{name}"),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// A read-only /sys with the CPU topology files glibc's CPU count reads, when the root has
-/// a /sys to mount on.
-pub fn mount_sys(sys: &Path, tmpfs: &mut TmpfsFds, spec: &SandboxSpec) -> Done {
+/// a /sys to mount on: the stage's `sys` ([`stage_files`]), bound.
+pub fn mount_sys(sys: &Path, stage: &Path) -> Done {
     if !sys.is_dir() {
         return Ok(());
     }
-    let fail = |e: std::io::Error, what: &str| {
-        SetupError::io(Step::MountSys, &e, format!("writing /sys/{what}"))
-    };
-    attach(tmpfs, Tmpfs::Sys, sys)
-        .map_err(|e| SetupError::io(Step::MountSys, &e, "mounting the tmpfs on /sys"))?;
-    let cpu = sys.join("devices/system/cpu");
-    fs::create_dir_all(&cpu).map_err(|e| fail(e, "devices/system/cpu"))?;
-    let range = Facts::of(spec).cpu_range();
-    for name in ["online", "possible", "present"] {
-        fs::write(cpu.join(name), &range).map_err(|e| fail(e, name))?;
-    }
-    let flags = MsFlags::MS_BIND
-        | MsFlags::MS_REMOUNT
-        | MsFlags::MS_RDONLY
-        | MsFlags::MS_NOSUID
-        | MsFlags::MS_NODEV
-        | MsFlags::MS_NOEXEC;
-    mount(None::<&str>, sys, None::<&str>, flags, None::<&str>)
-        .map_err(|e| SetupError::errno(Step::MountSys, e, "making /sys read-only"))
+    bind_copy(&stage.join("sys"), sys)
+        .map_err(|e| SetupError::errno(Step::MountSys, e, "binding the minimal /sys"))
 }
 
 fn read_host(name: &str) -> String {
