@@ -724,6 +724,11 @@ impl Processes {
         }
     }
 
+    /// Whether every process has ended (exited, its output read or [`AFTER_EXIT`] past).
+    pub fn all_ended(&self) -> bool {
+        self.inner().procs.values().all(|p| p.state().ended())
+    }
+
     /// Whether process `id` has ended with all its output read (or its pipes stayed open
     /// [`AFTER_EXIT`] past its exit). None: no such process.
     pub(crate) fn finished(&self, id: u64) -> Option<bool> {

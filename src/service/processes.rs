@@ -1004,7 +1004,19 @@ pub fn stream_events(
                     tokio::time::sleep(STREAM_TICK).await;
                 }
                 entry.processes.sandbox_gone();
-                settle(&entry);
+                // Every exit logged before the last line: a process whose end was just
+                // recorded is ended once its output is read (its reader may not have run
+                // yet on a loaded host), AFTER_EXIT after it at most.
+                let settling = Instant::now();
+                loop {
+                    settle(&entry);
+                    if entry.processes.all_ended()
+                        || settling.elapsed() > codecage::processes::AFTER_EXIT * 5
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(STREAM_TICK).await;
+                }
                 for event in entry.processes.events(after).0 {
                     let _ = lines.send(event_view(event)).await;
                 }
