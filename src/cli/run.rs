@@ -104,6 +104,9 @@ pub struct RunArgs {
 }
 
 pub fn main(args: RunArgs) -> i32 {
+    // This thread (the process's main one) starts the run and outlives it: the sandbox is
+    // cloned from it, without a spawner thread.
+    launcher::clone_on_calling_thread();
     let (json, timings) = (args.json, args.timings);
     let out_dir = args.out_dir.clone();
     let format = match format_options(&args) {
@@ -192,23 +195,31 @@ pub fn main(args: RunArgs) -> i32 {
         // Output passes through from a thread of its own: a reader of our stdout that does
         // not read (`| sleep 60`) must not stall the launcher's loop, which enforces the
         // timeout. What waits is bounded by the output limit.
-        let (chunks, pending) = std::sync::mpsc::channel::<(Stream, Vec<u8>)>();
-        let writer = std::thread::spawn(move || {
-            let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
-            for (stream, bytes) in pending {
-                // A closed stdout (`| head`) must not stop the run; the Outcome has it all.
-                let _ = match stream {
-                    Stream::Stdout => stdout.write_all(&bytes).and_then(|_| stdout.flush()),
-                    Stream::Stderr => stderr.write_all(&bytes),
-                };
-            }
-        });
+        // The thread starts with the first output: a run that prints nothing makes none.
+        let (chunks, receiver) = std::sync::mpsc::channel::<(Stream, Vec<u8>)>();
+        let mut receiver = Some(receiver);
+        let mut writer = None;
         let mut pass_through = |stream: Stream, bytes: &[u8]| {
+            if let Some(pending) = receiver.take() {
+                writer = Some(std::thread::spawn(move || {
+                    let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+                    for (stream, bytes) in pending {
+                        // A closed stdout (`| head`) must not stop the run; the Outcome has
+                        // it all.
+                        let _ = match stream {
+                            Stream::Stdout => stdout.write_all(&bytes).and_then(|_| stdout.flush()),
+                            Stream::Stderr => stderr.write_all(&bytes),
+                        };
+                    }
+                }));
+            }
             let _ = chunks.send((stream, bytes.to_vec()));
         };
         let outcome = launch(&spec, &mut pass_through, forwarded.as_ref());
         drop(chunks);
-        let _ = writer.join();
+        if let Some(writer) = writer {
+            let _ = writer.join();
+        }
         outcome
     };
     if let Some(pending) = pending {

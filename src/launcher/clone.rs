@@ -6,12 +6,15 @@
 //! parent-death signal fires when the thread that cloned it exits, not the process, and a
 //! sandbox that lives for a session must not die with the caller's thread (a tokio
 //! blocking thread retires after ten idle seconds). The spawner thread lives as long as the
-//! process, so every sandbox still dies with its launcher.
+//! process, so every sandbox still dies with its launcher. A process whose sandboxes are all
+//! started from one thread that outlives them (the CLI's `codecage run`, from its main
+//! thread) says so with [`clone_on_calling_thread`] and spares that thread's creation.
 
 use std::ffi::{c_char, CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
@@ -204,8 +207,23 @@ fn v1_tasks_paths(cgroup: Option<&RunCgroup>) -> Vec<CString> {
         .collect()
 }
 
-/// Runs the clone on the spawner thread and waits for it.
+/// Set by [`clone_on_calling_thread`].
+static CALLER_CLONES: AtomicBool = AtomicBool::new(false);
+
+/// From now on this process clones its sandboxes on the thread that starts them, not on the
+/// spawner thread. Only for a caller whose starting thread outlives every sandbox it starts
+/// (the main thread of a process that exits once its runs are done): each init's
+/// parent-death signal is tied to that thread.
+pub fn clone_on_calling_thread() {
+    CALLER_CLONES.store(true, Ordering::Relaxed);
+}
+
+/// Runs the clone on the spawner thread (or the calling one, see [`clone_on_calling_thread`])
+/// and waits for it.
 fn on_spawner_thread(job: CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
+    if CALLER_CLONES.load(Ordering::Relaxed) {
+        return clone_child(&job);
+    }
     type Reply = mpsc::SyncSender<Result<(Pid, OwnedFd, bool), String>>;
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<(CloneJob, Reply)>>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {

@@ -25,6 +25,7 @@ mod requests;
 pub mod session;
 mod supervise;
 
+pub use clone::clone_on_calling_thread;
 pub use prepared::Prepared;
 
 pub(crate) use requests::{CallProcess, Report};
