@@ -14,7 +14,6 @@ own copies too, "done" asks the launcher to start the interpreter again ("restar
 """
 
 import ast
-import asyncio
 import base64
 import fcntl
 import io
@@ -63,8 +62,47 @@ channel_in = os.fdopen(CHANNEL_IN, "rb")
 channel_out = os.fdopen(CHANNEL_OUT, "wb", buffering=0)
 
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-loop = asyncio.new_event_loop()
-asyncio.set_event_loop(loop)
+loop = None
+
+
+def event_loop():
+    """The session's one event loop (top-level await runs on it, tasks live across cells),
+    made and set for the main thread on first use."""
+    global loop
+    if loop is None:
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    return loop
+
+
+class LoopOnImport:
+    """asyncio, with the ssl module it imports, was a fifth of a new session's start-up, so
+    it is imported when first used: by a cell (or a library a cell imports), or by a
+    top-level await. Its first import in the main thread makes and sets the session's loop
+    as soon as the module is there, so `asyncio.get_event_loop()` finds that loop in every
+    cell, as when the driver made it at start. Any other import is not this finder's."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "asyncio" or threading.current_thread() is not threading.main_thread():
+            return None
+        sys.meta_path.remove(self)
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_then_make_loop(module):
+                exec_module(module)
+                event_loop()
+
+            spec.loader.exec_module = exec_then_make_loop
+        return spec
+
+
+sys.meta_path.insert(0, LoopOnImport())
 execution_count = 0
 current_id = None
 in_cell = False
@@ -223,7 +261,7 @@ def exception_info(error):
 def evaluate(code_object):
     result = eval(code_object, namespace)
     if code_object.co_flags & 0x80:  # CO_COROUTINE: top-level await
-        result = loop.run_until_complete(result)
+        result = event_loop().run_until_complete(result)
     return result
 
 

@@ -90,8 +90,19 @@ fn python_output_exceptions_and_top_level_await() {
         let tb = out["exception"]["traceback"].to_string();
         assert!(tb.contains("line 4") && tb.contains("return 1 / 0"), "{tb}");
         assert!(!tb.contains("python.py"), "driver frames leaked: {tb}");
+        // asyncio is imported on first use (start-up), and the loop the driver makes then
+        // is the one every later cell's get_event_loop() and top-level await share.
+        let out = call(&mut s, "'asyncio' in sys.modules");
+        assert_eq!(text(&out), "False", "{out}");
+        let out = call(
+            &mut s,
+            "import asyncio\nl = asyncio.get_event_loop()\nt = l.create_task(asyncio.sleep(0, 'later'))",
+        );
+        assert_eq!(out["error"], Value::Null, "{out}");
         let out = call(&mut s, "import asyncio\nawait asyncio.sleep(0.01)\na + 1");
         assert_eq!(text(&out), "2", "{out}");
+        let out = call(&mut s, "(await t, asyncio.get_event_loop() is l, t.done())");
+        assert_eq!(text(&out), "('later', True, True)", "{out}");
         s.close().unwrap();
     });
 }
