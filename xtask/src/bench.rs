@@ -1074,12 +1074,12 @@ mod tests {
             panic!()
         };
         assert!(a.pool_rate && !a.pool_only && !a.sessions_only && !a.session_burst);
+        assert_eq!(a.pool_rate_requests, 20);
+        assert_eq!(a.codecage, Some(PathBuf::from("target/debug/codecage")));
         let Ok(Task::Bench(a)) = parse(&["bench", "--session-burst"]) else {
             panic!()
         };
-        assert!(a.session_burst && !a.pool_rate);
-        assert_eq!(a.pool_rate_requests, 20);
-        assert_eq!(a.codecage, Some(PathBuf::from("target/debug/codecage")));
+        assert!(a.session_burst && !a.pool_rate && !a.pool_only && !a.sessions_only);
         for bad in [
             &["bench", "--rounds"][..],
             &["bench", "--rounds", "x"],
