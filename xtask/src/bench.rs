@@ -23,9 +23,11 @@ use crate::host::{install_missing, is_root, status, workspace_root, Recommends, 
 ///   start-up of /bin/true, python3 -c pass and node -e 0: bare, bubblewrap, crun, codecage
 ///   the cost of each codecage layer (namespaces only; + cgroup; + landlock; + seccomp)
 ///   throughput of N x python3 -c pass, 1 and 2 in parallel: bare, bubblewrap, codecage
-///   sessions and the warm pool through `codecage serve`, and the pool at a steady request
-///   rate (requests/s and how many the pool served, pools of 0, 1 and 4)
-/// and writes the tables to BENCHMARKS.md (unless --no-write). Root; installs bubblewrap
+///   sessions and the warm pool through `codecage serve`, a burst of 50 session creations
+///   against session pools of 50 and 4, and the pool at a steady request rate
+///   (requests/s and how many the pool served, pools of 0, 1 and 4)
+/// then the targets beside their figures, and writes the tables to BENCHMARKS.md (unless
+/// --no-write). Each part's time is told on stderr. Root; installs bubblewrap
 /// and crun from Debian when missing; builds codecage in release mode (unless --codecage).
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
