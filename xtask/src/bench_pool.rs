@@ -1,5 +1,5 @@
-//! The warm-pool table of `cargo xtask bench`: a `codecage serve` of the release binary
-//! with a pool of one Python sandbox and one Python session (the default image, its
+//! The warm-pool table of `cargo xtask bench`: a `codecage serve` of the binary measured
+//! (the release one unless `--codecage`) with a pool of one Python sandbox and one Python session (the default image, its
 //! preload: numpy, pandas, matplotlib); `POST /v1/run` of `pass` and of `import pandas`
 //! taken from the pool, next to bare cold `python3 -c ...` of the image's Python; a new
 //! session ready (its create and its first `1+1` answered); and the memory of an idle
@@ -88,7 +88,15 @@ fn run_cgroups_memory(pid: u32) -> Vec<(u64, u64)> {
     out
 }
 
-pub fn table(codecage: &str, work: &Path, figures: &mut Figures, out: &mut String) -> Result<()> {
+/// Writes the warm-pool table into `out`, its pooled runs' figures into `figures`;
+/// `binary` names the codecage measured.
+pub fn table(
+    codecage: &str,
+    binary: &str,
+    work: &Path,
+    figures: &mut Figures,
+    out: &mut String,
+) -> Result<()> {
     if !Path::new(IMAGE).join("usr/bin/python3").exists() {
         bail!("the warm-pool table needs the default image: run `cargo xtask rootfs` first");
     }
@@ -154,13 +162,12 @@ pub fn table(codecage: &str, work: &Path, figures: &mut Figures, out: &mut Strin
     let bare_pandas = bare("import pandas")?;
     figures.pool_pass = Some((pass, bare_pass));
     figures.pool_pandas = Some((pandas, bare_pandas));
-    figures.session_ready_ms = Some(ready);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
 
     writeln!(out, "\n## Warm pool\n")?;
     writeln!(
         out,
-        "A `codecage serve` of the release binary with `[pool] runs = {{ python = 1 }}, sessions = {{ python = 1 }}` \
+        "A `codecage serve` of {binary} with `[pool] runs = {{ python = 1 }}, sessions = {{ python = 1 }}` \
          on the default image (the python profile's preload: numpy, pandas, matplotlib). Each request is made from a \
          full pool (the refill of the one before done); times are curl's own (the request over the unix socket to \
          the whole answer). Bare is the image's Python, cold, `chroot`ed. Medians of {REQUESTS}.\n"

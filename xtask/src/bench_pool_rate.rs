@@ -43,7 +43,7 @@ const IMAGE: &str = "/var/lib/codecage/rootfs/default";
 
 /// One HTTP/1.1 request over the server's socket (`Connection: close`): the status, the
 /// body (chunked transfer decoded) and the time from connecting to the answer's last byte.
-fn request(
+pub(crate) fn request(
     server: &Server,
     method: &str,
     path: &str,
@@ -195,7 +195,7 @@ impl Series {
 }
 
 /// The `p`th percentile of sorted `times` (nearest rank), ms.
-fn percentile_ms(sorted: &[Duration], p: usize) -> f64 {
+pub(crate) fn percentile_ms(sorted: &[Duration], p: usize) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -276,7 +276,14 @@ fn server_with_pool(codecage: &str, work: &Path, n: usize) -> Result<Server> {
     Ok(server)
 }
 
-pub fn table(codecage: &str, work: &Path, requests: usize, out: &mut String) -> Result<()> {
+/// Writes the steady-rate table into `out`; `binary` names the codecage measured.
+pub fn table(
+    codecage: &str,
+    binary: &str,
+    work: &Path,
+    requests: usize,
+    out: &mut String,
+) -> Result<()> {
     if !Path::new(IMAGE).join("usr/bin/python3").exists() {
         bail!("the steady-rate pool table needs the default image: run `cargo xtask rootfs` first");
     }
@@ -317,10 +324,11 @@ pub fn table(codecage: &str, work: &Path, requests: usize, out: &mut String) -> 
     }
     drop(server);
     let refill = refill.context("no pool of 1 measured the refill")?;
-    write_table(requests, &rows, refill, &paced_rows, out)
+    write_table(binary, requests, &rows, refill, &paced_rows, out)
 }
 
 fn write_table(
+    binary: &str,
     requests: usize,
     rows: &[(usize, &str, usize, Series)],
     refill_ms: f64,
@@ -330,7 +338,7 @@ fn write_table(
     writeln!(out, "\n## Warm pool at a steady rate\n")?;
     writeln!(
         out,
-        "A `codecage serve` with `[pool] runs = {{ python = N }}` (no pooled sessions) on the default image (the \
+        "A `codecage serve` of {binary} with `[pool] runs = {{ python = N }}` (no pooled sessions) on the default image (the \
          python profile's preload: numpy, pandas, matplotlib) takes {requests} `POST /v1/run` of python code back to \
          back, from one client and from two at once (each sends its next request when its last is answered), after \
          {WARMUP} not counted and from a full pool. Nothing waits for a refill: a request finds a pooled sandbox only \

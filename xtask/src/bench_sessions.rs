@@ -1,5 +1,6 @@
-//! The sessions table of `cargo xtask bench`: a `codecage serve` of the release binary on
-//! a socket of its own; round trips of a warm call through the CLI and through the API
+//! The sessions table of `cargo xtask bench`: a `codecage serve` of the binary measured
+//! (the release one unless `--codecage`) on a socket of its own, no pool; a session made
+//! cold ready (its create and its first `1+1` answered); round trips of a warm call through the CLI and through the API
 //! (curl's own transfer time, without its process start), next to bare `python3 -c pass`;
 //! the memory of idle sessions (their cgroups' usage); and how many idle Python sessions
 //! the machine holds.
@@ -15,6 +16,8 @@ use crate::host::status;
 
 /// Calls per round-trip figure.
 const CALLS: usize = 200;
+/// Sessions made cold, each created, sent `1+1` and closed, for the cold-start figure.
+const COLD_SESSIONS: usize = 25;
 /// The density measurement stops when the host has this little memory available.
 const KEEP_AVAILABLE: u64 = 3 << 30;
 
@@ -177,10 +180,11 @@ pub(crate) fn time_process(argv: &[String], n: usize) -> Result<Vec<Duration>> {
     Ok(times)
 }
 
-/// Writes the sessions table into `out`; the idle Python session's memory goes into
-/// `figures`.
+/// Writes the sessions table into `out`; a cold session's start and the idle Python
+/// session's memory go into `figures`. `binary` names the codecage measured.
 pub fn table(
     codecage: &str,
+    binary: &str,
     work: &Path,
     density: usize,
     figures: &mut crate::bench::Figures,
@@ -208,6 +212,30 @@ pub fn table(
             (0..CALLS).map(|_| exec(id, code).map(|(_, t)| t)).collect();
         Ok(median_ms(times?))
     };
+    // A session made cold (no session pool): its create, then its first `1+1` answered,
+    // curl's own times; closed before the next.
+    let mut cold = Vec::with_capacity(COLD_SESSIONS);
+    for _ in 0..COLD_SESSIONS {
+        let (body, create) = curl(
+            &server,
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"language":"python"}"#),
+        )?;
+        let value: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+        let id = value["id"]
+            .as_str()
+            .with_context(|| format!("no session: {body}"))?
+            .to_string();
+        let (answer, first) = exec(&id, "1+1")?;
+        curl(&server, "DELETE", &format!("/v1/sessions/{id}"), None)?;
+        if !answer.contains('2') {
+            bail!("`1+1` in a new session was not answered 2: {answer}");
+        }
+        cold.push(create + first);
+    }
+    let cold = median_ms(cold);
+    figures.session_cold_ms = Some(cold);
     let api_python = api(&python, "1+1")?;
     let api_bash = api(&bash, "true")?;
     let cli = |id: &str, code: &str| -> Result<f64> {
@@ -281,7 +309,7 @@ pub fn table(
     writeln!(out, "\n## Sessions\n")?;
     writeln!(
         out,
-        "A `codecage serve` of the release binary on a unix socket, its sessions on the default image. API round trips are curl's own transfer \
+        "A `codecage serve` of {binary} on a unix socket, no pool, its sessions on the default image. API round trips are curl's own transfer \
          time of `POST /v1/sessions/{{id}}/execute` (its process start excluded); CLI round trips are whole \
          `codecage session exec` processes. Medians of {CALLS} API calls and {} CLI calls on warm sessions.\n",
         CALLS / 2
@@ -299,10 +327,15 @@ pub fn table(
         out,
         "| bash `true` | {api_bash:.2} ms | {cli_bash:.2} ms | |"
     )?;
+    writeln!(
+        out,
+        "\nA Python session made cold (no session pool): its create, then its first `1+1` answered, {cold:.1} ms \
+         (curl's own times of the two requests; median of {COLD_SESSIONS}, each closed before the next).\n"
+    )?;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     writeln!(
         out,
-        "\n| idle session | memory (its cgroup's usage) |\n|---|---|"
+        "| idle session | memory (its cgroup's usage) |\n|---|---|"
     )?;
     writeln!(out, "| Python | {:.1} MiB |", mib(idle_python))?;
     writeln!(out, "| Node.js | {:.1} MiB |", mib(idle_node))?;

@@ -15,6 +15,7 @@
 //! crate's, which the rootfs build uses), and the workspace.
 
 mod bench;
+mod bench_burst;
 mod bench_pool;
 mod bench_pool_rate;
 mod bench_sessions;
