@@ -509,6 +509,28 @@ impl RunCgroup {
         held
     }
 
+    /// A sandbox built ahead of a request (the warm pool) runs in the background: its CPU
+    /// weight is the lowest (v1 `cpu.shares` 2, v2 `cpu.weight` 1), so building the next
+    /// pooled sandbox (an interpreter importing its preload) takes only the CPU that
+    /// requests leave idle; handed to a request, it gets the default weight back (1024,
+    /// 100). Its CPU quota is the same either way. Best effort: only scheduling order
+    /// depends on it.
+    pub fn set_background(&self, background: bool) {
+        if self.v2 {
+            if let Some((dir, _)) = &self.unified {
+                let _ = write(
+                    &dir.join("cpu.weight"),
+                    if background { "1" } else { "100" },
+                );
+            }
+        } else if let Some(dir) = self.v1_dir(Controller::Cpu) {
+            let _ = write(
+                &dir.join("cpu.shares"),
+                if background { "2" } else { "1024" },
+            );
+        }
+    }
+
     /// What the cgroup measured. Read before [`RunCgroup::remove`].
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();

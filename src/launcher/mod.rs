@@ -674,6 +674,13 @@ impl Sandbox {
             .map_or(0, RunCgroup::grant_current_memory)
     }
 
+    /// Background or default CPU weight for the sandbox (see `RunCgroup::set_background`).
+    pub(crate) fn set_background(&self, background: bool) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.set_background(background);
+        }
+    }
+
     /// The memory limit, for messages.
     pub fn limits(&self) -> Option<&Limits> {
         self.spec.limits.as_ref()

@@ -49,6 +49,8 @@ impl Prepared {
     /// script (`python3 FILE`), starts the interpreter with those modules imported.
     pub fn build(spec: &Spec, preload: Option<&[String]>) -> Result<Prepared, StartError> {
         let mut sandbox = Sandbox::start(&spec.sandbox)?;
+        // Built ahead of a request: in the background until [`Prepared::run`].
+        sandbox.set_background(true);
         let runner = match preload {
             Some(modules) if prestartable(&spec.exec) => {
                 Some(start_runner(&mut sandbox, &spec.exec, modules)?)
@@ -149,6 +151,8 @@ impl Prepared {
             ..
         } = self;
         let stops = Stops { interrupt, cancel };
+        // The request's now: the default CPU weight.
+        sandbox.set_background(false);
         let Some(runner) = runner else {
             return super::execute_to(sandbox, spec, start, sink, stops, End::Reported);
         };

@@ -263,9 +263,26 @@ enum DriverEvent {
 
 impl Session {
     /// Starts the sandbox and its driver, and waits until the driver is ready.
-    pub fn start(mut spec: SessionSpec) -> Result<Session, StartError> {
+    pub fn start(spec: SessionSpec) -> Result<Session, StartError> {
+        Session::start_with(spec, false)
+    }
+
+    /// [`Session::start`] ahead of a request (the warm pool): the sandbox runs in the
+    /// background (the lowest CPU weight, see `RunCgroup::set_background`) until
+    /// [`Session::handed_over`], so starting it takes only CPU that requests leave idle.
+    pub fn start_ahead(spec: SessionSpec) -> Result<Session, StartError> {
+        Session::start_with(spec, true)
+    }
+
+    /// A session started ahead is a request's now: the default CPU weight.
+    pub fn handed_over(&self) {
+        self.sandbox.set_background(false);
+    }
+
+    fn start_with(mut spec: SessionSpec, background: bool) -> Result<Session, StartError> {
         spec.sandbox.drivers = true;
         let mut sandbox = Sandbox::start(&spec.sandbox)?;
+        sandbox.set_background(background);
         let processes = Processes::new().map_err(|message| StartError {
             kind: ErrorKind::Setup,
             message,

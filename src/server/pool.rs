@@ -3,7 +3,9 @@
 //! interpreter pre-started with the profile's `preload`) and sessions started ahead of
 //! their creation. A request whose spec the pooled sandbox fits takes one; a refill task
 //! per profile builds the next in the background. A pooled sandbox serves one request or
-//! one session and is destroyed after it, never reused.
+//! one session and is destroyed after it, never reused. Pooled sandboxes are built at
+//! the lowest CPU weight and get the default one at their handover (see
+//! `RunCgroup::set_background`): refills take the CPU requests leave idle.
 //!
 //! Every pooled sandbox holds a permit of the server's sandbox cap, so the pool counts
 //! against it; a request that finds no room evicts an idle pooled sandbox before it waits
@@ -248,7 +250,7 @@ pub fn start(state: &Shared, config: &PoolConfig) -> Vec<tokio::task::JoinHandle
             |pool| &pool.sessions,
             name.clone(),
             "starting a pooled session",
-            Arc::new(move || Session::start(spec.clone())),
+            Arc::new(move || Session::start_ahead(spec.clone())),
             |session| drop(session.close()),
             wake,
         )));

@@ -73,7 +73,10 @@ pub async fn open_session(
             slot.begin(start)
         });
         let session = match pooled {
-            Some(session) => Ok(session),
+            Some(session) => {
+                session.handed_over();
+                Ok(session)
+            }
             None => Session::start(session_spec),
         };
         match session {

@@ -125,9 +125,22 @@ fn a_pooled_session_is_ready_at_once_and_never_shared() {
         wait_ready(&server, 0, 1);
         let mut ids = Vec::new();
         for round in 0..2 {
+            // Started ahead, the session's sandbox has the lowest CPU weight (its start
+            // took only CPU that requests left idle); handed over, the default.
+            let pooled = cpu_weights(server.pid());
+            assert!(
+                pooled.len() == 1 && matches!(pooled[0].1, 1 | 2),
+                "round {round}: the pooled session's cgroup is not in the background: {pooled:?}"
+            );
             let (status, created) =
                 server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
             assert_eq!(status, 201, "{created}");
+            let handed = std::fs::read_to_string(&pooled[0].0).unwrap_or_default();
+            assert!(
+                matches!(handed.trim(), "1024" | "100"),
+                "round {round}: {} is {handed:?} after the handover",
+                pooled[0].0.display()
+            );
             let id = created["id"].as_str().unwrap().to_string();
             let execute = format!("/v1/sessions/{id}/execute");
             let (_, out) = server.request(
@@ -151,6 +164,22 @@ fn a_pooled_session_is_ready_at_once_and_never_shared() {
         assert_ne!(ids[0], ids[1]);
         server.stop();
     });
+}
+
+/// The CPU weight files of the server `pid`'s sandboxes (v1 `cpu.shares`, v2 `cpu.weight`)
+/// and their values.
+fn cpu_weights(pid: u32) -> Vec<(std::path::PathBuf, u64)> {
+    run_cgroups()
+        .into_iter()
+        .filter(|(launcher, _)| *launcher == pid)
+        .filter_map(|(_, dir)| {
+            ["cpu.shares", "cpu.weight"].iter().find_map(|name| {
+                let file = dir.join(name);
+                let value = std::fs::read_to_string(&file).ok()?.trim().parse().ok()?;
+                Some((file, value))
+            })
+        })
+        .collect()
 }
 
 /// The pooled interpreters the server `pid` holds (their init is its child).
