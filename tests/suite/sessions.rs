@@ -36,6 +36,62 @@ pub(super) fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Ses
     Session::start(spec).unwrap_or_else(|e| panic!("the session did not start: {e}"))
 }
 
+/// A session started ahead of a request (the warm pool's way) runs at the lowest CPU
+/// weight, and at the default one once handed over; it works the same either way. On every
+/// cgroup layout a lane has (v1 `cpu.shares`, v2 `cpu.weight`).
+#[test]
+fn a_session_started_ahead_is_in_the_background_until_handed_over() {
+    as_root(|| {
+        in_process_launcher();
+        let spec = SessionSpec {
+            sandbox: SandboxSpec {
+                init_exe: env!("CARGO_BIN_EXE_codecage").into(),
+                ..Default::default()
+            },
+            lang: Lang::Python,
+            context_exec: Vec::new(),
+            env: Vec::new(),
+            timeout: Duration::from_secs(30 * slowdown()),
+            output_limit: 1 << 20,
+            outputs: None,
+        };
+        let mut s = Session::start_ahead(spec).expect("the session did not start");
+        let weights = || -> Vec<(std::path::PathBuf, String)> {
+            run_cgroups()
+                .into_iter()
+                .filter(|(launcher, _)| *launcher == std::process::id())
+                .flat_map(|(_, dir)| {
+                    ["cpu.shares", "cpu.weight"]
+                        .iter()
+                        .filter_map(|f| {
+                            let file = dir.join(f);
+                            let v = std::fs::read_to_string(&file).ok()?;
+                            Some((file, v.trim().to_string()))
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        // Other tests of this process may run sandboxes of their own: this session's
+        // cgroup is the one in the background.
+        let background: Vec<_> = weights()
+            .into_iter()
+            .filter(|(_, v)| v == "1" || v == "2")
+            .collect();
+        assert_eq!(background.len(), 1, "{background:?} of {:?}", weights());
+        assert_eq!(text(&call(&mut s, "1 + 1")), "2");
+        s.handed_over();
+        let now = std::fs::read_to_string(&background[0].0).unwrap();
+        assert!(
+            matches!(now.trim(), "1024" | "100"),
+            "{} is {now:?} after the handover",
+            background[0].0.display()
+        );
+        assert_eq!(text(&call(&mut s, "2 + 2")), "4");
+        s.close().unwrap();
+    });
+}
+
 pub(super) fn session(lang: Lang) -> Session {
     session_on(lang, Rootfs::Host, None)
 }
