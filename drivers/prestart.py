@@ -7,9 +7,15 @@
 # and sys.path[0] as for a script, exactly the request's environment, stdin at EOF when the
 # request has none, tracebacks without this bootstrap's frames, and the interpreter's exit
 # (threads, atexit, the script's objects finalized, stdio flushed, the exit status) without
-# the teardown of the preloaded libraries. The sandbox serves this one request and is
-# destroyed after it.
+# the teardown of the preloaded libraries. Its end it says to the init on fd 4 (the exit
+# status, once the script's code has finished and stdio is flushed and closed), so that the
+# run is answered without waiting for the kernel to free the interpreter's memory. The
+# sandbox serves this one request and is destroyed after it.
 import sys
+
+# The init's pipe for the word on the end, as it was at the start: the script may close or
+# reuse fd 4, and the word must not land in a file of its.
+_CODECAGE_END = 4
 
 
 def _codecage_boot():
@@ -18,6 +24,11 @@ def _codecage_boot():
     import json
     import os
 
+    global _codecage_end_pipe
+    end = os.fstat(_CODECAGE_END)
+    _codecage_end_pipe = (end.st_dev, end.st_ino)
+    # Not for the script's subprocesses.
+    os.set_inheritable(_CODECAGE_END, False)
     for name in sys.argv[1:]:
         try:
             importlib.import_module(name)
@@ -124,12 +135,35 @@ def _codecage_finish(status, interrupted, main_globals):
             stream.flush()
         except BaseException:  # noqa: BLE001
             status = 120
+    status = status & 0xFF if isinstance(status, int) else 1
     if interrupted:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status & 0xFF if isinstance(status, int) else 1)
+    else:
+        _codecage_say_end(status)
+    os._exit(status)
+
+
+def _codecage_say_end(status):
+    # The script's code has finished and stdio is flushed: stdio closed (the run's output
+    # is complete once every other process of the sandbox is gone), the status to the
+    # init, which ends the run now; the exit itself, which frees the preloaded libraries'
+    # memory, the sandbox's teardown waits for after the answer.
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        end = os.fstat(_CODECAGE_END)
+        if (end.st_dev, end.st_ino) == _codecage_end_pipe:
+            os.write(_CODECAGE_END, b"%d\n" % status)
+    except OSError:
+        pass
 
 
 _codecage_code, _codecage_globals = _codecage_boot()

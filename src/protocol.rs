@@ -434,6 +434,14 @@ pub enum ToSandbox {
         /// the sandbox's allowlist plus these.
         #[serde(default)]
         exec_extra: Option<crate::exec_policy::ExecAllowlist>,
+        /// For a `last` payload that says its own end (the warm pool's pre-started Python):
+        /// the init gives it one more fd, after those that came with the frame, the write
+        /// end of a pipe on which it writes its exit status (`CODE\n`) once its code has
+        /// finished and its stdio is flushed and closed. The init then ends the run as if it
+        /// had exited with that status without waiting for its exit (the teardown of a large
+        /// interpreter's memory comes after the answer); see `Init::end_said`.
+        #[serde(default)]
+        says_end: bool,
     },
     /// Write files into /work; answered by `FilesWritten` or `FileError`.
     WriteFiles { files: Vec<crate::files::InputFile> },

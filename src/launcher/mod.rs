@@ -424,7 +424,22 @@ impl Sandbox {
     ) -> Result<u64, SpawnError> {
         let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
         fds.extend(driver.map(|fd| fd.as_raw_fd()));
-        self.spawn_with(exec, &fds, last, cwd, None)
+        self.spawn_with(exec, &fds, last, cwd, None, false)
+    }
+
+    /// Spawns the sandbox's last payload, one that says its own end: the init gives it,
+    /// on the fd after `stdio` and `driver`, a pipe for its exit status (`CODE\n`), written
+    /// once its code has finished and its stdio is closed; the run then ends without
+    /// waiting for the process's exit (see `ToSandbox::Spawn::says_end`).
+    pub(crate) fn spawn_saying_end(
+        &mut self,
+        exec: &Exec,
+        stdio: &[BorrowedFd<'_>; 3],
+        driver: BorrowedFd<'_>,
+    ) -> Result<u64, SpawnError> {
+        let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
+        fds.push(driver.as_raw_fd());
+        self.spawn_with(exec, &fds, true, None, None, true)
     }
 
     /// Sends a `Spawn` with `fds`, or for a terminal of `pty`'s size none.
@@ -435,6 +450,7 @@ impl Sandbox {
         last: bool,
         cwd: Option<String>,
         pty: Option<protocol::PtySize>,
+        says_end: bool,
     ) -> Result<u64, SpawnError> {
         let id = self.next_id;
         self.next_id += 1;
@@ -449,6 +465,7 @@ impl Sandbox {
             cwd,
             pty,
             exec_extra: exec.exec_extra.clone(),
+            says_end,
         };
         match self.send(&message, fds) {
             Ok(()) => Ok(id),

@@ -109,9 +109,10 @@ impl Prepared {
     }
 
     /// Runs `spec` (which [`Prepared::fits`]) and returns its Outcome as soon as the
-    /// payload's end is known: its exit reported by the init once every other process of
-    /// the sandbox is killed and reaped, its output read to the end, its output files
-    /// received, the cgroup's figures read (final then: only the exiting init is left).
+    /// payload's end is known: its exit, or a pre-started interpreter's word on its end,
+    /// reported by the init once every other process of the sandbox is killed (each reaped,
+    /// or after the word past its last system call), its output read to the end, its output
+    /// files received, the cgroup's figures read (final then: nothing of the code runs).
     /// The sandbox is not gone yet: the [`Teardown`] reaps the init and removes the cgroup,
     /// and the sandbox counts until it is finished (or dropped).
     pub fn answer(
@@ -238,11 +239,10 @@ fn start_runner(
     };
     let child_end = OwnedFd::from(control_child);
     sandbox
-        .spawn(
+        .spawn_saying_end(
             &boot,
             &[stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()],
-            Some(child_end.as_fd()),
-            true,
+            child_end.as_fd(),
         )
         .map_err(|e| StartError {
             kind: ErrorKind::Setup,

@@ -201,7 +201,7 @@ impl Sandbox {
     ) -> Result<(u64, OwnedFd), String> {
         let size = crate::protocol::PtySize { rows, cols };
         let id = self
-            .spawn_with(exec, &[], false, cwd, Some(size))
+            .spawn_with(exec, &[], false, cwd, Some(size), false)
             .map_err(|e| e.describe("cannot start the process"))?;
         self.ptys_wanted.insert(id);
         let end = Instant::now() + REQUEST_TIMEOUT;

@@ -3,9 +3,10 @@
 //! pid_namespaces(7)), so this init forks each payload the launcher asks for, forwards
 //! signals to it, reaps every child, and reports each payload's end.
 //!
-//! The loop waits on two things: the channel (spawn, signal, kill all, shut down) and a
-//! signalfd (SIGCHLD, and the signals it forwards). A one-shot run's payload is spawned
-//! `last`: when it ends, the init kills the rest and exits, as before sessions existed.
+//! The loop waits on the channel (spawn, signal, kill all, shut down), a signalfd
+//! (SIGCHLD, and the signals it forwards) and, for a last payload that says its own end, its
+//! end pipe. A one-shot run's payload is spawned `last`: when it ends, the init kills the
+//! rest and exits, as before sessions existed.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -41,6 +42,9 @@ const FORWARDED: &[Signal] = &[
 
 /// A directory listing has at most this many entries.
 const MAX_LISTING: usize = 10_000;
+/// How long a run that a payload said the end of waits for every process of the sandbox
+/// to begin its exit before it waits for each to be reaped instead.
+const END_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Init<'a> {
     spec: &'a SandboxSpec,
@@ -56,6 +60,9 @@ struct Init<'a> {
     reaped: std::collections::VecDeque<(u64, Pid)>,
     /// The last pid allocated in the sandbox as the running session call began.
     call_mark: Option<i32>,
+    /// The last payload's pipe for saying its end (`Spawn::says_end`): its pid and the
+    /// pipe's read end.
+    end_word: Option<(Pid, OwnedFd)>,
     /// The output directory as a session call began (`BeginCall`).
     marked: Option<files::Marks>,
 }
@@ -72,6 +79,7 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
         reaped: std::collections::VecDeque::new(),
         call_mark: None,
         marked: None,
+        end_word: None,
     };
     let signals = match init.prepare() {
         Ok(signals) => signals,
@@ -83,6 +91,10 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
             PollFd::new(channel.as_fd(), PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some((_, pipe)) = &init.end_word {
+            fds.push(PollFd::new(pipe.as_fd(), PollFlags::POLLIN));
+        }
+        let netlink_at = fds.len();
         if let Some(guard) = &init.netlink {
             fds.extend(
                 guard
@@ -102,8 +114,9 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
         drop(fds);
         let ready = |i: usize| !revents[i].is_empty();
         let (channel_ready, signal_ready) = (ready(0), ready(1));
+        let end_ready = init.end_word.is_some() && ready(2);
         if let Some(guard) = &mut init.netlink {
-            guard.ready(&revents[2..]);
+            guard.ready(&revents[netlink_at..]);
         }
         if signal_ready {
             while let Ok(Some(info)) = signals.read_signal() {
@@ -113,6 +126,11 @@ pub fn serve(spec: &SandboxSpec, channel: &UnixStream) -> ! {
                     _ => {}
                 }
             }
+        }
+        // After the signals: a payload whose exit was reaped meanwhile has ended the
+        // ordinary way, and its word is moot.
+        if end_ready {
+            init.read_end_word();
         }
         if channel_ready {
             match inbox.fill(channel) {
@@ -168,6 +186,7 @@ impl Init<'_> {
                 cwd,
                 pty,
                 exec_extra,
+                says_end,
                 ..
             } => {
                 if let Err(error) = super::write_work_files(&files) {
@@ -187,11 +206,26 @@ impl Init<'_> {
                     }
                     _ => (None, Vec::new()),
                 };
-                let (fds, master) = match pty {
+                let (mut fds, master) = match pty {
                     None => (fds, None),
                     Some(size) => match open_terminal(size) {
                         Ok((master, slave)) => (slave, Some(master)),
                         Err(error) => return self.report_failure(id, error, last),
+                    },
+                };
+                // The pipe a last payload says its end on: its write end the payload's next
+                // fd, its read end ours (close-on-exec: no payload inherits it).
+                let end_word = match says_end && last {
+                    false => None,
+                    true => match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+                        Ok((read, write)) => {
+                            fds.push(write);
+                            Some(read)
+                        }
+                        Err(e) => {
+                            let error = SetupError::errno(Step::AttachPayloadFds, e, "pipe2");
+                            return self.report_failure(id, error, last);
+                        }
                     },
                 };
                 let launch = Launch {
@@ -218,6 +252,7 @@ impl Init<'_> {
                         drop(launch);
                         self.payloads.insert(pid, (id, last, outputs));
                         self.newest = Some(pid);
+                        self.end_word = end_word.map(|read| (pid, read));
                         if let Some(master) = master {
                             // The launcher's copy; ours closes with this scope.
                             self.send_fd(&FromSandbox::PtyOpened { id }, master.as_fd());
@@ -314,6 +349,9 @@ impl Init<'_> {
                 Ok(_) | Err(Errno::EINTR) => continue,
                 Err(_) => return,
             };
+            if self.end_word.as_ref().is_some_and(|(p, _)| *p == pid) {
+                self.end_word = None;
+            }
             if let Some((id, last, outputs)) = self.payloads.remove(&pid) {
                 self.note_reaped(id, pid);
                 if last {
@@ -333,6 +371,86 @@ impl Init<'_> {
                 if last {
                     self.exit(0);
                 }
+            }
+        }
+    }
+
+    /// Reads the last payload's word on its end pipe: its exit status ends the run (see
+    /// [`Init::end_said`]). Anything else (the pipe closed, a malformed word) stops the
+    /// listening, and the run ends at the payload's exit as any other.
+    fn read_end_word(&mut self) {
+        let Some((pid, pipe)) = self.end_word.take() else {
+            return;
+        };
+        let mut word = [0u8; 8];
+        // One write of a few bytes on a pipe is atomic: the word comes whole or not at all.
+        let said = match nix::unistd::read(&pipe, &mut word) {
+            Ok(n) => std::str::from_utf8(&word[..n])
+                .ok()
+                .and_then(|w| w.strip_suffix('\n'))
+                .and_then(|w| w.parse::<u8>().ok()),
+            Err(_) => None,
+        };
+        if let Some(code) = said {
+            self.end_said(pid, i32::from(code));
+        }
+    }
+
+    /// The last payload said its code has finished with `code`, its stdio flushed and
+    /// closed. The run ends as at its exit (everything else killed, the output files sent,
+    /// then `Exited` with that status and the init's exit), except that the init does not
+    /// wait for the payload's own exit, in which the kernel frees its memory: a pre-started
+    /// interpreter holding the preloaded libraries takes milliseconds for it, which
+    /// the launcher's `Teardown` waits for after the answer. What the init waits
+    /// for is that no process of the sandbox runs any more: the SIGKILL from pid 1 reaches
+    /// every one (the payload and its own threads too), and each thread has begun its exit
+    /// when it leaves its last system call; from then on nothing writes to /work, the
+    /// pipes or memory, and the cgroup's figures hold only what the code did (and part of
+    /// the exits).
+    fn end_said(&mut self, pid: Pid, code: i32) {
+        let Some((id, true, outputs)) = self.payloads.remove(&pid) else {
+            return;
+        };
+        self.note_reaped(id, pid);
+        protocol::mark(self.channel, Phase::PayloadExited);
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        let patience = std::time::Instant::now() + END_PATIENCE;
+        loop {
+            self.reap_killed();
+            if procs::all_exiting() {
+                break;
+            }
+            if std::time::Instant::now() >= patience {
+                // A task that does not leave its system call (an uninterruptible wait):
+                // every process is waited for, the payload too, as at an exit.
+                self.kill_all();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        if let Some(rules) = &outputs {
+            self.send_outputs(rules, None);
+        }
+        self.send(&FromSandbox::Exited {
+            id,
+            code: Some(code),
+            signal: None,
+        });
+        self.exit(0)
+    }
+
+    /// Reaps, without waiting, the killed processes that have exited; the payloads among
+    /// them are reported as killed.
+    fn reap_killed(&mut self) {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Exited(pid, code)) => self.killed(pid, Some(code), None),
+                Ok(WaitStatus::Signaled(pid, signal, _)) => {
+                    self.killed(pid, None, Some(signal as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(_) => return,
             }
         }
     }

@@ -131,6 +131,46 @@ pub fn group_members(pgrp: i32, leader: i32, mark: Option<i32>, since_ns: u64) -
     members
 }
 
+/// Whether every thread of the sandbox but the init's has begun its exit: PF_EXITING in
+/// the flags of /proc/PID/task/TID/stat (field 9), which the kernel sets as a killed thread
+/// leaves its last system call, before it frees anything; zombies keep it. A thread with it
+/// runs no code of its process and is in none of its system calls any more. A task gone
+/// meanwhile counts as exited.
+pub fn all_exiting() -> bool {
+    /// `PF_EXITING` of include/linux/sched.h.
+    const PF_EXITING: u64 = 0x4;
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return false;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == 1 {
+            continue;
+        }
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(text) = fs::read_to_string(task.path().join("stat")) else {
+                continue;
+            };
+            // Field 9 is the 7th after the name's last ')' (see `stat`).
+            let flags = text
+                .rfind(')')
+                .and_then(|close| text.get(close + 1..))
+                .and_then(|rest| rest.split_whitespace().nth(6))
+                .and_then(|f| f.parse::<u64>().ok());
+            if flags.is_none_or(|f| f & PF_EXITING == 0) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// SIGKILL to each process that is still the one named (same pid, same start time).
 pub fn kill_exact(processes: &[(i32, u64)]) {
     for &(pid, start) in processes {

@@ -253,7 +253,7 @@ fn a_pooled_run_is_answered_exactly_and_its_sandbox_torn_down_after() {
              sys.exit(3)"
         );
         let out = run(&server, python(&code));
-        let left = host_pids_with(&mark);
+        let left = running_pids_with(&mark);
         assert_eq!(out["warm"], json!(true), "{out}");
         assert_eq!(out["stdout"], "done\n", "{out}");
         assert_eq!(out["exit_code"], json!(3), "{out}");
@@ -269,7 +269,8 @@ fn a_pooled_run_is_answered_exactly_and_its_sandbox_torn_down_after() {
             .and_then(|files| files.iter().find(|f| f["path"] == "result.txt"))
             .unwrap_or_else(|| panic!("no result.txt among the output files: {out}"));
         assert_eq!(file["size"], json!(9), "{out}");
-        // The payload's child was gone before the answer was made.
+        // The payload's child ran no more when the answer was made (killed, and past its
+        // last system call; the kernel may still be freeing what it held).
         assert!(
             left.is_empty(),
             "the payload's child outlived the answer: {left:?}"
@@ -288,6 +289,74 @@ fn a_pooled_run_is_answered_exactly_and_its_sandbox_torn_down_after() {
         // A second request still runs (on the refilled pool, or cold).
         let next = run(&server, python("print(6 * 7)"));
         assert_eq!(next["stdout"], "42\n", "{next}");
+        server.stop();
+    });
+}
+
+/// The processes named by `mark` that have not begun to exit (PF_EXITING, 0x4, not in
+/// the flags of /proc/PID/stat, field 9).
+fn running_pids_with(mark: &str) -> Vec<u32> {
+    host_pids_with(mark)
+        .into_iter()
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let flags = stat
+                .rfind(')')
+                .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
+                .and_then(|f| f.parse::<u64>().ok());
+            flags.is_some_and(|f| f & 0x4 == 0)
+        })
+        .collect()
+}
+
+#[test]
+fn a_pooled_run_ends_at_its_interpreters_word_and_only_the_init_hears_it() {
+    image_test(|_| {
+        let server = Server::start(&pool_config(1, 0), false);
+        wait_ready(&server, 1, 0);
+        // The pre-started interpreter says its status to the init on fd 4 once the script
+        // has finished, and the run ends there, before the interpreter's exit. A script
+        // that says it itself ends its own run only: it and what it started are killed,
+        // and the status it said is the run's.
+        let mark = marker("pool-word");
+        let code = format!(
+            "import os, subprocess, time\n\
+             print('before', flush=True)\n\
+             subprocess.Popen(['bash', '-c', 'exec -a {mark} sleep 600'])\n\
+             os.write(4, b'5\\n')\n\
+             time.sleep(600)"
+        );
+        let out = run(&server, python(&code));
+        let left = running_pids_with(&mark);
+        assert_eq!(out["warm"], json!(true), "{out}");
+        assert_eq!(out["exit_code"], json!(5), "{out}");
+        assert_eq!(out["error"], Value::Null, "{out}");
+        assert_eq!(out["stdout"], "before\n", "{out}");
+        assert!(left.is_empty(), "a process outlived the word: {left:?}");
+        // A script that puts a file of its own on fd 4 gets nothing written into it: the
+        // interpreter says its end only on the pipe it was given, else the run ends at
+        // its exit as a cold run's.
+        wait_ready(&server, 1, 0);
+        let out = run(
+            &server,
+            python(
+                "import os\n\
+                 os.makedirs('/work/out', exist_ok=True)\n\
+                 f = open('/work/out/mine.txt', 'w')\n\
+                 f.write('mine')\n\
+                 f.flush()\n\
+                 os.dup2(f.fileno(), 4)\n\
+                 print('ok')",
+            ),
+        );
+        assert_eq!(out["warm"], json!(true), "{out}");
+        assert_eq!(out["exit_code"], json!(0), "{out}");
+        assert_eq!(out["stdout"], "ok\n", "{out}");
+        let file = out["files"]
+            .as_array()
+            .and_then(|files| files.iter().find(|f| f["path"] == "mine.txt"))
+            .unwrap_or_else(|| panic!("no mine.txt among the output files: {out}"));
+        assert_eq!(file["size"], json!(4), "{out}");
         server.stop();
     });
 }
