@@ -166,7 +166,12 @@ fn routes(state: &Shared) -> axum::Router {
             state.clone(),
             api::body_budget,
         ));
-    api::router(state.clone()).nest("/mcp", mcp)
+    api::router(state.clone())
+        .nest("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            pool::count_requests,
+        ))
 }
 
 fn tokio_util_shutdown() -> tokio::sync::broadcast::Sender<()> {

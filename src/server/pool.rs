@@ -7,6 +7,11 @@
 //! the lowest CPU weight and get the default one at their handover (see
 //! `RunCgroup::set_background`): refills take the CPU requests leave idle.
 //!
+//! A refill also defers to the requests in flight (`Pool::quiet`, at most `MAX_DEFER`): a
+//! burst of requests that drains the pool is served before the refills start competing
+//! with it for the CPU, at any weight (the lowest weight orders a sandbox among the other
+//! sandboxes only; the server's own threads and its clients are not among them).
+//!
 //! Every pooled sandbox holds a permit of the server's sandbox cap, so the pool counts
 //! against it; a request that finds no room evicts an idle pooled sandbox before it waits
 //! (`Pool::evict_one`). At shutdown the pool is emptied; after a crash its sandboxes die
@@ -14,8 +19,12 @@
 //! cgroups, like any other's.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::response::Response;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 
@@ -29,6 +38,10 @@ use super::Shared;
 /// How long a refill waits after a failed build (a missing image, a full host) before
 /// trying again.
 const BACKOFF: Duration = Duration::from_secs(5);
+/// How long a refill waits at most for the requests in flight to end before it builds.
+const MAX_DEFER: Duration = Duration::from_millis(250);
+/// How often a deferred refill looks again.
+const DEFER_STEP: Duration = Duration::from_millis(2);
 
 /// A pooled sandbox and its place under the server's cap.
 pub struct Pooled<T> {
@@ -61,6 +74,35 @@ impl<T> Shelf<T> {
 pub struct Pool {
     runs: Mutex<HashMap<String, Shelf<Prepared>>>,
     sessions: Mutex<HashMap<String, Shelf<Session>>>,
+    /// Requests being served (see [`count_requests`]).
+    serving: AtomicUsize,
+}
+
+/// A request being served, until it is dropped.
+struct Serving(Shared);
+
+impl Serving {
+    fn new(state: &Shared) -> Serving {
+        state.pool.serving.fetch_add(1, Ordering::Relaxed);
+        Serving(state.clone())
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.pool.serving.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts the requests in flight (a layer of every API router), which refills defer to.
+/// A request counts until its handler has answered (or the client went away).
+pub async fn count_requests(
+    State(state): State<Shared>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let _serving = Serving::new(&state);
+    next.run(request).await
 }
 
 /// How many of each the pool keeps, by profile (`[pool]` in the config, `--pool`). The
@@ -108,6 +150,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Pool {
+    /// Waits until no request is being served, for at most [`MAX_DEFER`]: a refill's build
+    /// (an interpreter's start, its preload) then takes the CPU the requests leave.
+    async fn quiet(&self) {
+        let until = tokio::time::Instant::now() + MAX_DEFER;
+        while self.serving.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(DEFER_STEP).await;
+        }
+    }
+
     /// A pooled sandbox of `profile` that fits `spec`, if one is ready.
     pub fn take_run(&self, profile: &str, spec: &Spec) -> Option<Pooled<Prepared>> {
         let mut runs = lock(&self.runs);
@@ -339,6 +390,7 @@ async fn refill<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
                 built::<T>(shelves(&state.pool), &name, None);
                 return;
             };
+            state.pool.quiet().await;
             let make = make.clone();
             match tokio::task::spawn_blocking(move || make()).await {
                 Ok(Ok(item)) => {
@@ -371,5 +423,42 @@ async fn backoff(state: &Shared) {
     tokio::select! {
         _ = tokio::time::sleep(BACKOFF) => {}
         _ = state.shutdown.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refill_waits_for_the_requests_in_flight_and_no_longer_than_its_bound() {
+        let pool = Arc::new(Pool::default());
+        // Nothing in flight: at once.
+        let start = tokio::time::Instant::now();
+        pool.quiet().await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // A request that ends 30 ms from now: until then, give or take one look.
+        pool.serving.fetch_add(1, Ordering::Relaxed);
+        let ends = pool.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            ends.serving.fetch_sub(1, Ordering::Relaxed);
+        });
+        let start = tokio::time::Instant::now();
+        pool.quiet().await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(30) && waited <= Duration::from_millis(30) + DEFER_STEP,
+            "{waited:?}"
+        );
+        // A request that does not end: the bound.
+        pool.serving.fetch_add(1, Ordering::Relaxed);
+        let start = tokio::time::Instant::now();
+        pool.quiet().await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= MAX_DEFER && waited <= MAX_DEFER + DEFER_STEP,
+            "{waited:?}"
+        );
     }
 }

@@ -403,6 +403,10 @@ pub(crate) async fn listener(
     let app = router(state.clone())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            super::pool::count_requests,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             super::api::audit_errors,
         ))
         .layer(axum::Extension(crate::audit::Via::E2b));
