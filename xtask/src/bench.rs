@@ -272,6 +272,7 @@ struct Parts(Vec<(&'static str, Duration)>);
 
 impl Parts {
     fn time<T>(&mut self, part: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        settle();
         let start = Instant::now();
         let out = f()?;
         let took = start.elapsed();
@@ -290,6 +291,62 @@ impl Parts {
         status(
             "Took",
             format!("{} in all ({})", seconds(total), each.join(", ")),
+        );
+    }
+}
+
+/// The share of the CPUs' time a part may find busy before it starts.
+const SETTLED_BUSY: f64 = 0.15;
+/// How long a part waits at most for the machine to settle.
+const SETTLE_PATIENCE: Duration = Duration::from_secs(90);
+
+/// Waits until the machine is quiet (at most [`SETTLED_BUSY`] of the CPUs' time busy over
+/// 300 ms), for at most [`SETTLE_PATIENCE`]: what a part leaves behind goes on after it
+/// (the kernel tears down the network namespaces of the density table's 300 sessions in a
+/// worker for many seconds), and the next part must not be measured against it.
+fn settle() {
+    // (busy, total) jiffies of every CPU, from /proc/stat's first line.
+    fn sample() -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest time is in user).
+        let total: u64 = fields.iter().take(8).sum();
+        let idle = fields.get(3)? + fields.get(4)?;
+        Some((total - idle, total))
+    }
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < SETTLE_PATIENCE {
+        let Some((busy0, total0)) = sample() else {
+            return;
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let Some((busy1, total1)) = sample() else {
+            return;
+        };
+        let share = (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
+        if share <= SETTLED_BUSY {
+            if start.elapsed() > Duration::from_secs(1) {
+                status("Settled", format!("after {}", seconds(start.elapsed())));
+            }
+            return;
+        }
+        last = Some(share);
+    }
+    if let Some(share) = last {
+        status(
+            "Unsettled",
+            format!(
+                "the CPUs were still {:.0} % busy after {}; measuring anyway",
+                share * 100.0,
+                seconds(SETTLE_PATIENCE)
+            ),
         );
     }
 }
@@ -585,7 +642,9 @@ fn write_intro(out: &mut String) -> Result<()> {
         out,
         "Every command runs on the same root: the host's /usr, read-only. Rounds are interleaved (each round runs \
          every command of a table once), the first three are not counted, and the figure is the median wall time \
-         of spawning the command until it has exited and been reaped. Ratios are to bare execution.\n"
+         of spawning the command until it has exited and been reaped. Ratios are to bare execution. Each part \
+         starts once the machine is quiet (at most 15 % of the CPUs' time busy over 300 ms), so what the one \
+         before left (the kernel's teardown of 300 sessions' namespaces) is not measured with it.\n"
     )?;
     Ok(())
 }
