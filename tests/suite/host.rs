@@ -220,6 +220,23 @@ pub fn pid_namespace() -> u64 {
 }
 
 /// Host pids whose command line starts with `needle` (NUL separates arguments).
+/// The processes named by `needle` that have not begun to exit: PF_EXITING (0x4) is not
+/// in their flags (/proc/PID/stat, field 9). One that has runs nothing of its program any
+/// more, though the kernel may still be freeing what it held.
+pub fn running_pids_with(needle: &str) -> Vec<u32> {
+    host_pids_with(needle)
+        .into_iter()
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let flags = stat
+                .rfind(')')
+                .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
+                .and_then(|f| f.parse::<u64>().ok());
+            flags.is_some_and(|f| f & 0x4 == 0)
+        })
+        .collect()
+}
+
 pub fn host_pids_with(needle: &str) -> Vec<u32> {
     let mut pids = Vec::new();
     let me = std::process::id();

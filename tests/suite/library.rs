@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Barrier, Mutex};
 
+use codecage::files::{InputFile, OutputRules};
 use codecage::{Rootfs, Spec};
 
 use super::common::*;
@@ -102,4 +103,115 @@ fn leftovers_of_a_dead_launcher_are_swept() {
             );
         }
     });
+}
+
+/// A sandbox built ahead with Python pre-started (the warm pool's; here without a preload)
+/// is answered at the interpreter's word on its end, before its exit: the script's status,
+/// output and output files are exact, and when the Outcome comes nothing of the sandbox
+/// runs any more (the init waits for each task's PF_EXITING in /proc, which every kernel
+/// of the VM lanes must show), a child the script left included; the teardown after it
+/// removes the rest.
+#[test]
+fn a_pre_started_python_is_answered_at_its_word_before_its_exit() {
+    as_root(|| {
+        in_process_launcher();
+        let mark = marker("prestart-word");
+        let mut built = spec(&["python3", "/work/main.py"]);
+        built.exec.outputs = Some(OutputRules {
+            dir: "out".into(),
+            types: vec!["txt".into()],
+            max_file: 1 << 20,
+            max_total: 1 << 20,
+            max_files: 10,
+        });
+        let prepared = codecage::launcher::Prepared::build(&built, Some(&[]))
+            .unwrap_or_else(|e| panic!("{}", e.message));
+        assert!(prepared.prestarted());
+        let mut request = built.clone();
+        request.exec.files = vec![InputFile::new(
+            "main.py",
+            format!(
+                "import os, subprocess, sys\n\
+                 os.makedirs('/work/out')\n\
+                 open('/work/out/result.txt', 'w').write('forty-two')\n\
+                 subprocess.Popen(['bash', '-c', 'exec -a {mark} sleep 600'])\n\
+                 print('done')\n\
+                 sys.exit(3)\n"
+            ),
+        )];
+        let (mut outcome, teardown) = prepared.answer(&request, &mut |_, _| {}, None, None);
+        let running = running_pids_with(&mark);
+        teardown.finish_into(&mut outcome);
+        assert_eq!(outcome.error, None, "{:?}", outcome.message);
+        assert!(outcome.warm);
+        assert_eq!(outcome.exit_code, Some(3), "{outcome:?}");
+        assert_eq!(String::from_utf8_lossy(&outcome.stdout), "done\n");
+        let files: Vec<(&str, Option<&[u8]>)> = outcome
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.data.as_deref()))
+            .collect();
+        assert_eq!(files, [("result.txt", Some(&b"forty-two"[..]))]);
+        assert!(
+            running.is_empty(),
+            "the script's child ran on after the answer: {running:?}"
+        );
+        assert!(
+            host_pids_with(&mark).is_empty(),
+            "the teardown left the child"
+        );
+        // The word alone ends the run: a script that says it and sleeps on is killed at
+        // once with the status it said (were the word not heard, the run would time out).
+        let prepared = codecage::launcher::Prepared::build(&built, Some(&[]))
+            .unwrap_or_else(|e| panic!("{}", e.message));
+        let mut request = built.clone();
+        request.exec.timeout = std::time::Duration::from_secs(600);
+        request.exec.files = vec![InputFile::new(
+            "main.py",
+            "import os, time\nos.write(4, b'7\\n')\ntime.sleep(600)\n",
+        )];
+        let outcome = prepared.run(&request, &mut |_, _| {}, None, None);
+        assert_eq!(outcome.error, None, "{:?}", outcome.message);
+        assert_eq!(outcome.exit_code, Some(7), "{outcome:?}");
+    });
+}
+
+/// What the init's wait after a word relies on, on this kernel: a killed process shows
+/// PF_EXITING in the flags of /proc/PID/stat (field 9) from its exit on, zombie included,
+/// and a live one does not.
+#[test]
+fn the_kernel_shows_a_killed_process_as_exiting() {
+    let mark = marker("exiting-flag");
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", &format!("exec -a {mark} sleep 600")])
+        .spawn()
+        .unwrap();
+    let alive = wait_for(std::time::Duration::from_secs(10 * slowdown()), || {
+        running_pids_with(&mark) == [child.id()]
+    });
+    assert!(alive, "the live child is not listed as running");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // A zombie until reaped: waitid with WNOWAIT sees its end and leaves it.
+    nix::sys::wait::waitid(
+        nix::sys::wait::Id::Pid(nix::unistd::Pid::from_raw(child.id() as i32)),
+        nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT,
+    )
+    .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    assert!(stat.contains(") Z "), "not a zombie: {stat}");
+    assert!(
+        running_pids_with(&mark).is_empty() && host_pids_with(&mark).is_empty(),
+        "a zombie is neither running nor named (its cmdline is gone)"
+    );
+    let flags: u64 = stat
+        .rfind(')')
+        .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
+        .and_then(|f| f.parse().ok())
+        .unwrap();
+    assert_ne!(flags & 0x4, 0, "PF_EXITING not shown: {stat}");
+    child.wait().unwrap();
 }

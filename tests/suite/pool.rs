@@ -293,22 +293,6 @@ fn a_pooled_run_is_answered_exactly_and_its_sandbox_torn_down_after() {
     });
 }
 
-/// The processes named by `mark` that have not begun to exit (PF_EXITING, 0x4, not in
-/// the flags of /proc/PID/stat, field 9).
-fn running_pids_with(mark: &str) -> Vec<u32> {
-    host_pids_with(mark)
-        .into_iter()
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let flags = stat
-                .rfind(')')
-                .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
-                .and_then(|f| f.parse::<u64>().ok());
-            flags.is_some_and(|f| f & 0x4 == 0)
-        })
-        .collect()
-}
-
 #[test]
 fn a_pooled_run_ends_at_its_interpreters_word_and_only_the_init_hears_it() {
     image_test(|_| {
