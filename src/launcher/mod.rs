@@ -276,6 +276,15 @@ pub struct Sandbox {
 /// The most fds from the sandbox the launcher holds unclaimed.
 const MAX_QUEUED_FDS: usize = 4;
 
+/// A payload's fds as sent with its `Spawn`: stdin, stdout, stderr, then a driver's channel.
+fn raw_fds(stdio: &[BorrowedFd<'_>; 3], driver: Option<BorrowedFd<'_>>) -> Vec<i32> {
+    stdio
+        .iter()
+        .chain(&driver)
+        .map(|fd| fd.as_raw_fd())
+        .collect()
+}
+
 impl Sandbox {
     /// /work from the host (see [`crate::workdir`]).
     pub(crate) fn work_dir(&self) -> Option<std::sync::Arc<crate::workdir::WorkDir>> {
@@ -422,9 +431,7 @@ impl Sandbox {
         last: bool,
         cwd: Option<String>,
     ) -> Result<u64, SpawnError> {
-        let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
-        fds.extend(driver.map(|fd| fd.as_raw_fd()));
-        self.spawn_with(exec, &fds, last, cwd, None, false)
+        self.spawn_with(exec, &raw_fds(stdio, driver), last, cwd, None, false)
     }
 
     /// Spawns the sandbox's last payload, one that says its own end: the init gives it,
@@ -437,9 +444,7 @@ impl Sandbox {
         stdio: &[BorrowedFd<'_>; 3],
         driver: BorrowedFd<'_>,
     ) -> Result<u64, SpawnError> {
-        let mut fds: Vec<i32> = stdio.iter().map(|fd| fd.as_raw_fd()).collect();
-        fds.push(driver.as_raw_fd());
-        self.spawn_with(exec, &fds, true, None, None, true)
+        self.spawn_with(exec, &raw_fds(stdio, Some(driver)), true, None, None, true)
     }
 
     /// Sends a `Spawn` with `fds`, or for a terminal of `pty`'s size none.

@@ -408,7 +408,8 @@ impl Init<'_> {
     /// pipes or memory, and the cgroup's figures hold only what the code did (and part of
     /// the exits).
     fn end_said(&mut self, pid: Pid, code: i32) {
-        let Some((id, true, outputs)) = self.payloads.remove(&pid) else {
+        // Only a last payload is given the pipe.
+        let Some((id, _, outputs)) = self.payloads.remove(&pid) else {
             return;
         };
         self.note_reaped(id, pid);
@@ -416,7 +417,7 @@ impl Init<'_> {
         let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
         let patience = std::time::Instant::now() + END_PATIENCE;
         loop {
-            self.reap_killed();
+            self.reap_killed(false);
             if procs::all_exiting() {
                 break;
             }
@@ -439,11 +440,15 @@ impl Init<'_> {
         self.exit(0)
     }
 
-    /// Reaps, without waiting, the killed processes that have exited; the payloads among
-    /// them are reported as killed.
-    fn reap_killed(&mut self) {
+    /// Reaps the killed processes, the payloads among them reported as killed: with `wait`,
+    /// every child until none is left; without, those that have exited.
+    fn reap_killed(&mut self, wait: bool) {
+        let flags = match wait {
+            true => WaitPidFlag::__WALL,
+            false => WaitPidFlag::__WALL | WaitPidFlag::WNOHANG,
+        };
         loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+            match waitpid(None, Some(flags)) {
                 Ok(WaitStatus::Exited(pid, code)) => self.killed(pid, Some(code), None),
                 Ok(WaitStatus::Signaled(pid, signal, _)) => {
                     self.killed(pid, None, Some(signal as i32))
@@ -459,16 +464,7 @@ impl Init<'_> {
     /// among them are reported as killed.
     fn kill_all(&mut self) {
         let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-        loop {
-            match waitpid(None, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Exited(pid, code)) => self.killed(pid, Some(code), None),
-                Ok(WaitStatus::Signaled(pid, signal, _)) => {
-                    self.killed(pid, None, Some(signal as i32))
-                }
-                Ok(_) | Err(Errno::EINTR) => continue,
-                Err(_) => break,
-            }
-        }
+        self.reap_killed(true);
     }
 
     /// Remembers a reaped payload's group for a while (the last 16).

@@ -18,12 +18,22 @@ const MAX_COMMAND: usize = 200;
 struct Stat {
     state: char,
     pgrp: i32,
+    /// The kernel's flags of the task (`PF_*`).
+    flags: u64,
     start: u64,
     name: String,
 }
 
+/// `PF_EXITING` of include/linux/sched.h: the task has begun its exit.
+const PF_EXITING: u64 = 0x4;
+
 fn stat(pid: i32) -> Option<Stat> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_at(format!("/proc/{pid}/stat"))
+}
+
+/// The stat file at `path`: a process's, or one of its tasks' (/proc/PID/task/TID/stat).
+fn stat_at(path: impl AsRef<std::path::Path>) -> Option<Stat> {
+    let text = fs::read_to_string(path).ok()?;
     // "PID (NAME) STATE PPID PGRP SESSION ... STARTTIME(22) ...": the name may hold
     // spaces and parentheses, so the fields are counted from its last ')'.
     let open = text.find('(')?;
@@ -34,6 +44,7 @@ fn stat(pid: i32) -> Option<Stat> {
     Some(Stat {
         state: fields.first()?.chars().next()?,
         pgrp: fields.get(2)?.parse().ok()?,
+        flags: fields.get(6)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
         name,
     })
@@ -134,11 +145,9 @@ pub fn group_members(pgrp: i32, leader: i32, mark: Option<i32>, since_ns: u64) -
 /// Whether every thread of the sandbox but the init's has begun its exit: PF_EXITING in
 /// the flags of /proc/PID/task/TID/stat (field 9), which the kernel sets as a killed thread
 /// leaves its last system call, before it frees anything; zombies keep it. A thread with it
-/// runs no code of its process and is in none of its system calls any more. A task gone
-/// meanwhile counts as exited.
+/// runs no code of its process and is in none of its system calls any more. A task whose
+/// stat is gone meanwhile counts as exited.
 pub fn all_exiting() -> bool {
-    /// `PF_EXITING` of include/linux/sched.h.
-    const PF_EXITING: u64 = 0x4;
     let Ok(dir) = fs::read_dir("/proc") else {
         return false;
     };
@@ -154,16 +163,7 @@ pub fn all_exiting() -> bool {
             continue;
         };
         for task in tasks.flatten() {
-            let Ok(text) = fs::read_to_string(task.path().join("stat")) else {
-                continue;
-            };
-            // Field 9 is the 7th after the name's last ')' (see `stat`).
-            let flags = text
-                .rfind(')')
-                .and_then(|close| text.get(close + 1..))
-                .and_then(|rest| rest.split_whitespace().nth(6))
-                .and_then(|f| f.parse::<u64>().ok());
-            if flags.is_none_or(|f| f & PF_EXITING == 0) {
+            if stat_at(task.path().join("stat")).is_some_and(|s| s.flags & PF_EXITING == 0) {
                 return false;
             }
         }

@@ -79,18 +79,18 @@ pub struct Pool {
 }
 
 /// A request being served, until it is dropped.
-struct Serving(Shared);
+struct Serving<'a>(&'a AtomicUsize);
 
-impl Serving {
-    fn new(state: &Shared) -> Serving {
-        state.pool.serving.fetch_add(1, Ordering::Relaxed);
-        Serving(state.clone())
+impl Serving<'_> {
+    fn new(count: &AtomicUsize) -> Serving<'_> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Serving(count)
     }
 }
 
-impl Drop for Serving {
+impl Drop for Serving<'_> {
     fn drop(&mut self) {
-        self.0.pool.serving.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -101,7 +101,7 @@ pub async fn count_requests(
     request: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let _serving = Serving::new(&state);
+    let _serving = Serving::new(&state.pool.serving);
     next.run(request).await
 }
 

@@ -173,6 +173,22 @@ impl Scope {
 /// tests/suite/delegation.rs does under `/sys/fs/cgroup/codecage/unit-<pid>.service`), with
 /// the pid of the launcher each is named after (`run-<pid ns>-<pid>-<start>-<n>`). Runs of
 /// launchers in other pid namespaces are left out: their pids mean nothing here.
+/// The CPU weight files of the sandboxes launched by `pid` (v1 `cpu.shares`, v2
+/// `cpu.weight`) and their values.
+pub fn cpu_weights(pid: u32) -> Vec<(PathBuf, u64)> {
+    run_cgroups()
+        .into_iter()
+        .filter(|(launcher, _)| *launcher == pid)
+        .filter_map(|(_, dir)| {
+            ["cpu.shares", "cpu.weight"].iter().find_map(|name| {
+                let file = dir.join(name);
+                let value = std::fs::read_to_string(&file).ok()?.trim().parse().ok()?;
+                Some((file, value))
+            })
+        })
+        .collect()
+}
+
 pub fn run_cgroups() -> Vec<(u32, PathBuf)> {
     let root = Path::new("/sys/fs/cgroup");
     let mut parents = Vec::new();
@@ -226,15 +242,16 @@ pub fn pid_namespace() -> u64 {
 pub fn running_pids_with(needle: &str) -> Vec<u32> {
     host_pids_with(needle)
         .into_iter()
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let flags = stat
-                .rfind(')')
-                .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
-                .and_then(|f| f.parse::<u64>().ok());
-            flags.is_some_and(|f| f & 0x4 == 0)
-        })
+        .filter(|pid| task_flags(*pid).is_some_and(|f| f & 0x4 == 0))
         .collect()
+}
+
+/// The kernel's flags of process `pid` (`PF_*`; /proc/PID/stat, field 9: the 7th after the
+/// name's last ')'), if it is there.
+pub fn task_flags(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    stat[close + 1..].split_whitespace().nth(6)?.parse().ok()
 }
 
 pub fn host_pids_with(needle: &str) -> Vec<u32> {

@@ -207,11 +207,7 @@ fn the_kernel_shows_a_killed_process_as_exiting() {
         running_pids_with(&mark).is_empty() && host_pids_with(&mark).is_empty(),
         "a zombie is neither running nor named (its cmdline is gone)"
     );
-    let flags: u64 = stat
-        .rfind(')')
-        .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
-        .and_then(|f| f.parse().ok())
-        .unwrap();
+    let flags = task_flags(child.id()).unwrap();
     assert_ne!(flags & 0x4, 0, "PF_EXITING not shown: {stat}");
     child.wait().unwrap();
 }

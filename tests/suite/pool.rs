@@ -166,22 +166,6 @@ fn a_pooled_session_is_ready_at_once_and_never_shared() {
     });
 }
 
-/// The CPU weight files of the server `pid`'s sandboxes (v1 `cpu.shares`, v2 `cpu.weight`)
-/// and their values.
-fn cpu_weights(pid: u32) -> Vec<(std::path::PathBuf, u64)> {
-    run_cgroups()
-        .into_iter()
-        .filter(|(launcher, _)| *launcher == pid)
-        .filter_map(|(_, dir)| {
-            ["cpu.shares", "cpu.weight"].iter().find_map(|name| {
-                let file = dir.join(name);
-                let value = std::fs::read_to_string(&file).ok()?.trim().parse().ok()?;
-                Some((file, value))
-            })
-        })
-        .collect()
-}
-
 /// The pooled interpreters the server `pid` holds (their init is its child).
 fn pooled_interpreters(pid: u32) -> Vec<u32> {
     let parent = |p: u32| -> Option<u32> {

@@ -56,27 +56,12 @@ fn a_session_started_ahead_is_in_the_background_until_handed_over() {
             outputs: None,
         };
         let mut s = Session::start_ahead(spec).expect("the session did not start");
-        let weights = || -> Vec<(std::path::PathBuf, String)> {
-            run_cgroups()
-                .into_iter()
-                .filter(|(launcher, _)| *launcher == std::process::id())
-                .flat_map(|(_, dir)| {
-                    ["cpu.shares", "cpu.weight"]
-                        .iter()
-                        .filter_map(|f| {
-                            let file = dir.join(f);
-                            let v = std::fs::read_to_string(&file).ok()?;
-                            Some((file, v.trim().to_string()))
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        };
+        let weights = || cpu_weights(std::process::id());
         // Other tests of this process may run sandboxes of their own: this session's
         // cgroup is the one in the background.
         let background: Vec<_> = weights()
             .into_iter()
-            .filter(|(_, v)| v == "1" || v == "2")
+            .filter(|(_, v)| *v == 1 || *v == 2)
             .collect();
         assert_eq!(background.len(), 1, "{background:?} of {:?}", weights());
         assert_eq!(text(&call(&mut s, "1 + 1")), "2");

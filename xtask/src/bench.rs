@@ -297,12 +297,14 @@ impl Parts {
 
 /// The share of the CPUs' time a part may find busy before it starts.
 const SETTLED_BUSY: f64 = 0.15;
+/// The window over which the share is measured.
+const SETTLE_WINDOW: Duration = Duration::from_millis(300);
 /// How long a part waits at most for the machine to settle.
 const SETTLE_PATIENCE: Duration = Duration::from_secs(90);
 
 /// Waits until the machine is quiet (at most [`SETTLED_BUSY`] of the CPUs' time busy over
-/// 300 ms), for at most [`SETTLE_PATIENCE`]: what a part leaves behind goes on after it
-/// (the kernel tears down the network namespaces of the density table's 300 sessions in a
+/// [`SETTLE_WINDOW`]), for at most [`SETTLE_PATIENCE`]: what a part leaves behind goes on
+/// after it (the kernel tears down the network namespaces of the density table's 300 sessions in a
 /// worker for many seconds), and the next part must not be measured against it.
 fn settle() {
     // (busy, total) jiffies of every CPU, from /proc/stat's first line.
@@ -326,7 +328,7 @@ fn settle() {
         let Some((busy0, total0)) = sample() else {
             return;
         };
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(SETTLE_WINDOW);
         let Some((busy1, total1)) = sample() else {
             return;
         };
@@ -643,8 +645,10 @@ fn write_intro(out: &mut String) -> Result<()> {
         "Every command runs on the same root: the host's /usr, read-only. Rounds are interleaved (each round runs \
          every command of a table once), the first three are not counted, and the figure is the median wall time \
          of spawning the command until it has exited and been reaped. Ratios are to bare execution. Each part \
-         starts once the machine is quiet (at most 15 % of the CPUs' time busy over 300 ms), so what the one \
-         before left (the kernel's teardown of 300 sessions' namespaces) is not measured with it.\n"
+         starts once the machine is quiet (at most {busy:.0} % of the CPUs' time busy over {window} ms), so what \
+         the one before left (the kernel's teardown of 300 sessions' namespaces) is not measured with it.\n",
+        busy = SETTLED_BUSY * 100.0,
+        window = SETTLE_WINDOW.as_millis()
     )?;
     Ok(())
 }

@@ -17,16 +17,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::bench::Figures;
-use crate::bench_pool_rate::{percentile_ms, request};
-use crate::bench_sessions::{start_server_with, Server};
+use crate::bench_pool_rate::{percentile_ms, request, wait_pool};
+use crate::bench_sessions::{require_image, start_server_with, Server};
 use crate::host::status;
 
 /// The clients of a burst, all at once.
 pub const CLIENTS: usize = 50;
 /// The session pools the burst is measured against: as large as the burst, and small.
 pub const POOLS: [usize; 2] = [CLIENTS, 4];
-/// The default image, whose Python the sessions run.
-const IMAGE: &str = "/var/lib/codecage/rootfs/default";
 
 /// What a burst gave.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,24 +51,6 @@ impl Burst {
             p99_ms: percentile_ms(&times, 99),
             wall_ms: wall.as_secs_f64() * 1000.0,
         }
-    }
-}
-
-/// Waits until the pool holds `n` Python sessions, then a moment more for the last
-/// one's start to settle.
-fn wait_sessions(server: &Server, n: usize) -> Result<()> {
-    let end = Instant::now() + Duration::from_secs(300);
-    loop {
-        let (_, body, _) = request(server, "GET", "/v1/pool", None)?;
-        let pool: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
-        if pool["sessions"]["python"].as_u64().unwrap_or(0) as usize >= n {
-            std::thread::sleep(Duration::from_millis(500));
-            return Ok(());
-        }
-        if Instant::now() > end {
-            bail!("the session pool did not fill to {n} in 5 minutes: {body}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -103,7 +83,7 @@ fn create_and_call(server: &Server) -> Result<(String, Instant)> {
 
 /// [`CLIENTS`] clients released at once against a server whose pool holds `pool` sessions.
 fn burst(server: &Server, pool: usize) -> Result<Burst> {
-    wait_sessions(server, pool)?;
+    wait_pool(server, "sessions", pool)?;
     let gate = Barrier::new(CLIENTS + 1);
     let (start, results) = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..CLIENTS)
@@ -154,9 +134,7 @@ pub fn table(
     figures: &mut Figures,
     out: &mut String,
 ) -> Result<()> {
-    if !Path::new(IMAGE).join("usr/bin/python3").exists() {
-        bail!("the session burst needs the default image: run `cargo xtask rootfs` first");
-    }
+    require_image("the session burst")?;
     let mut bursts = Vec::new();
     for pool in POOLS {
         status(

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::bench::Figures;
-use crate::bench_sessions::{curl, median_ms, start_server_with, time_process, Server};
+use crate::bench_sessions::{
+    create_timed, curl, median_ms, require_image, start_server_with, time_process, Server, IMAGE,
+};
 use crate::host::status;
 
 /// Requests per pooled figure (each waits for the pool's refill first).
 const REQUESTS: usize = 25;
-/// The default image, whose Python the pool runs.
-const IMAGE: &str = "/var/lib/codecage/rootfs/default";
 
 /// Waits until the pool holds one run sandbox and one session.
 fn wait_full(server: &Server) -> Result<()> {
@@ -97,9 +97,7 @@ pub fn table(
     figures: &mut Figures,
     out: &mut String,
 ) -> Result<()> {
-    if !Path::new(IMAGE).join("usr/bin/python3").exists() {
-        bail!("the warm-pool table needs the default image: run `cargo xtask rootfs` first");
-    }
+    require_image("the warm-pool table")?;
     status(
         "Measuring",
         "the warm pool: pooled runs, session start, memory",
@@ -128,17 +126,7 @@ pub fn table(
     for _ in 0..REQUESTS {
         wait_full(&server)?;
         std::thread::sleep(Duration::from_millis(200));
-        let (body, create) = curl(
-            &server,
-            "POST",
-            "/v1/sessions",
-            Some(r#"{"language":"python"}"#),
-        )?;
-        let value: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
-        let id = value["id"]
-            .as_str()
-            .with_context(|| body.clone())?
-            .to_string();
+        let (id, create) = create_timed(&server, "python")?;
         let (_, first) = curl(
             &server,
             "POST",

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench_sessions::{start_server_with, Server};
+use crate::bench_sessions::{require_image, start_server_with, Server};
 use crate::host::status;
 
 /// Requests per back-to-back figure unless `--pool-rate-requests` says otherwise.
@@ -38,8 +38,6 @@ const PACED_RATES: [usize; 4] = [1, 2, 4, 8];
 const PACED_SECONDS: u64 = 15;
 /// Refills timed on an idle server with a pool of 1.
 const REFILLS: usize = 5;
-/// The default image, whose Python the pool runs.
-const IMAGE: &str = "/var/lib/codecage/rootfs/default";
 
 /// One HTTP/1.1 request over the server's socket (`Connection: close`): the status, the
 /// body (chunked transfer decoded) and the time from connecting to the answer's last byte.
@@ -119,19 +117,19 @@ fn run(server: &Server, code: &str) -> Result<(Duration, bool)> {
     Ok((time, warm))
 }
 
-/// Waits until the pool holds `n` run sandboxes of the python profile, then a moment more
-/// for the last refill's end (its preload) to settle.
-fn wait_full(server: &Server, n: usize) -> Result<()> {
-    let end = Instant::now() + Duration::from_secs(180);
+/// Waits until the pool holds `n` of `kind` (`runs` or `sessions`) for the python profile,
+/// then a moment more for the last one's start (its preload) to settle.
+pub(crate) fn wait_pool(server: &Server, kind: &str, n: usize) -> Result<()> {
+    let end = Instant::now() + Duration::from_secs(300);
     loop {
         let (_, body, _) = request(server, "GET", "/v1/pool", None)?;
         let pool: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
-        if pool["runs"]["python"].as_u64().unwrap_or(0) as usize >= n {
+        if pool[kind]["python"].as_u64().unwrap_or(0) as usize >= n {
             std::thread::sleep(Duration::from_millis(500));
             return Ok(());
         }
         if Instant::now() > end {
-            bail!("the pool did not fill to {n} in 3 minutes: {body}");
+            bail!("the {kind} pool did not fill to {n} in 5 minutes: {body}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -143,7 +141,7 @@ fn wait_full(server: &Server, n: usize) -> Result<()> {
 fn refill_ms(server: &Server) -> Result<f64> {
     let mut times = Vec::new();
     for _ in 0..REFILLS {
-        wait_full(server, 1)?;
+        wait_pool(server, "runs", 1)?;
         let (_, warm) = run(server, "pass")?;
         let answered = Instant::now();
         if !warm {
@@ -269,7 +267,7 @@ fn server_with_pool(codecage: &str, work: &Path, n: usize) -> Result<Server> {
         8,
         &format!("[pool]\nruns = {runs}\nsessions = {{}}\n"),
     )?;
-    wait_full(&server, n)?;
+    wait_pool(&server, "runs", n)?;
     for _ in 0..WARMUP {
         run(&server, "pass")?;
     }
@@ -284,9 +282,7 @@ pub fn table(
     requests: usize,
     out: &mut String,
 ) -> Result<()> {
-    if !Path::new(IMAGE).join("usr/bin/python3").exists() {
-        bail!("the steady-rate pool table needs the default image: run `cargo xtask rootfs` first");
-    }
+    require_image("the steady-rate pool table")?;
     let mut rows = Vec::new();
     let mut refill = None;
     for n in POOL_SIZES {
@@ -300,7 +296,7 @@ pub fn table(
         }
         for code in CODES {
             for clients in CLIENTS {
-                wait_full(&server, n)?;
+                wait_pool(&server, "runs", n)?;
                 rows.push((
                     n,
                     code,
@@ -319,7 +315,7 @@ pub fn table(
     let server = server_with_pool(codecage, work, PACED_POOL)?;
     let mut paced_rows = Vec::new();
     for rate in PACED_RATES {
-        wait_full(&server, PACED_POOL)?;
+        wait_pool(&server, "runs", PACED_POOL)?;
         paced_rows.push((rate, paced(&server, rate, PACED_SECONDS)?));
     }
     drop(server);

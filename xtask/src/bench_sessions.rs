@@ -114,17 +114,34 @@ pub(crate) fn curl(
 }
 
 fn create(server: &Server, lang: &str) -> Result<String> {
-    let (body, _) = curl(
+    Ok(create_timed(server, lang)?.0)
+}
+
+/// A new session of `lang`: its id and curl's own time of the create.
+pub(crate) fn create_timed(server: &Server, lang: &str) -> Result<(String, Duration)> {
+    let (body, time) = curl(
         server,
         "POST",
         "/v1/sessions",
         Some(&format!("{{\"language\":\"{lang}\"}}")),
     )?;
     let value: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
-    value["id"]
+    let id = value["id"]
         .as_str()
         .map(str::to_string)
-        .with_context(|| format!("no session: {body}"))
+        .with_context(|| format!("no session: {body}"))?;
+    Ok((id, time))
+}
+
+/// The default image, whose Python the pooled and burst tables run.
+pub(crate) const IMAGE: &str = "/var/lib/codecage/rootfs/default";
+
+/// Fails unless the default image is installed; `table` names the table that needs it.
+pub(crate) fn require_image(table: &str) -> Result<()> {
+    if !Path::new(IMAGE).join("usr/bin/python3").exists() {
+        bail!("{table} needs the default image: run `cargo xtask rootfs` first");
+    }
+    Ok(())
 }
 
 pub(crate) fn median_ms(mut v: Vec<Duration>) -> f64 {
@@ -216,17 +233,7 @@ pub fn table(
     // curl's own times; closed before the next.
     let mut cold = Vec::with_capacity(COLD_SESSIONS);
     for _ in 0..COLD_SESSIONS {
-        let (body, create) = curl(
-            &server,
-            "POST",
-            "/v1/sessions",
-            Some(r#"{"language":"python"}"#),
-        )?;
-        let value: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
-        let id = value["id"]
-            .as_str()
-            .with_context(|| format!("no session: {body}"))?
-            .to_string();
+        let (id, create) = create_timed(&server, "python")?;
         let (answer, first) = exec(&id, "1+1")?;
         curl(&server, "DELETE", &format!("/v1/sessions/{id}"), None)?;
         if !answer.contains('2') {
