@@ -224,6 +224,7 @@ pub struct Session {
     interrupter: Interrupter,
     /// The sandbox itself is gone (its init died): no call can run any more.
     lost: Option<String>,
+    /// The cgroup's figures as the running call began: the base of its deltas.
     last_usage: Option<Usage>,
     /// Its background processes (src/launcher/processes.rs).
     processes: Processes,
@@ -312,6 +313,8 @@ impl Session {
             .start_driver(context_of(session.spec.lang))
             .map_err(|(kind, message)| StartError { kind, message })?;
         session.publish();
+        // Opens the cgroup files every call reads while the session is built (a pooled one
+        // before its request), and is the first call's base.
         session.last_usage = session.sandbox.usage();
         Ok(session)
     }
@@ -934,7 +937,6 @@ impl Session {
                     Some(format!("{why}; the session is over: create a new one"));
             }
         }
-        self.last_usage = self.sandbox.usage();
     }
 
     /// The processes a stopped call started in the driver's process group: given until

@@ -110,7 +110,8 @@ const SKIP_EVERYWHERE: &[&str] = &[
 /// The representative subset the lanes other than the first run: what a sandbox must hold
 /// on any kernel (isolation, escapes, bombs), that it runs code at all (basic), what the
 /// default profiles do on the kernel at hand (portability), a sessions smoke test (a
-/// Python and a bash session keep their state across calls), and the warm pool's early
+/// Python and a bash session keep their state across calls, a call's peak memory is its
+/// own where the kernel can reset it), and the warm pool's early
 /// answer (what it reads of the kernel's task flags).
 const SUBSET: &[&str] = &[
     "suite::basic::",
@@ -120,6 +121,7 @@ const SUBSET: &[&str] = &[
     PORTABILITY,
     "suite::sessions::python_state_and_imports_persist",
     "suite::sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status",
+    "suite::sessions::a_calls_peak_memory_is_its_own",
     "suite::library::a_pre_started_python_is_answered_at_its_word_before_its_exit",
     "suite::library::the_kernel_shows_a_killed_process_as_exiting",
 ];
@@ -383,6 +385,7 @@ mod tests {
             "basic, bombs, escape, isolation, portability, \
              sessions::python_state_and_imports_persist, \
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status, \
+             sessions::a_calls_peak_memory_is_its_own, \
              library::a_pre_started_python_is_answered_at_its_word_before_its_exit, \
              library::the_kernel_shows_a_killed_process_as_exiting \
              (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
