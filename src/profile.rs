@@ -388,6 +388,17 @@ impl Profile {
     /// As [`Profile::load`], with the installed profiles in `dir` instead of
     /// /etc/codecage/profiles.
     pub fn load_in(name_or_file: &str, dir: &Path) -> Result<Profile, ProfileError> {
+        let (text, source_name) = Profile::text_in(name_or_file, dir)?;
+        Profile::parse(&text, &source_name)
+    }
+
+    /// What [`Profile::load_in`] parses: the text of the profile `name_or_file` (a file's
+    /// path, else `<dir>/<name>.toml`, else the built-in one of that name) and the name its
+    /// errors give its source.
+    pub fn text_in(
+        name_or_file: &str,
+        dir: &Path,
+    ) -> Result<(std::borrow::Cow<'static, str>, String), ProfileError> {
         let error = |message: String| ProfileError {
             source_name: name_or_file.to_string(),
             message,
@@ -395,14 +406,14 @@ impl Profile {
         if name_or_file.contains('/') || name_or_file.ends_with(".toml") {
             let text = std::fs::read_to_string(name_or_file)
                 .map_err(|e| error(format!("cannot read it: {e}")))?;
-            return Profile::parse(&text, name_or_file);
+            return Ok((text.into(), name_or_file.to_string()));
         }
         let system = dir.join(format!("{name_or_file}.toml"));
         if let Ok(text) = std::fs::read_to_string(&system) {
-            return Profile::parse(&text, &system.display().to_string());
+            return Ok((text.into(), system.display().to_string()));
         }
         match BUILT_IN.iter().find(|(name, _)| *name == name_or_file) {
-            Some((name, text)) => Profile::parse(text, &format!("profiles/{name}.toml (built in)")),
+            Some((name, text)) => Ok(((*text).into(), format!("profiles/{name}.toml (built in)"))),
             None => Err(error(format!(
                 "no such profile; the profiles are {}",
                 names_in(dir).join(", ")
