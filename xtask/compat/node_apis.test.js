@@ -72,10 +72,12 @@ test('a UDP datagram goes round', async () => {
   s.close();
 });
 
-test('child processes: spawn, exec, fork with IPC', async () => {
+test('child processes: spawn, exec, fork with IPC', async (t) => {
   assert.strictEqual(child.spawnSync('sh', ['-c', 'echo hi']).stdout.toString(), 'hi\n');
   assert.strictEqual(child.execSync('echo $((6 * 7))').toString(), '42\n');
-  const script = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'fork-')), 'child.js');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fork-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const script = path.join(dir, 'child.js');
   fs.writeFileSync(script, "process.on('message', (m) => { process.send(m * 2); process.exit(0); });");
   const c = child.fork(script);
   const answer = new Promise((r) => c.on('message', r));
@@ -88,8 +90,9 @@ test('a worker thread runs', async () => {
   assert.strictEqual(await new Promise((r) => w.once('message', r)), 42);
 });
 
-test('fs: temp dirs, symlinks, modes, watch', async () => {
+test('fs: temp dirs, symlinks, modes, watch', async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fs-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   fs.writeFileSync(path.join(dir, 'a'), 'x');
   fs.symlinkSync('a', path.join(dir, 'b'));
   assert.strictEqual(fs.realpathSync(path.join(dir, 'b')), path.join(dir, 'a'));
