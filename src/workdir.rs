@@ -1013,6 +1013,8 @@ mod tests {
     fn operations_stay_beneath_the_root() {
         let base = std::env::temp_dir().join(format!("codecage-workdir-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
+        // Dropped last: the directory holding the two goes too.
+        let _base = Scratch(base.clone());
         let (dir, outside) = (Scratch(base.join("work")), Scratch(base.join("outside")));
         std::fs::create_dir_all(dir.path()).unwrap();
         std::fs::create_dir_all(outside.path()).unwrap();

@@ -218,7 +218,10 @@ mod tests {
         assert_eq!(load_profile("edited", installed).unwrap(), first);
         assert_eq!(first.language, Some(Lang::Bash));
         std::fs::write(&file, "language = \"python\"\n").unwrap();
-        assert_eq!(load_profile("edited", installed).unwrap().language, Some(Lang::Python));
+        assert_eq!(
+            load_profile("edited", installed).unwrap().language,
+            Some(Lang::Python)
+        );
         std::fs::write(&file, "language = \"cobol\"\n").unwrap();
         let e = load_profile("edited", installed).unwrap_err();
         assert_eq!((e.kind, e.field), (Kind::InvalidRequest, Some("profile")));
