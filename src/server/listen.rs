@@ -27,7 +27,13 @@ use super::config::Limits;
 /// fds kept free of connections: the audit database, the pool, each sandbox's pipes,
 /// pidfd and channel, the gateway.
 const RESERVED_FDS: u64 = 128;
-const FDS_PER_SANDBOX: u64 = 8;
+/// What a sandbox holds in the server, counted on a running one (tests/suite/server.rs
+/// `a_session_holds_at_most_its_share_of_the_servers_fds`): a Python session 17 (its
+/// driver's pipes, the init's channel, a pidfd, /work, its unified cgroup directory, its id
+/// slot's lock, the five cgroup files its usage is read from), each further language
+/// context 3 more: 23-24 with all three (a connection being closed may be counted), and 4
+/// to spare. A background process adds 2 (its output pipes).
+const FDS_PER_SANDBOX: u64 = 28;
 
 /// Raises the soft fd limit to the hard one (as servers do) and returns the connection
 /// cap per listener: `limits.max_connections`, lowered so that every listener's
@@ -316,10 +322,13 @@ mod tests {
     #[test]
     fn the_connection_caps_fit_under_the_fd_limit() {
         let limits = Limits::default();
-        // 1 024 fds, two listeners, 64 sandboxes: 1024 - 128 - 512 = 384, 192 each.
-        assert_eq!(cap_under(1024, &limits, 2), 192);
-        assert!(2 * cap_under(1024, &limits, 2) + 128 + 8 * 64 <= 1024);
+        let sandboxes = FDS_PER_SANDBOX * limits.max_sandboxes as u64;
+        // Two listeners share what the sandboxes and the reserve leave.
+        let nofile = RESERVED_FDS + sandboxes + 384;
+        assert_eq!(cap_under(nofile, &limits, 2), 192);
+        assert!(2 * cap_under(nofile, &limits, 2) as u64 + RESERVED_FDS + sandboxes <= nofile);
         assert_eq!(cap_under(1 << 20, &limits, 2), limits.max_connections);
+        // Never below 8 connections, however few fds.
         assert_eq!(cap_under(100, &limits, 1), 8);
     }
 }

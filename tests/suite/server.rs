@@ -294,6 +294,47 @@ pub(super) fn free_port() -> u16 {
     panic!("no free TCP port in 20000-31999");
 }
 
+/// The server keeps connections under its fd limit by counting what each sandbox holds
+/// (src/server/listen.rs `FDS_PER_SANDBOX`, 28): a session with all three language contexts
+/// holds no more than that, and gives every one back when it is closed.
+#[test]
+fn a_session_holds_at_most_its_share_of_the_servers_fds() {
+    const FDS_PER_SANDBOX: usize = 28;
+    as_root(|| {
+        let server = Server::start("[pool]\nruns = {}\nsessions = {}\n", false);
+        let (_, before) = server.footprint();
+        let (status, body) =
+            server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
+        assert_eq!(status, 201, "{body}");
+        let id = body["id"].as_str().unwrap().to_string();
+        for (language, code) in [("python", "1 + 1"), ("bash", "true"), ("node", "1 + 1")] {
+            let (status, out) = server.request(
+                "POST",
+                &format!("/v1/sessions/{id}/execute"),
+                Some(json!({"language": language, "code": code})),
+            );
+            assert_eq!(
+                (status, &out["error"]),
+                (200, &Value::Null),
+                "{language}: {out}"
+            );
+        }
+        let (_, during) = server.footprint();
+        assert!(
+            during - before <= FDS_PER_SANDBOX,
+            "a session with three contexts holds {} fds of the server, more than the {FDS_PER_SANDBOX} counted",
+            during - before
+        );
+        let (status, _) = server.request("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        // The session's teardown may finish after the answer.
+        wait_for(Duration::from_secs(10), || server.footprint().1 == before);
+        let (_, after) = server.footprint();
+        assert_eq!(after, before, "fds left by a closed session");
+        eprintln!("figures: server fds {before}, with a session of three contexts {during}, after {after}");
+    });
+}
+
 #[test]
 fn a_run_through_the_api_is_the_same_object_as_run_json() {
     as_root(|| {
