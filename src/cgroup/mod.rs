@@ -154,52 +154,89 @@ pub struct RunCgroup {
 /// in a burst of session calls. The peak is also reset through its fd, which since Linux
 /// 6.12 is the only way the reset holds on v2: a write to memory.peak resets the figure
 /// for reads through the same open file only.
-#[derive(Default)]
 struct Meters {
     /// v2 memory.peak, v1 memory.max_usage_in_bytes (opened for writing too: the reset).
-    peak: Option<fs::File>,
+    peak: Meter,
     /// memory.max, memory.limit_in_bytes.
-    limit: Option<fs::File>,
+    limit: Meter,
     /// v2 memory.events (`max`, `oom_kill`), v1 memory.oom_control (`oom_kill`).
-    memory_events: Option<fs::File>,
+    memory_events: Meter,
     /// v2 cpu.stat (`usage_usec`), v1 cpuacct.usage (nanoseconds).
-    cpu: Option<fs::File>,
+    cpu: Meter,
     /// pids.events (`max`).
-    pids_events: Option<fs::File>,
+    pids_events: Meter,
 }
 
 impl Meters {
-    fn open(cgroup: &RunCgroup) -> Meters {
-        let open =
-            |dir: Option<&Path>, name: &str| dir.and_then(|d| fs::File::open(d.join(name)).ok());
-        let open_rw = |dir: Option<&Path>, name: &str| {
-            let path = dir?.join(name);
-            // Read-only where the kernel has no reset (memory.peak before 6.12 is 0444).
-            fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .or_else(|_| fs::File::open(&path))
-                .ok()
+    fn of(cgroup: &RunCgroup) -> Meters {
+        let at = |dir: Option<&Path>, name: &str, writable: bool| Meter {
+            path: dir.map(|d| d.join(name)),
+            writable,
+            file: OnceLock::new(),
         };
         if cgroup.v2 {
             let dir = cgroup.unified.as_ref().map(|(dir, _)| dir.as_path());
             return Meters {
-                peak: open_rw(dir, "memory.peak"),
-                limit: open(dir, "memory.max"),
-                memory_events: open(dir, "memory.events"),
-                cpu: open(dir, "cpu.stat"),
-                pids_events: open(dir, "pids.events"),
+                peak: at(dir, "memory.peak", true),
+                limit: at(dir, "memory.max", false),
+                memory_events: at(dir, "memory.events", false),
+                cpu: at(dir, "cpu.stat", false),
+                pids_events: at(dir, "pids.events", false),
             };
         }
         let memory = cgroup.v1_dir(Controller::Memory);
         Meters {
-            peak: open_rw(memory, "memory.max_usage_in_bytes"),
-            limit: open(memory, "memory.limit_in_bytes"),
-            memory_events: open(memory, "memory.oom_control"),
-            cpu: open(cgroup.v1_dir(Controller::Cpuacct), "cpuacct.usage"),
-            pids_events: open(cgroup.v1_dir(Controller::Pids), "pids.events"),
+            peak: at(memory, "memory.max_usage_in_bytes", true),
+            limit: at(memory, "memory.limit_in_bytes", false),
+            memory_events: at(memory, "memory.oom_control", false),
+            cpu: at(cgroup.v1_dir(Controller::Cpuacct), "cpuacct.usage", false),
+            pids_events: at(cgroup.v1_dir(Controller::Pids), "pids.events", false),
         }
+    }
+}
+
+/// One usage file, opened at its first reading. A file the kernel does not have (v2's
+/// memory.peak before 5.19) is given up on; one that could not be opened otherwise (the
+/// server out of fds) is tried again at the next reading, as a path read each time was.
+struct Meter {
+    path: Option<PathBuf>,
+    writable: bool,
+    /// Some(file), or None for a file that is not there.
+    file: OnceLock<Option<fs::File>>,
+}
+
+impl Meter {
+    fn file(&self) -> Option<&fs::File> {
+        if let Some(known) = self.file.get() {
+            return known.as_ref();
+        }
+        let path = self.path.as_ref()?;
+        let opened = if self.writable {
+            // Read-only where the kernel has no reset (memory.peak before 6.12 is 0444).
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .or_else(|_| fs::File::open(path))
+        } else {
+            fs::File::open(path)
+        };
+        match opened {
+            Ok(file) => self.file.get_or_init(|| Some(file)).as_ref(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.file.get_or_init(|| None).as_ref()
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The whole file, read from its start.
+    fn text(&self) -> Option<String> {
+        read_from_start(self.file()?)
+    }
+
+    fn number(&self) -> Option<u64> {
+        self.text()?.trim().parse().ok()
     }
 }
 
@@ -550,13 +587,13 @@ impl RunCgroup {
     /// the figure for that fd alone.
     pub fn reset_peak_memory(&self) {
         use std::os::unix::fs::FileExt;
-        if let Some(peak) = &self.meters().peak {
+        if let Some(peak) = self.meters().peak.file() {
             let _ = peak.write_at(if self.v2 { b"reset" } else { b"0" }, 0);
         }
     }
 
     fn meters(&self) -> &Meters {
-        self.meters.get_or_init(|| Meters::open(self))
+        self.meters.get_or_init(|| Meters::of(self))
     }
 
     /// Raises the memory limit by what the sandbox holds now: a pre-started interpreter's
@@ -622,25 +659,25 @@ impl RunCgroup {
     /// What the cgroup measured. Read before [`RunCgroup::remove`].
     pub fn usage(&self) -> Usage {
         let meters = self.meters();
-        let text = |file: &Option<fs::File>| file.as_ref().and_then(read_from_start);
-        let number = |file: &Option<fs::File>| text(file)?.trim().parse().ok();
-        let memory_events = text(&meters.memory_events);
+        let memory_events = meters.memory_events.text();
         let event = |key| memory_events.as_deref().and_then(|e| keyed_in(e, key));
-        let pids_events = text(&meters.pids_events);
+        let pids_events = meters.pids_events.text();
         Usage {
-            peak_memory: number(&meters.peak),
+            peak_memory: meters.peak.number(),
             // "max" where no limit is set (v2): not a number, so None.
-            memory_limit: number(&meters.limit),
+            memory_limit: meters.limit.number(),
             // v1 has no such counter (failcnt stays 0 when memsw fails first).
             memory_limit_hits: if self.v2 { event("max") } else { None }.unwrap_or(0),
             // The OOM signal on v1 is memory.oom_control's counter too.
             oom_kills: event("oom_kill").unwrap_or(0),
             cpu: if self.v2 {
-                text(&meters.cpu)
+                meters
+                    .cpu
+                    .text()
                     .and_then(|stat| keyed_in(&stat, "usage_usec"))
                     .map(Duration::from_micros)
             } else {
-                number(&meters.cpu).map(Duration::from_nanos)
+                meters.cpu.number().map(Duration::from_nanos)
             },
             pids_limit_hits: pids_events.and_then(|e| keyed_in(&e, "max")).unwrap_or(0),
         }
@@ -833,7 +870,6 @@ fn read_u64(path: &Path) -> Option<u64> {
     read(path)?.trim().parse().ok()
 }
 
-/// The value of `key` in a "key value" per line file (memory.events, cpu.stat, ...).
 /// Removes the cgroups of launchers that died without cleaning up: a run cgroup whose
 /// launcher (pid plus start time) is gone. Its processes died with the launcher
 /// (PR_SET_PDEATHSIG); any left are killed first. Runs once per process.
@@ -944,6 +980,37 @@ mod tests {
         let again = read_from_start(&file).unwrap();
         assert_eq!(again, long);
         assert_eq!(keyed_in(&again, "key99"), Some(99));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A usage file that is not there is given up on; one that failed to open otherwise
+    /// (here ENOTDIR; in a server, EMFILE) is opened at the next reading.
+    #[test]
+    fn a_meter_tries_again_unless_the_file_is_not_there() {
+        let dir = std::env::temp_dir().join(format!("codecage-meter-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let meter = |name: &str| Meter {
+            path: Some(dir.join(name)),
+            writable: false,
+            file: OnceLock::new(),
+        };
+        let absent = meter("absent");
+        assert!(absent.number().is_none());
+        fs::write(dir.join("absent"), "1\n").unwrap();
+        assert!(
+            absent.number().is_none(),
+            "a file not there at first is not looked for again"
+        );
+        fs::write(dir.join("parent"), "").unwrap();
+        let later = meter("parent/value");
+        assert!(later.number().is_none());
+        fs::remove_file(dir.join("parent")).unwrap();
+        fs::create_dir(dir.join("parent")).unwrap();
+        fs::write(dir.join("parent/value"), "42\n").unwrap();
+        assert_eq!(later.number(), Some(42));
+        fs::write(dir.join("parent/value"), "43\n").unwrap();
+        assert_eq!(later.number(), Some(43), "read again from the kept file");
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -48,6 +48,16 @@ pub fn connection_cap(limits: &Limits, listeners: usize) -> usize {
         Ok((soft, _)) => soft,
         Err(_) => 1024,
     };
+    let sandboxes = RESERVED_FDS + FDS_PER_SANDBOX * limits.max_sandboxes as u64;
+    if sandboxes > nofile {
+        tracing::warn!(
+            nofile,
+            needed = sandboxes,
+            max_sandboxes = limits.max_sandboxes,
+            "limits.max_sandboxes sandboxes may need more fds than the fd limit allows (LimitNOFILE): \
+             raise it or lower max_sandboxes, or sandboxes past it fail to start"
+        );
+    }
     let cap = cap_under(nofile, limits, listeners);
     if cap < limits.max_connections {
         tracing::warn!(
