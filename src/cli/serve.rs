@@ -113,7 +113,10 @@ pub fn main(args: ServeArgs) -> i32 {
     }
 }
 
-/// One line per event on stderr (journald takes it from there); RUST_LOG filters.
+/// One line per event on stderr (journald takes it from there); RUST_LOG filters. A line
+/// that cannot be written (stderr's reader gone: journald restarted, a pipe closed) is
+/// dropped: tracing-subscriber's report of it is an `eprintln!`, which panics on that same
+/// broken stderr, in whatever thread logged (a request's, or main's as the server stops).
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
@@ -123,6 +126,7 @@ pub fn init_logging() {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .with_target(false)
+        .log_internal_errors(false)
         .try_init();
 }
 

@@ -297,6 +297,58 @@ pub(super) fn free_port() -> u16 {
 /// The server keeps connections under its fd limit by counting what each sandbox holds
 /// (src/server/listen.rs `FDS_PER_SANDBOX`, 28): a session with all three language contexts
 /// holds no more than that, and gives every one back when it is closed.
+/// A server whose stderr has no reader any more (journald restarted, the pipe it logged
+/// into closed) goes on serving, and stops cleanly on SIGTERM: each line it cannot log is
+/// dropped. (tracing-subscriber reported such a line with `eprintln!`, which panicked on
+/// the same broken stderr: the main thread died as it logged its shutdown, exit 101, and
+/// left its socket.)
+#[test]
+fn a_server_whose_log_is_gone_serves_and_stops_cleanly() {
+    as_root(|| {
+        let dir = TempDir::new("nolog");
+        let socket = dir.path().join("codecage.sock");
+        let config = dir.path().join("server.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[audit]\npath = {:?}\n[pool]\nruns = {{}}\nsessions = {{}}\n",
+                dir.path().join("audit.db")
+            ),
+        )
+        .unwrap();
+        let mut child = codecage()
+            .args(["serve", "--config", config.to_str().unwrap(), "--listen"])
+            .arg(format!("unix:{}", socket.display()))
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .launch();
+        drop(child.stderr.take());
+        assert!(
+            wait_for(Duration::from_secs(10 * slowdown()), || socket.exists()),
+            "the server did not come up"
+        );
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "--unix-socket",
+                socket.to_str().unwrap(),
+                "-X",
+                "POST",
+            ])
+            .args(["-H", "Content-Type: application/json", "-d"])
+            .arg(json!({"language": "bash", "code": "echo hi"}).to_string())
+            .arg("http://codecage/v1/run")
+            .output()
+            .unwrap();
+        let body: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("no answer: {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(body["stdout"], "hi\n", "{body}");
+        let _ = terminate(child, &socket, None);
+    });
+}
+
 #[test]
 fn a_session_holds_at_most_its_share_of_the_servers_fds() {
     const FDS_PER_SANDBOX: usize = 28;
