@@ -44,30 +44,122 @@ struct CloneArgs {
     cgroup: u64,
 }
 
-/// Which side of [`clone3`] we are on.
-pub enum Forked {
-    /// The new process. It must call only the async-signal-safe functions of this module and
-    /// end in [`child_execveat`] or [`exit_now`].
-    Child,
-    /// The caller, with the child's pid and a pidfd for race-free signalling and polling.
-    Parent { pid: Pid, pidfd: OwnedFd },
+/// `CLONE_VM`: the child shares the caller's memory until it execs (as vfork does).
+const CLONE_VM: u64 = 0x100;
+/// `CLONE_CHILD_CLEARTID`: when the child lets go of that memory (its execve, or its exit),
+/// the kernel writes 0 at `clone_args.child_tid` and wakes a futex waiting there.
+const CLONE_CHILD_CLEARTID: u64 = 0x0020_0000;
+
+/// Whether [`clone3_raw_child`] shares the caller's memory with the child (CLONE_VM) on
+/// this architecture. Where it does not, the child runs on a copy of the caller (fork-like),
+/// which costs a copy of the caller's page tables, their teardown at the child's exec, and
+/// a copy-on-write fault for every page either side writes in between.
+pub const RAW_CHILD_SHARES_MEMORY: bool = cfg!(target_arch = "x86_64");
+
+/// The stack a raw child runs on (with a guard page below it), and the word the kernel
+/// clears once the child no longer uses the caller's memory. The memory is unmapped on drop
+/// only if the child let go of it (or never shared it); a child that might still run on it
+/// makes the drop leak it instead: 68 KiB, on a path that should not happen.
+pub struct ChildStack {
+    /// The start of the mapping (the guard page), as an address: plain data, so the stack
+    /// can cross to the spawner thread.
+    base: usize,
+    len: usize,
+    /// 1 until the kernel clears it (CLONE_CHILD_CLEARTID). In a box of its own: the
+    /// kernel keeps its address until the child execs or exits.
+    released: Box<std::sync::atomic::AtomicU32>,
 }
 
-/// clone3(2) without a new stack (fork-like), no exit signal, plus `CLONE_PIDFD`.
-/// `CLONE_CLEAR_SIGHAND` is dropped and retried once if the kernel rejects it (before 5.5).
+/// The raw child's stack: its frames are small, and the largest buffer it holds is the
+/// 4 KiB getdents64 buffer of [`cloexec_from`]'s fallback.
+const CHILD_STACK_SIZE: usize = 64 * 1024;
+const PAGE: usize = 4096;
+
+impl ChildStack {
+    pub fn new() -> io::Result<ChildStack> {
+        let len = CHILD_STACK_SIZE + PAGE;
+        // SAFETY: a new private anonymous mapping; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the lowest page of the mapping just made: a stack overflow in the child
+        // faults there (killing only the child) instead of running into other memory.
+        if unsafe { libc::mprotect(base, PAGE, libc::PROT_NONE) } != 0 {
+            let err = io::Error::last_os_error();
+            // SAFETY: unmapping the mapping made above, which nothing else uses.
+            unsafe { libc::munmap(base, len) };
+            return Err(err);
+        }
+        Ok(ChildStack {
+            base: base as usize,
+            len,
+            released: Box::new(std::sync::atomic::AtomicU32::new(1)),
+        })
+    }
+
+    /// Whether the child no longer runs on this stack or reads the caller's memory: it
+    /// exec'd or exited (or never shared the memory).
+    pub fn released(&self) -> bool {
+        !RAW_CHILD_SHARES_MEMORY || self.released.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        if !self.released() {
+            // The child may still be running on it: leaking is the only sound choice.
+            let released = std::mem::replace(&mut self.released, Box::new(0.into()));
+            std::mem::forget(released);
+            return;
+        }
+        // SAFETY: the mapping made in `new`, used by no one now (see `released`).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// clone3(2) of a raw child with no exit signal and a pidfd (`CLONE_PIDFD`), which runs
+/// `entry(arg)` and must end in an exec or [`exit_now`]. Where
+/// [`RAW_CHILD_SHARES_MEMORY`], it runs on `stack` in the caller's memory (CLONE_VM, as
+/// posix_spawn's vfork does, without stopping the caller), else on a copy of the caller's
+/// memory. `CLONE_CLEAR_SIGHAND` is dropped and retried once if the kernel rejects it
+/// (before 5.5). Returns the child's pid and pidfd; only the caller returns.
 ///
 /// # Safety
 ///
-/// In the child, the call returns on a copy of the caller's stack in a process whose other
-/// threads are gone. Until it execs, the child may only make async-signal-safe calls: no
-/// allocation, no locks, no panics, no return into code that does any of these.
-pub unsafe fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Forked> {
+/// `entry` runs in a process whose other threads are gone (and, sharing memory, beside the
+/// caller's threads, which go on running). Until it execs it may only make the raw calls
+/// of this module (`child_*`, [`cloexec_from`], [`exit_now`]): no allocation, no locks, no
+/// panics, no writes to memory other than its own stack. Everything `arg` points to must
+/// stay alive and unchanged until `stack` says it is released, and so must `stack`.
+pub unsafe fn clone3_raw_child(
+    flags: u64,
+    cgroup_fd: Option<RawFd>,
+    stack: &ChildStack,
+    entry: extern "C" fn(usize) -> !,
+    arg: usize,
+) -> io::Result<(Pid, OwnedFd)> {
     let mut flags = flags | CLONE_PIDFD;
     if cgroup_fd.is_some() {
         flags |= CLONE_INTO_CGROUP;
     }
+    if RAW_CHILD_SHARES_MEMORY {
+        flags |= CLONE_VM | CLONE_CHILD_CLEARTID;
+    }
     loop {
         let mut pidfd: c_int = -1;
+        stack
+            .released
+            .store(1, std::sync::atomic::Ordering::Release);
         let mut args = CloneArgs {
             flags,
             pidfd: &mut pidfd as *mut c_int as u64,
@@ -77,35 +169,87 @@ pub unsafe fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Forked>
             cgroup: cgroup_fd.map_or(0, |fd| fd as u64),
             ..CloneArgs::default()
         };
-        // SAFETY: `args` is a valid, initialised clone_args of the size we pass; `pidfd`
-        // outlives the call. Without a stack the child continues like fork(2); the caller
-        // upholds the async-signal-safety contract documented above.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                &mut args as *mut CloneArgs,
-                std::mem::size_of::<CloneArgs>(),
-            )
-        };
-        match ret {
-            0 => return Ok(Forked::Child),
-            pid if pid > 0 => {
-                // SAFETY: with CLONE_PIDFD the kernel stored a new, owned fd in `pidfd`.
-                let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-                return Ok(Forked::Parent {
-                    pid: Pid::from_raw(pid as i32),
-                    pidfd,
-                });
-            }
-            _ => {
-                let err = io::Error::last_os_error();
-                if err.raw_os_error() == Some(libc::EINVAL) && flags & CLONE_CLEAR_SIGHAND != 0 {
-                    flags &= !CLONE_CLEAR_SIGHAND;
-                    continue;
-                }
-                return Err(err);
-            }
+        if RAW_CHILD_SHARES_MEMORY {
+            args.child_tid = stack.released.as_ptr() as u64;
+            args.stack = (stack.base + PAGE) as u64;
+            args.stack_size = CHILD_STACK_SIZE as u64;
         }
+        // SAFETY: `args` is a valid, initialised clone_args of the size passed; `pidfd`
+        // outlives the call; the stack and the cleared word outlive the child's use of
+        // them (the caller's contract). The child runs only `entry` (the contract above).
+        let ret = unsafe { clone3_then(&mut args, entry, arg) };
+        if ret >= 0 {
+            // SAFETY: with CLONE_PIDFD the kernel stored a new, owned fd in `pidfd`.
+            let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+            return Ok((Pid::from_raw(ret as i32), pidfd));
+        }
+        let errno = -ret as i32;
+        if errno == libc::EINVAL && flags & CLONE_CLEAR_SIGHAND != 0 {
+            flags &= !CLONE_CLEAR_SIGHAND;
+            continue;
+        }
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+}
+
+/// The clone3 system call; in the child, `entry(arg)`, which never returns. Returns the
+/// child's pid, or the negated errno.
+///
+/// On x86_64 the child starts on the stack given in `args` (the kernel sets rsp to its top,
+/// 16-byte aligned), so the call to `entry` is made in assembly before any compiled code
+/// could use the caller's stack frame; `entry` and `arg` ride in callee-saved registers,
+/// which the child inherits.
+///
+/// # Safety
+///
+/// As for [`clone3_raw_child`]; `args` must be a valid clone_args.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_then(args: &mut CloneArgs, entry: extern "C" fn(usize) -> !, arg: usize) -> i64 {
+    let ret: i64;
+    // SAFETY: the syscall instruction with clone3's two arguments; rcx and r11 are
+    // clobbered by it. In the parent (rax != 0) the block ends normally. In the child
+    // (rax == 0) it calls `entry`, which never returns, on the stack the kernel set.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "mov rdi, r13",
+            "call r12",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") args as *mut CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") entry,
+            in("r13") arg,
+            lateout("rcx") _,
+            lateout("r11") _,
+        );
+    }
+    ret
+}
+
+/// Elsewhere the child is fork-like: it returns from the system call on a copy of the
+/// caller's stack and calls `entry` there.
+///
+/// # Safety
+///
+/// As for [`clone3_raw_child`]; `args` must be a valid clone_args without CLONE_VM.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3_then(args: &mut CloneArgs, entry: extern "C" fn(usize) -> !, arg: usize) -> i64 {
+    // SAFETY: clone3 with a valid clone_args and no stack: the child continues like fork(2).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match ret {
+        0 => entry(arg),
+        pid if pid > 0 => pid as i64,
+        _ => -(Errno::last_raw() as i64),
     }
 }
 
@@ -1024,13 +1168,60 @@ pub fn move_mount_here(tree: BorrowedFd<'_>, target: &std::path::Path) -> io::Re
 
 // ---- async-signal-safe calls for the child between clone3 and execve ----------------------
 //
-// Each returns the raw errno on failure and touches no memory it does not own. They use
-// `libc::syscall` rather than glibc's wrappers where the wrapper does more than the syscall
-// (setresuid(3) broadcasts to all threads through glibc's own locks).
+// Each returns the raw errno on failure and touches no memory it does not own: the system
+// calls go through `raw_syscall`, which on x86_64 leaves errno alone too. That matters
+// because a child that shares the launcher's memory also shares the thread-local errno of
+// the thread that cloned it, which goes on running. No glibc wrappers: setresuid(3)
+// broadcasts to all threads through glibc's own locks.
+
+/// A system call with up to five arguments, its result as the kernel gives it: the negated
+/// errno on failure. Never touches errno.
+///
+/// # Safety
+///
+/// The arguments must be valid for system call `nr`, as for libc::syscall.
+#[cfg(target_arch = "x86_64")]
+unsafe fn raw_syscall(nr: libc::c_long, a: [usize; 5]) -> libc::c_long {
+    let ret: libc::c_long;
+    // SAFETY: the syscall instruction with the kernel's argument registers; it clobbers
+    // rcx and r11 and uses no stack. The caller vouches for the arguments.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => ret,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// Elsewhere the child does not share the launcher's memory, so libc::syscall's errno is
+/// its own.
+///
+/// # Safety
+///
+/// As for the x86_64 version.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn raw_syscall(nr: libc::c_long, a: [usize; 5]) -> libc::c_long {
+    // SAFETY: the caller vouches for the arguments.
+    let ret = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4]) };
+    if ret == -1 {
+        -libc::c_long::from(Errno::last_raw())
+    } else {
+        ret
+    }
+}
 
 fn raw_result(ret: libc::c_long) -> Result<libc::c_long, i32> {
-    if ret < 0 {
-        Err(Errno::last_raw())
+    if (-4095..0).contains(&ret) {
+        Err(-ret as i32)
     } else {
         Ok(ret)
     }
@@ -1041,7 +1232,12 @@ pub fn child_read_byte(fd: RawFd) -> Result<u8, i32> {
     let mut byte = 0u8;
     loop {
         // SAFETY: reads at most one byte into a local.
-        let ret = unsafe { libc::syscall(libc::SYS_read, fd, &mut byte as *mut u8, 1usize) };
+        let ret = unsafe {
+            raw_syscall(
+                libc::SYS_read,
+                [fd as usize, &mut byte as *mut u8 as usize, 1, 0, 0],
+            )
+        };
         match raw_result(ret) {
             Ok(1) => return Ok(byte),
             Ok(_) => return Err(libc::EPIPE),
@@ -1055,7 +1251,12 @@ pub fn child_read_byte(fd: RawFd) -> Result<u8, i32> {
 pub fn child_write_all(fd: RawFd, mut buf: &[u8]) -> Result<(), i32> {
     while !buf.is_empty() {
         // SAFETY: writes from a live slice.
-        let ret = unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), buf.len()) };
+        let ret = unsafe {
+            raw_syscall(
+                libc::SYS_write,
+                [fd as usize, buf.as_ptr() as usize, buf.len(), 0, 0],
+            )
+        };
         match raw_result(ret) {
             Ok(n) => buf = &buf[n as usize..],
             Err(libc::EINTR) => continue,
@@ -1072,12 +1273,16 @@ pub fn child_become_root() -> Result<(), i32> {
     // The launcher thread cloned us with SECBIT_NO_SETUID_FIXUP (see with_thread_euid);
     // the sandbox must have the normal rule that leaving uid 0 drops capabilities.
     // SAFETY: prctl with integer arguments; we hold every capability in the new namespace.
-    let cleared = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, 0 as libc::c_ulong) };
-    raw_result(cleared as libc::c_long)?;
+    raw_result(unsafe {
+        raw_syscall(
+            libc::SYS_prctl,
+            [libc::PR_SET_SECUREBITS as usize, 0, 0, 0, 0],
+        )
+    })?;
     // SAFETY: plain syscalls without pointers.
-    raw_result(unsafe { libc::syscall(libc::SYS_setresgid, 0, 0, 0) })?;
+    raw_result(unsafe { raw_syscall(libc::SYS_setresgid, [0; 5]) })?;
     // SAFETY: as above.
-    raw_result(unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) })?;
+    raw_result(unsafe { raw_syscall(libc::SYS_setresuid, [0; 5]) })?;
     Ok(())
 }
 
@@ -1086,30 +1291,46 @@ pub fn child_become_root() -> Result<(), i32> {
 pub fn child_join_cgroup(path: *const c_char) -> Result<(), i32> {
     // SAFETY: `path` is a NUL-terminated string built before clone3.
     let fd = raw_result(unsafe {
-        libc::syscall(
+        raw_syscall(
             libc::SYS_openat,
-            libc::AT_FDCWD,
-            path,
-            libc::O_WRONLY | libc::O_CLOEXEC,
+            [
+                libc::AT_FDCWD as usize,
+                path as usize,
+                (libc::O_WRONLY | libc::O_CLOEXEC) as usize,
+                0,
+                0,
+            ],
         )
     })?;
     let written = child_write_all(fd as RawFd, b"0");
     // SAFETY: closing the fd just opened.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
+    unsafe { raw_syscall(libc::SYS_close, [fd as usize, 0, 0, 0, 0]) };
     written
 }
 
 /// PR_SET_PDEATHSIG = SIGKILL: if the launcher thread dies, so does the sandbox.
 pub fn child_set_pdeathsig() -> Result<(), i32> {
     // SAFETY: prctl with integer arguments only.
-    let ret = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
-    raw_result(ret as libc::c_long).map(drop)
+    raw_result(unsafe {
+        raw_syscall(
+            libc::SYS_prctl,
+            [
+                libc::PR_SET_PDEATHSIG as usize,
+                libc::SIGKILL as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    })
+    .map(drop)
 }
 
 /// dup2(2), which clears CLOEXEC on the copy.
 pub fn child_dup2(from: RawFd, to: RawFd) -> Result<(), i32> {
     // SAFETY: plain syscall on integers; an invalid fd just fails.
-    raw_result(unsafe { libc::syscall(libc::SYS_dup3, from, to, 0) }).map(drop)
+    raw_result(unsafe { raw_syscall(libc::SYS_dup3, [from as usize, to as usize, 0, 0, 0]) })
+        .map(drop)
 }
 
 /// close_range(first, ~0, CLOSE_RANGE_CLOEXEC) (Linux 5.11): every fd from `first` up is
@@ -1117,14 +1338,18 @@ pub fn child_dup2(from: RawFd, to: RawFd) -> Result<(), i32> {
 /// (CVE-2024-21626). Older kernels: the same, one fd at a time, for each fd that
 /// /proc/self/fd lists. Allocation-free, for the raw child too.
 pub fn cloexec_from(first: RawFd) -> Result<(), i32> {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    const CLOSE_RANGE_CLOEXEC: usize = 1 << 2;
     // SAFETY: plain syscall on integers.
     let ret = unsafe {
-        libc::syscall(
+        raw_syscall(
             libc::SYS_close_range,
-            first as libc::c_uint,
-            libc::c_uint::MAX,
-            CLOSE_RANGE_CLOEXEC,
+            [
+                first as usize,
+                libc::c_uint::MAX as usize,
+                CLOSE_RANGE_CLOEXEC,
+                0,
+                0,
+            ],
         )
     };
     if ret == 0 {
@@ -1139,18 +1364,25 @@ fn cloexec_listed_fds(first: RawFd) -> Result<(), i32> {
     const DIR: &CStr = c"/proc/self/fd";
     // SAFETY: a NUL-terminated path; the fd returned is ours.
     let dir = raw_result(unsafe {
-        libc::syscall(
+        raw_syscall(
             libc::SYS_openat,
-            libc::AT_FDCWD,
-            DIR.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            [
+                libc::AT_FDCWD as usize,
+                DIR.as_ptr() as usize,
+                (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as usize,
+                0,
+                0,
+            ],
         )
     })? as RawFd;
     let mut buf = [0u8; 4096];
     let result = loop {
         // SAFETY: the kernel writes at most `buf.len()` bytes into the buffer.
         let n = match raw_result(unsafe {
-            libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len())
+            raw_syscall(
+                libc::SYS_getdents64,
+                [dir as usize, buf.as_mut_ptr() as usize, buf.len(), 0, 0],
+            )
         }) {
             Ok(0) => break Ok(()),
             Ok(n) => n as usize,
@@ -1173,7 +1405,18 @@ fn cloexec_listed_fds(first: RawFd) -> Result<(), i32> {
             }
             if digits > 0 && fd >= first && fd != dir {
                 // SAFETY: fcntl with integer arguments; a closed fd just fails.
-                unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+                unsafe {
+                    raw_syscall(
+                        libc::SYS_fcntl,
+                        [
+                            fd as usize,
+                            libc::F_SETFD as usize,
+                            libc::FD_CLOEXEC as usize,
+                            0,
+                            0,
+                        ],
+                    )
+                };
             }
             if reclen == 0 {
                 break;
@@ -1182,7 +1425,7 @@ fn cloexec_listed_fds(first: RawFd) -> Result<(), i32> {
         }
     };
     // SAFETY: closing the directory fd opened above.
-    unsafe { libc::syscall(libc::SYS_close, dir) };
+    unsafe { raw_syscall(libc::SYS_close, [dir as usize, 0, 0, 0, 0]) };
     result
 }
 
@@ -1192,18 +1435,21 @@ fn cloexec_listed_fds(first: RawFd) -> Result<(), i32> {
 pub fn child_execveat(fd: RawFd, argv: *const *const c_char, envp: *const *const c_char) -> i32 {
     const EMPTY: &CStr = c"";
     // SAFETY: `argv`/`envp` point to NULL-terminated arrays of C strings that the parent
-    // built before clone3 and that live on in this child's copy of its memory.
-    unsafe {
-        libc::syscall(
+    // built before clone3 and keeps alive until the child has exec'd (or shares with it as
+    // a copy of its memory).
+    let ret = unsafe {
+        raw_syscall(
             libc::SYS_execveat,
-            fd,
-            EMPTY.as_ptr(),
-            argv,
-            envp,
-            libc::AT_EMPTY_PATH,
-        );
-    }
-    Errno::last_raw()
+            [
+                fd as usize,
+                EMPTY.as_ptr() as usize,
+                argv as usize,
+                envp as usize,
+                libc::AT_EMPTY_PATH as usize,
+            ],
+        )
+    };
+    raw_result(ret).err().unwrap_or(libc::EINVAL)
 }
 
 /// _exit(2): leave without running destructors or atexit handlers.

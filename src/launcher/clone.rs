@@ -16,7 +16,7 @@ use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use nix::fcntl::{open, OFlag};
 use nix::sched::CloneFlags;
@@ -27,7 +27,7 @@ use crate::cgroup::RunCgroup;
 use crate::ids::Slot;
 use crate::protocol::{self, raw_error_frame, Step, Tmpfs, TmpfsOwner, CHANNEL_FD, GO, INIT_ARG_C};
 use crate::spec::SandboxSpec;
-use crate::sys::{self, Forked};
+use crate::sys::{self, ChildStack};
 
 /// A sandbox whose init is running (or has already failed), as the launcher holds it.
 pub struct Started {
@@ -43,6 +43,9 @@ pub struct Started {
     /// A copy of /work's tmpfs (its root), kept for `crate::workdir`; with the host id
     /// of the sandbox's root.
     pub work: Option<(OwnedFd, u32)>,
+    /// The memory the raw child ran on before its exec, for the sandbox to keep until its
+    /// init is reaped.
+    pub raw_child: RawChild,
 }
 
 /// The fds the raw child puts on 0..=3, and the init binary it execs.
@@ -53,7 +56,9 @@ struct ChildFds {
 }
 
 /// What the raw child needs, as raw fds and C strings made before clone3, so that the
-/// child does not allocate. It lives on the spawner thread while the clone runs.
+/// child does not allocate. The child reads it in the launcher's own memory (see
+/// [`sys::RAW_CHILD_SHARES_MEMORY`]), so it stays put and unchanged until the child has
+/// exec'd: [`RawChild`] holds it for the sandbox's life.
 struct ChildPlan {
     devnull: RawFd,
     channel: RawFd,
@@ -63,14 +68,39 @@ struct ChildPlan {
     /// The run's v1 `tasks` files, to write "0" into (at most one per controller).
     cgroup_tasks: [*const c_char; MAX_V1_HIERARCHIES],
     cgroup_tasks_len: usize,
+    /// The strings `cgroup_tasks` points into (on the heap: they do not move with the plan).
+    _tasks: Vec<CString>,
 }
 
-/// What the spawner thread is asked to clone: plain data, owned, so it can cross threads.
+// SAFETY: the plan's pointers point into its own `_tasks` (heap buffers that live as long
+// as the plan) and into 'static C strings; nothing writes through them. Sending the plan
+// to the spawner thread, or sharing it, cannot create a dangling or a racy access.
+unsafe impl Send for ChildPlan {}
+// SAFETY: as above; the plan is never changed after it is made.
+unsafe impl Sync for ChildPlan {}
+
+/// The raw child's plan and stack, kept alive until the child can no longer use them. A
+/// sandbox drops it after its init is reaped; should it be dropped while the child might
+/// still be before its exec (it should not: every failure path reaps the child first),
+/// both are leaked rather than freed under it.
+pub struct RawChild {
+    plan: Arc<ChildPlan>,
+    stack: Arc<ChildStack>,
+}
+
+impl Drop for RawChild {
+    fn drop(&mut self) {
+        if !self.stack.released() {
+            std::mem::forget(Arc::clone(&self.plan));
+            std::mem::forget(Arc::clone(&self.stack));
+        }
+    }
+}
+
+/// What the spawner thread is asked to clone: owned, so it can cross threads.
 struct CloneJob {
-    devnull: RawFd,
-    channel: RawFd,
-    exe: RawFd,
-    tasks: Vec<CString>,
+    plan: Arc<ChildPlan>,
+    stack: Arc<ChildStack>,
     target: Option<RawFd>,
     owner: u32,
 }
@@ -113,11 +143,15 @@ pub fn start(
         .and_then(|at| tmpfs.get(at))
         .and_then(|fd| fd.try_clone().ok())
         .map(|fd| (fd, owner));
+    let raw_child = RawChild {
+        plan: Arc::new(ChildPlan::new(&child, v1_tasks_paths(cgroup))),
+        stack: Arc::new(
+            ChildStack::new().map_err(|e| format!("cannot map the sandbox child's stack: {e}"))?,
+        ),
+    };
     let job = CloneJob {
-        devnull: child.devnull.as_raw_fd(),
-        channel: child.channel.as_raw_fd(),
-        exe: child.exe.as_raw_fd(),
-        tasks: v1_tasks_paths(cgroup),
+        plan: Arc::clone(&raw_child.plan),
+        stack: Arc::clone(&raw_child.stack),
         target: cgroup
             .and_then(|c| c.clone_target())
             .map(|fd| fd.as_raw_fd()),
@@ -134,6 +168,7 @@ pub fn start(
         go_ns: 0,
         tun: None,
         work,
+        raw_child,
     };
     // In its cgroups before it may run: its limits hold from its first instruction, and its
     // cgroup namespace (created after "go") is rooted at its own cgroup.
@@ -250,19 +285,20 @@ fn on_spawner_thread(job: CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
 }
 
 impl ChildPlan {
-    fn new(job: &CloneJob) -> ChildPlan {
+    fn new(fds: &ChildFds, tasks: Vec<CString>) -> ChildPlan {
         let mut cgroup_tasks = [std::ptr::null(); MAX_V1_HIERARCHIES];
-        for (slot, path) in cgroup_tasks.iter_mut().zip(&job.tasks) {
+        for (slot, path) in cgroup_tasks.iter_mut().zip(&tasks) {
             *slot = path.as_ptr();
         }
         ChildPlan {
-            devnull: job.devnull,
-            channel: job.channel,
-            exe: job.exe,
+            devnull: fds.devnull.as_raw_fd(),
+            channel: fds.channel.as_raw_fd(),
+            exe: fds.exe.as_raw_fd(),
             argv: [ARGV0.as_ptr(), INIT_ARG_C.as_ptr(), std::ptr::null()],
             envp: [std::ptr::null()],
             cgroup_tasks,
-            cgroup_tasks_len: job.tasks.len().min(MAX_V1_HIERARCHIES),
+            cgroup_tasks_len: tasks.len().min(MAX_V1_HIERARCHIES),
+            _tasks: tasks,
         }
     }
 }
@@ -272,12 +308,18 @@ impl ChildPlan {
 /// In the child, runs [`child_pre_exec`]. Returns the pid, a pidfd, and whether the child
 /// was born in its cgroup.
 fn clone_child(job: &CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
-    let plan = ChildPlan::new(job);
     let flags = namespaces() | sys::CLONE_CLEAR_SIGHAND;
+    let plan = Arc::as_ptr(&job.plan) as usize;
     let clone = |target: Option<RawFd>| {
-        // SAFETY: the child branch runs only `child_pre_exec`, which makes async-signal-safe
-        // calls on data prepared before the clone and ends in execveat or _exit.
-        unsafe { sys::with_thread_euid(job.owner, || sys::clone3(flags, target)) }.and_then(|r| r)
+        // SAFETY: the child runs only `child_entry`, whose `child_pre_exec` makes the raw
+        // calls of `sys` on the plan and ends in execveat or _exit. The plan and the stack
+        // live in `start`'s RawChild until the child has released them.
+        unsafe {
+            sys::with_thread_euid(job.owner, || {
+                sys::clone3_raw_child(flags, target, &job.stack, child_entry, plan)
+            })
+        }
+        .and_then(|r| r)
     };
     let mut born_inside = job.target.is_some();
     let mut forked = clone(job.target);
@@ -290,10 +332,15 @@ fn clone_child(job: &CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
         born_inside = false;
         forked = clone(None);
     }
-    match forked.map_err(|e| clone_error(&e))? {
-        Forked::Child => child_pre_exec(&plan),
-        Forked::Parent { pid, pidfd } => Ok((pid, pidfd, born_inside)),
-    }
+    let (pid, pidfd) = forked.map_err(|e| clone_error(&e))?;
+    Ok((pid, pidfd, born_inside))
+}
+
+/// The raw child's first frame: `plan` is the address of its [`ChildPlan`].
+extern "C" fn child_entry(plan: usize) -> ! {
+    // SAFETY: `clone_child` passes the address of the plan in an Arc that `start` keeps
+    // (in the sandbox's RawChild) until the child no longer uses it; nothing changes it.
+    child_pre_exec(unsafe { &*(plan as *const ChildPlan) })
 }
 
 /// Writes the id maps, then "go" and the spec. A failure to send means the child already
@@ -376,9 +423,11 @@ fn above_stdio(fd: OwnedFd) -> Result<OwnedFd, String> {
         .map_err(|e| format!("cannot move an fd above stdio: {e}"))
 }
 
-/// The child between clone3 and the exec of the init. It runs in a copy of a process that
-/// may have had other threads, so it only makes the raw calls of `sys` (no allocation, no
-/// locks, no panics). Each failure sends a raw error frame naming the step and exits 125.
+/// The child between clone3 and the exec of the init. It runs in the memory of a process
+/// that may have other threads (beside them, on a stack of its own; or in a copy of it,
+/// without them, where the memory is not shared), so it only makes the raw calls of `sys`:
+/// no allocation, no locks, no panics, no writes outside its stack. Each failure sends a
+/// raw error frame naming the step and exits 125.
 fn child_pre_exec(plan: &ChildPlan) -> ! {
     // Errors go to the channel where it is: its original fd until the dup2s, fd 3 after
     // (the original is marked close-on-exec with the rest).

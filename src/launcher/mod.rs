@@ -241,6 +241,9 @@ pub struct Sandbox {
     inbox: VecDeque<FromSandbox>,
     cgroup: Option<RunCgroup>,
     _slot: Slot,
+    /// The memory the raw child ran on before its exec: freed with the sandbox, after the
+    /// init is reaped (see clone::RawChild).
+    _raw_child: clone::RawChild,
     spec: SandboxSpec,
     /// Layers the host could not give this sandbox (a best-effort cgroup).
     skipped: Vec<Skipped>,
@@ -363,6 +366,7 @@ impl Sandbox {
             inbox: VecDeque::new(),
             cgroup,
             _slot: started.slot,
+            _raw_child: started.raw_child,
             spec: spec.clone(),
             skipped,
             marks: Vec::new(),

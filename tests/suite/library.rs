@@ -211,3 +211,49 @@ fn the_kernel_shows_a_killed_process_as_exiting() {
     assert_ne!(flags & 0x4, 0, "PF_EXITING not shown: {stat}");
     child.wait().unwrap();
 }
+
+/// The child between clone3 and the init's exec runs in the launcher's own memory on a
+/// stack of its own (CLONE_VM, on x86_64): each run's stack is unmapped once its child
+/// has exec'd, so many runs leave the launcher's mappings as they were; and a child whose
+/// exec fails still reports the step and the errno (its raw calls leave the launcher
+/// thread's errno alone), and its stack is unmapped too.
+#[test]
+fn the_sandbox_child_leaves_no_stack_behind_and_reports_a_failed_exec() {
+    as_root(|| {
+        in_process_launcher();
+        let mappings = || {
+            std::fs::read_to_string("/proc/self/maps")
+                .unwrap()
+                .lines()
+                .count()
+        };
+        let not_executable = TempDir::new("init-not-executable");
+        let fake_init = not_executable.path().join("codecage-init");
+        std::fs::write(&fake_init, "not a program\n").unwrap();
+        let mut failing = spec(&["true"]);
+        failing.sandbox.init_exe = fake_init.clone();
+        // Warm up: the allocator's arenas and the spawner thread are made once.
+        for _ in 0..3 {
+            assert_eq!(codecage::run(&spec(&["true"])).error, None);
+            assert!(codecage::run(&failing).error.is_some());
+        }
+        let before = mappings();
+        for _ in 0..20 {
+            let outcome = codecage::run(&spec(&["true"]));
+            assert_eq!(outcome.error, None, "{:?}", outcome.message);
+            let failed = codecage::run(&failing);
+            assert!(failed.error.is_some(), "{failed:?}");
+            let message = failed.message.unwrap_or_default();
+            assert!(
+                message.contains("exec") && message.contains("Permission denied"),
+                "the failed exec is named with its errno: {message}"
+            );
+        }
+        let after = mappings();
+        assert!(
+            after <= before + 4,
+            "40 runs left {} more mappings in the launcher ({before} -> {after})",
+            after.saturating_sub(before)
+        );
+    });
+}
