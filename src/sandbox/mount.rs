@@ -602,10 +602,18 @@ fn mount_proc() -> Done {
 fn protect_proc() -> Done {
     for name in PROC_READONLY {
         let path = at("proc").join(name);
-        if !path.exists() {
-            continue;
+        // The bind's ENOENT says the entry is not there (no lookup first: see bind_if_there).
+        match mount(
+            Some(&path),
+            &path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        ) {
+            Err(Errno::ENOENT) => continue,
+            bound => bound.and_then(|()| remount_readonly(&path)),
         }
-        bind_readonly(&path, &path).map_err(|e| {
+        .map_err(|e| {
             SetupError::errno(
                 Step::ProtectProc,
                 e,

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 use std::os::unix::fs::DirBuilderExt;
 
+use nix::errno::Errno;
+
 use super::mount::{bind_copy, mkdir};
 use crate::protocol::{SetupError, Step};
 use crate::spec::{SandboxSpec, CPU_PERIOD_US};
@@ -115,12 +117,13 @@ pub fn mask_host_entries(proc: &Path, stage: &Path) -> Done {
         (MASKED_DIRS, EMPTY_DIR, true),
     ] {
         for name in names {
-            let path = proc.join(name);
-            let there = if is_dir { path.is_dir() } else { path.exists() };
-            if !there {
-                continue;
-            }
-            bind_copy(&stage.join(empty), &path)
+            // Not there (or, for a directory, not a directory): nothing to hide.
+            let absent: &[Errno] = if is_dir {
+                &[Errno::ENOENT, Errno::ENOTDIR]
+            } else {
+                &[Errno::ENOENT]
+            };
+            bind_if_there(&stage.join(empty), &proc.join(name), absent)
                 .map_err(|e| fail(e, &format!("hiding /proc/{name}")))?;
         }
     }
@@ -132,10 +135,7 @@ pub fn mask_host_entries(proc: &Path, stage: &Path) -> Done {
 pub fn bind_sandbox_files(proc: &Path, stage: &Path) -> Done {
     for name in VIRTUAL_FILES {
         let target = proc.join(name);
-        if !target.exists() {
-            continue;
-        }
-        bind_copy(&stage.join(staged_name(name)), &target).map_err(|e| {
+        bind_if_there(&stage.join(staged_name(name)), &target, &[Errno::ENOENT]).map_err(|e| {
             SetupError::errno(
                 Step::WriteSandboxProcFiles,
                 e,
@@ -144,6 +144,16 @@ pub fn bind_sandbox_files(proc: &Path, stage: &Path) -> Done {
         })?;
     }
     Ok(())
+}
+
+/// [`bind_copy`] of `src` over `dst`, where `dst` exists: the bind's own error (one of
+/// `absent`) says it does not, which spares a lookup before each bind (in /proc a lookup
+/// costs about what the bind does). Other errors are errors.
+pub(super) fn bind_if_there(src: &Path, dst: &Path, absent: &[Errno]) -> nix::Result<()> {
+    match bind_copy(src, dst) {
+        Err(e) if absent.contains(&e) => Ok(()),
+        other => other,
+    }
 }
 
 /// A read-only /sys with the CPU topology files glibc's CPU count reads, when the root has
