@@ -2,11 +2,27 @@
 //! the new namespaces instead of the whole `codecage` binary (the server, MCP, the gateway,
 //! TLS and SQLite), so the second exec of every run loads a small program. It links only
 //! the library's sandbox side; started by anything but codecage's launcher, it refuses.
+//!
+//! It starts at C's `main`, without Rust's runtime set-up (`lang_start`): that set-up's
+//! stack-overflow handler reads /proc/self/maps to find the main thread's stack and maps an
+//! alternate signal stack, some 45 us of every sandbox's start, for a process whose own
+//! set-up resets every signal disposition and whose frames are small. What the init still
+//! needs of it is here: a panic ends it with 101, as Rust's runtime would (an unwind out
+//! of `extern "C"` would abort instead). glibc hands argv to the standard library through
+//! `.init_array`, so `std::env::args` works as before.
 
-fn main() {
-    codecage::dispatch_init();
-    eprintln!(
-        "codecage-init: the sandbox init, started only by codecage's launcher (run `codecage run ...`)"
-    );
-    std::process::exit(2)
+#![no_main]
+
+use std::ffi::{c_char, c_int};
+
+#[no_mangle]
+pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+    let refused = std::panic::catch_unwind(|| {
+        codecage::dispatch_init();
+        eprintln!(
+            "codecage-init: the sandbox init, started only by codecage's launcher (run `codecage run ...`)"
+        );
+        2
+    });
+    refused.unwrap_or(101)
 }
