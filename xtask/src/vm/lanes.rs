@@ -111,8 +111,9 @@ const SKIP_EVERYWHERE: &[&str] = &[
 /// on any kernel (isolation, escapes, bombs), that it runs code at all (basic), what the
 /// default profiles do on the kernel at hand (portability), a sessions smoke test (a
 /// Python and a bash session keep their state across calls, a call's peak memory is its
-/// own where the kernel can reset it), and the warm pool's early
-/// answer (what it reads of the kernel's task flags).
+/// own where the kernel can reset it), the warm pool's early answer (what it reads of the
+/// kernel's task flags), and the raw child that shares the launcher's memory (CLONE_VM,
+/// CLONE_CHILD_CLEARTID at its exec).
 const SUBSET: &[&str] = &[
     "suite::basic::",
     "suite::bombs::",
@@ -124,6 +125,7 @@ const SUBSET: &[&str] = &[
     "suite::sessions::a_calls_peak_memory_is_its_own",
     "suite::library::a_pre_started_python_is_answered_at_its_word_before_its_exit",
     "suite::library::the_kernel_shows_a_killed_process_as_exiting",
+    "suite::library::the_sandbox_child_leaves_no_stack_behind_and_reports_a_failed_exec",
 ];
 
 /// The subset without the sessions smoke test, for a kernel without landlock: a session is
@@ -387,7 +389,8 @@ mod tests {
              sessions::bash_keeps_cd_variables_and_exports_and_reports_the_status, \
              sessions::a_calls_peak_memory_is_its_own, \
              library::a_pre_started_python_is_answered_at_its_word_before_its_exit, \
-             library::the_kernel_shows_a_killed_process_as_exiting \
+             library::the_kernel_shows_a_killed_process_as_exiting, \
+             library::the_sandbox_child_leaves_no_stack_behind_and_reports_a_failed_exec \
              (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests)"
         );
     }
