@@ -680,6 +680,9 @@ pub fn frame<T: Serialize>(msg: &T, max: usize) -> io::Result<Vec<u8>> {
 pub struct Inbox {
     buf: Vec<u8>,
     fds: std::collections::VecDeque<std::os::fd::OwnedFd>,
+    /// What one read receives into: zeroed once, kept (a new one per read cost a 64 KiB
+    /// memset each time the init woke for a message).
+    chunk: Vec<u8>,
 }
 
 impl Inbox {
@@ -688,10 +691,13 @@ impl Inbox {
     pub fn fill(&mut self, stream: &std::os::unix::net::UnixStream) -> io::Result<bool> {
         use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        let mut chunk = vec![0u8; 64 * 1024];
+        if self.chunk.is_empty() {
+            self.chunk = vec![0u8; 64 * 1024];
+        }
+        let chunk = &mut self.chunk;
         let mut space = nix::cmsg_space!([std::os::fd::RawFd; 8]);
         let (n, received) = loop {
-            let mut iov = [io::IoSliceMut::new(&mut chunk)];
+            let mut iov = [io::IoSliceMut::new(chunk)];
             match recvmsg::<()>(
                 stream.as_raw_fd(),
                 &mut iov,
