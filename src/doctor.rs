@@ -325,18 +325,9 @@ fn parent_detail(layout: &Layout) -> String {
     }
 }
 
-/// Whether the running kernel's version is at least `major.minor` (from osrelease).
+/// Whether the running kernel's version is at least `major.minor`.
 fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    kernel_version(&release).is_some_and(|v| v >= (major, minor))
-}
-
-/// `5.10.0-32-amd64` -> (5, 10).
-fn kernel_version(release: &str) -> Option<(u32, u32)> {
-    let mut parts = release.trim().split(['.', '-']);
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
+    crate::sys::running_kernel().is_some_and(|v| v >= (major, minor))
 }
 
 fn controller_available(root: &Path, controller: Controller) -> bool {
@@ -351,6 +342,7 @@ mod tests {
 
     #[test]
     fn kernel_versions_parse() {
+        use crate::sys::kernel_version;
         assert_eq!(kernel_version("5.10.0-32-amd64\n"), Some((5, 10)));
         assert_eq!(kernel_version("6.18.44-fc-v669"), Some((6, 18)));
         assert_eq!(kernel_version("6.1"), Some((6, 1)));

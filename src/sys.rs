@@ -56,6 +56,41 @@ const CLONE_CHILD_CLEARTID: u64 = 0x0020_0000;
 /// a copy-on-write fault for every page either side writes in between.
 pub const RAW_CHILD_SHARES_MEMORY: bool = cfg!(target_arch = "x86_64");
 
+/// The first kernel on which a core dump kills only the dumping process's own thread group
+/// (commit 0258b5fd7c71, "coredump: Limit coredumps to a single thread group"). Before it,
+/// a child that dumped core (a fault, SIGQUIT from the terminal's ^\ reaching the CLI's
+/// process group) would take every process sharing its memory along: the launcher, or the
+/// server. So the memory is shared from 5.16 on only.
+const SHARED_CHILD_KERNEL: (u32, u32) = (5, 16);
+
+/// Whether this kernel lets a raw child share the launcher's memory safely (see
+/// [`SHARED_CHILD_KERNEL`]); read once.
+fn kernel_shares_child_memory() -> bool {
+    static SHARES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SHARES.get_or_init(|| running_kernel().is_some_and(|v| v >= SHARED_CHILD_KERNEL))
+}
+
+/// The running kernel's `major.minor`, from uname(2).
+pub fn running_kernel() -> Option<(u32, u32)> {
+    // SAFETY: an all-zero utsname is a valid value of this plain C struct.
+    let mut name: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uname writes into the struct we own, NUL-terminating each field.
+    if unsafe { libc::uname(&mut name) } != 0 {
+        return None;
+    }
+    // SAFETY: the kernel NUL-terminated `release` within its array.
+    let release = unsafe { CStr::from_ptr(name.release.as_ptr()) };
+    kernel_version(&release.to_string_lossy())
+}
+
+/// `5.10.0-32-amd64` -> (5, 10).
+pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 /// The stack a raw child runs on (with a guard page below it), and the word the kernel
 /// clears once the child no longer uses the caller's memory. The memory is unmapped on drop
 /// only if the child let go of it (or never shared it); a child that might still run on it
@@ -68,6 +103,9 @@ pub struct ChildStack {
     /// 1 until the kernel clears it (CLONE_CHILD_CLEARTID). In a box of its own: the
     /// kernel keeps its address until the child execs or exits.
     released: Box<std::sync::atomic::AtomicU32>,
+    /// Whether a child was cloned to run on it in the caller's memory (see
+    /// [`clone3_raw_child`]: not on a kernel without CLONE_CLEAR_SIGHAND).
+    shared: std::sync::atomic::AtomicBool,
 }
 
 /// The raw child's stack: its frames are small, and the largest buffer it holds is the
@@ -104,13 +142,15 @@ impl ChildStack {
             base: base as usize,
             len,
             released: Box::new(std::sync::atomic::AtomicU32::new(1)),
+            shared: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Whether the child no longer runs on this stack or reads the caller's memory: it
     /// exec'd or exited (or never shared the memory).
     pub fn released(&self) -> bool {
-        !RAW_CHILD_SHARES_MEMORY || self.released.load(std::sync::atomic::Ordering::Acquire) == 0
+        use std::sync::atomic::Ordering;
+        !self.shared.load(Ordering::Acquire) || self.released.load(Ordering::Acquire) == 0
     }
 }
 
@@ -132,7 +172,9 @@ impl Drop for ChildStack {
 /// [`RAW_CHILD_SHARES_MEMORY`], it runs on `stack` in the caller's memory (CLONE_VM, as
 /// posix_spawn's vfork does, without stopping the caller), else on a copy of the caller's
 /// memory. `CLONE_CLEAR_SIGHAND` is dropped and retried once if the kernel rejects it
-/// (before 5.5). Returns the child's pid and pidfd; only the caller returns.
+/// (before 5.5), and with it the shared memory: a handler of the caller's that ran in the
+/// child (a ^C reaches its process group) must not run on the caller's own memory. Returns
+/// the child's pid and pidfd; only the caller returns.
 ///
 /// # Safety
 ///
@@ -152,10 +194,13 @@ pub unsafe fn clone3_raw_child(
     if cgroup_fd.is_some() {
         flags |= CLONE_INTO_CGROUP;
     }
-    if RAW_CHILD_SHARES_MEMORY {
-        flags |= CLONE_VM | CLONE_CHILD_CLEARTID;
-    }
+    let mut share = RAW_CHILD_SHARES_MEMORY && kernel_shares_child_memory();
     loop {
+        if share {
+            flags |= CLONE_VM | CLONE_CHILD_CLEARTID;
+        } else {
+            flags &= !(CLONE_VM | CLONE_CHILD_CLEARTID);
+        }
         let mut pidfd: c_int = -1;
         stack
             .released
@@ -170,6 +215,7 @@ pub unsafe fn clone3_raw_child(
             ..CloneArgs::default()
         };
         if RAW_CHILD_SHARES_MEMORY {
+            // Shared or not, the child starts on this stack (its own copy of it if not).
             args.child_tid = stack.released.as_ptr() as u64;
             args.stack = (stack.base + PAGE) as u64;
             args.stack_size = CHILD_STACK_SIZE as u64;
@@ -179,6 +225,9 @@ pub unsafe fn clone3_raw_child(
         // them (the caller's contract). The child runs only `entry` (the contract above).
         let ret = unsafe { clone3_then(&mut args, entry, arg) };
         if ret >= 0 {
+            stack
+                .shared
+                .store(share, std::sync::atomic::Ordering::Release);
             // SAFETY: with CLONE_PIDFD the kernel stored a new, owned fd in `pidfd`.
             let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
             return Ok((Pid::from_raw(ret as i32), pidfd));
@@ -186,6 +235,7 @@ pub unsafe fn clone3_raw_child(
         let errno = -ret as i32;
         if errno == libc::EINVAL && flags & CLONE_CLEAR_SIGHAND != 0 {
             flags &= !CLONE_CLEAR_SIGHAND;
+            share = false;
             continue;
         }
         return Err(io::Error::from_raw_os_error(errno));
@@ -1389,10 +1439,12 @@ fn cloexec_listed_fds(first: RawFd) -> Result<(), i32> {
             Err(errno) => break Err(errno),
         };
         let mut at = 0;
-        while at + 19 < n {
+        // No indexing that could panic: the child may run in the launcher's memory, where a
+        // panic would run the launcher's own machinery (see clone3_raw_child).
+        while let Some(record) = buf.get(at..n).filter(|r| r.len() > 19) {
             // struct linux_dirent64: ino u64, off i64, reclen u16, type u8, name[].
-            let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
-            let name = &buf[at + 19..(at + reclen).min(n)];
+            let reclen = u16::from_ne_bytes([record[16], record[17]]) as usize;
+            let name = record.get(19..reclen.min(record.len())).unwrap_or_default();
             let mut fd: RawFd = 0;
             let mut digits = 0;
             for &b in name.iter().take_while(|b| **b != 0) {
@@ -1454,7 +1506,11 @@ pub fn child_execveat(fd: RawFd, argv: *const *const c_char, envp: *const *const
 
 /// _exit(2): leave without running destructors or atexit handlers.
 pub fn exit_now(code: c_int) -> ! {
-    // SAFETY: _exit never returns and is async-signal-safe.
+    // The system call itself, not glibc's _exit through the PLT (which a preloaded library
+    // could interpose, to run in the launcher's memory from a raw child).
+    // SAFETY: exit_group with an integer argument; it does not return.
+    unsafe { raw_syscall(libc::SYS_exit_group, [code as usize, 0, 0, 0, 0]) };
+    // SAFETY: reached only if exit_group returned, which it does not.
     unsafe { libc::_exit(code) }
 }
 

@@ -3,20 +3,18 @@
 //! TLS and SQLite), so the second exec of every run loads a small program. It links only
 //! the library's sandbox side; started by anything but codecage's launcher, it refuses.
 //!
-//! It starts at C's `main`, without Rust's runtime set-up (`lang_start`): that set-up's
-//! stack-overflow handler reads /proc/self/maps to find the main thread's stack and maps an
-//! alternate signal stack, some 45 us of every sandbox's start, for a process whose own
-//! set-up resets every signal disposition and whose frames are small. What the init still
-//! needs of it is here: a panic ends it with 101, as Rust's runtime would (an unwind out
-//! of `extern "C"` would abort instead). glibc hands argv to the standard library through
-//! `.init_array`, so `std::env::args` works as before.
+//! With glibc it starts at C's `main`, without Rust's runtime set-up (`lang_start`): that
+//! set-up's stack-overflow handler reads /proc/self/maps to find the main thread's stack
+//! and maps an alternate signal stack, some 45 us of every sandbox's start, for a process
+//! whose own set-up resets every signal disposition and whose frames are small. glibc
+//! hands argv to the standard library through `.init_array`, so `std::env::args` works as
+//! before; other C libraries (musl) fill it only in `lang_start`, so there the init keeps
+//! Rust's `main`. A panic ends it with 101 either way (an unwind out of `extern "C"` would
+//! abort instead).
 
-#![no_main]
+#![cfg_attr(target_env = "gnu", no_main)]
 
-use std::ffi::{c_char, c_int};
-
-#[no_mangle]
-pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+fn init() -> i32 {
     let refused = std::panic::catch_unwind(|| {
         codecage::dispatch_init();
         eprintln!(
@@ -25,4 +23,15 @@ pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
         2
     });
     refused.unwrap_or(101)
+}
+
+#[cfg(target_env = "gnu")]
+#[no_mangle]
+pub extern "C" fn main(_argc: std::ffi::c_int, _argv: *const *const std::ffi::c_char) -> i32 {
+    init()
+}
+
+#[cfg(not(target_env = "gnu"))]
+fn main() {
+    std::process::exit(init())
 }

@@ -241,9 +241,9 @@ pub struct Sandbox {
     inbox: VecDeque<FromSandbox>,
     cgroup: Option<RunCgroup>,
     _slot: Slot,
-    /// The memory the raw child ran on before its exec: freed with the sandbox, after the
-    /// init is reaped (see clone::RawChild).
-    _raw_child: clone::RawChild,
+    /// The memory the raw child ran on before its exec (see clone::RawChild): freed once
+    /// the init says it started (it has exec'd), else with the sandbox, after the reap.
+    raw_child: Option<clone::RawChild>,
     spec: SandboxSpec,
     /// Layers the host could not give this sandbox (a best-effort cgroup).
     skipped: Vec<Skipped>,
@@ -366,7 +366,7 @@ impl Sandbox {
             inbox: VecDeque::new(),
             cgroup,
             _slot: started.slot,
-            _raw_child: started.raw_child,
+            raw_child: Some(started.raw_child),
             spec: spec.clone(),
             skipped,
             marks: Vec::new(),
@@ -612,7 +612,13 @@ impl Sandbox {
         }
         while let Some(message) = self.frames.next_message() {
             match message {
-                Ok(FromSandbox::Mark { phase, at_ns }) => self.marks.push((phase, at_ns)),
+                Ok(FromSandbox::Mark { phase, at_ns }) => {
+                    if phase == Phase::InitStarted {
+                        // Sent by the init after its exec: the raw child's stack is free.
+                        self.raw_child = None;
+                    }
+                    self.marks.push((phase, at_ns))
+                }
                 Ok(FromSandbox::PtyOpened { id }) => {
                     let fd = self.received_fds.pop_front();
                     if self.ptys_wanted.remove(&id) {

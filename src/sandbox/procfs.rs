@@ -148,10 +148,12 @@ pub fn bind_sandbox_files(proc: &Path, stage: &Path) -> Done {
 
 /// [`bind_copy`] of `src` over `dst`, where `dst` exists: the bind's own error (one of
 /// `absent`) says it does not, which spares a lookup before each bind (in /proc a lookup
-/// costs about what the bind does). Other errors are errors.
+/// costs about what the bind does). Other errors are errors, and so is a missing `src`
+/// (the same errno from mount(2)): a mask that is not there must not pass for an entry
+/// that is not there, or the host's entry would stay visible.
 pub(super) fn bind_if_there(src: &Path, dst: &Path, absent: &[Errno]) -> nix::Result<()> {
     match bind_copy(src, dst) {
-        Err(e) if absent.contains(&e) => Ok(()),
+        Err(e) if absent.contains(&e) && src.exists() => Ok(()),
         other => other,
     }
 }
