@@ -12,7 +12,8 @@
 //! Rust's `main`. A panic ends it with 101 either way (an unwind out of `extern "C"` would
 //! abort instead).
 
-#![cfg_attr(target_env = "gnu", no_main)]
+// Not in the test build: there the harness brings its own main.
+#![cfg_attr(all(target_env = "gnu", not(test)), no_main)]
 
 fn init() -> i32 {
     let refused = std::panic::catch_unwind(|| {
@@ -25,13 +26,13 @@ fn init() -> i32 {
     refused.unwrap_or(101)
 }
 
-#[cfg(target_env = "gnu")]
+#[cfg(all(target_env = "gnu", not(test)))]
 #[no_mangle]
 pub extern "C" fn main(_argc: std::ffi::c_int, _argv: *const *const std::ffi::c_char) -> i32 {
     init()
 }
 
-#[cfg(not(target_env = "gnu"))]
+#[cfg(any(not(target_env = "gnu"), test))]
 fn main() {
     std::process::exit(init())
 }
