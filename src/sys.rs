@@ -823,10 +823,24 @@ pub fn tun_set_iff(tun: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// Installs a seccomp filter on the calling thread. The caller must have no_new_privs set.
+pub fn seccomp_filter(program: &[libc::sock_filter]) -> io::Result<()> {
+    install_seccomp_filter(program, 0).map(drop)
+}
+
 /// Installs a seccomp filter whose `SECCOMP_RET_USER_NOTIF` answers go to the returned
 /// listener (`SECCOMP_FILTER_FLAG_NEW_LISTENER`, Linux 5.0). The caller must have
 /// no_new_privs set.
 pub fn seccomp_filter_with_listener(program: &[libc::sock_filter]) -> io::Result<OwnedFd> {
+    let fd = install_seccomp_filter(program, libc::SECCOMP_FILTER_FLAG_NEW_LISTENER)?;
+    // SAFETY: with NEW_LISTENER the kernel returned a new fd, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn install_seccomp_filter(
+    program: &[libc::sock_filter],
+    flags: libc::c_ulong,
+) -> io::Result<libc::c_long> {
     let prog = libc::sock_fprog {
         len: u16::try_from(program.len())
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
@@ -838,15 +852,14 @@ pub fn seccomp_filter_with_listener(program: &[libc::sock_filter]) -> io::Result
         libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
-            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            flags,
             &prog as *const libc::sock_fprog,
         )
     };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the kernel returned a new fd, which nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+    Ok(ret)
 }
 
 /// The next seccomp user notification of `listener` (SECCOMP_IOCTL_NOTIF_RECV). ENOENT: the

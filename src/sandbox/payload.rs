@@ -34,8 +34,8 @@ use crate::spec::{SandboxSpec, SANDBOX_PATH, SANDBOX_UID};
 /// The stack limit of the payload's processes (glibc sizes thread stacks from it).
 const STACK_LIMIT: u64 = 8 << 20;
 
-/// The seccomp layer for a payload: the compiled filters, and where to hand the netlink
-/// watch's listener to the init.
+/// The seccomp layer for a payload: the compiled filters, and where to hand the listener of
+/// their netlink watch to the init.
 pub struct Seccomp<'a> {
     pub filters: &'a Filters,
     pub netlink_outbox: Option<std::os::fd::BorrowedFd<'a>>,
@@ -180,38 +180,27 @@ fn prepare(
         )
     })?;
     if let Some(seccomp) = seccomp {
-        if let Some(outbox) = seccomp.netlink_outbox {
-            watch_netlink(outbox)?;
-        }
-        super::seccomp::apply(seccomp.filters).map_err(|(which, e)| {
-            SetupError::from_error(
+        let listener = super::seccomp::apply(seccomp.filters).map_err(|(which, e)| {
+            SetupError::io(
                 Step::ApplySeccomp,
                 &e,
                 format!("installing the {which} filter"),
             )
         })?;
+        // The program's notifications (the netlink watch) are the init's to answer. Without
+        // an outbox nobody would, and the watched calls would fail with ENOSYS; the init
+        // has one whenever the layer is on.
+        if let Some(outbox) = seccomp.netlink_outbox {
+            super::netlink::send_listener(outbox, &listener).map_err(|e| {
+                SetupError::io(
+                    Step::WatchNetlink,
+                    &e,
+                    "handing the netlink watch to the init",
+                )
+            })?;
+        }
     }
     Ok(())
-}
-
-/// The netlink watch (see netlink.rs): socket(AF_NETLINK, ...) goes to the init, which
-/// counts the sandbox's netlink sockets. Installed before the other filters, whose EPERM
-/// for the other netlink protocols outranks its notification.
-fn watch_netlink(outbox: std::os::fd::BorrowedFd<'_>) -> Result<(), SetupError> {
-    let listener = super::seccomp::install_netlink_watch().map_err(|e| {
-        SetupError::io(
-            Step::WatchNetlink,
-            &e,
-            "installing the netlink watch filter",
-        )
-    })?;
-    super::netlink::send_listener(outbox, &listener).map_err(|e| {
-        SetupError::io(
-            Step::WatchNetlink,
-            &e,
-            "handing the netlink watch to the init",
-        )
-    })
 }
 
 /// The launcher's fds for this payload on 0, 1, 2 (and 3, a driver's channel).
