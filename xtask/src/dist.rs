@@ -124,6 +124,8 @@ pub fn dist(args: &Args) -> Result<i32> {
             build.arg("--release");
         }
         run(build.args(["--locked", "--bin", PACKAGE, "--bin", INIT]))?;
+        host::status("linking", format!("the {profile} {INIT} statically"));
+        host::link_static_init(&root, !args.debug)?;
     }
     let binary = root.join("target").join(profile).join(PACKAGE);
     let init = root.join("target").join(profile).join(INIT);

@@ -17,8 +17,79 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
+/// Links `target/<profile>/codecage-init` again as a static PIE (glibc's static libc,
+/// `-C target-feature=+crt-static`), for what ships (`cargo xtask dist`) and what is
+/// measured (`cargo xtask bench`). Each sandbox's start executes the init, and without a
+/// dynamic loader, libc.so and libgcc_s.so to map and relocate that exec costs ~0.2 ms
+/// less (ARCHITECTURE.md, "The init binary and the start-up budget").
+///
+/// Only the init's own crate is compiled again (`cargo rustc` passes the flag to the final
+/// crate alone; the libraries' rlibs are the same either way, glibc's static or shared
+/// libc being chosen at the link), so it takes a second. Cargo keeps both links: a later
+/// `cargo build` puts the dynamic one back (cargo has no per-binary target features), so
+/// copy the result before building again.
+pub fn link_static_init(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    let profile = if release { "release" } else { "debug" };
+    let mut cargo = std::process::Command::new("cargo");
+    cargo
+        .current_dir(root)
+        .args(["rustc", "--locked", "--quiet"]);
+    if release {
+        cargo.arg("--release");
+    }
+    cargo.args([
+        "-p",
+        "codecage",
+        "--bin",
+        "codecage-init",
+        "--",
+        "-C",
+        "target-feature=+crt-static",
+    ]);
+    let status = cargo.status()?;
+    anyhow::ensure!(status.success(), "linking codecage-init statically failed");
+    let init = root.join("target").join(profile).join("codecage-init");
+    anyhow::ensure!(
+        is_static(&std::fs::read(&init)?),
+        "{} is still dynamically linked after `cargo rustc -C target-feature=+crt-static`",
+        init.display()
+    );
+    Ok(init)
+}
+
+/// Whether an ELF executable has no program interpreter (PT_INTERP): a static one.
+pub fn is_static(elf: &[u8]) -> bool {
+    // ELF64 little-endian: e_phoff at 32, e_phentsize at 54, e_phnum at 56; p_type first.
+    let u16_at = |at: usize| {
+        elf.get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u64_at = |at: usize| {
+        elf.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    let (Some(phoff), Some(size), Some(count)) = (u64_at(32), u16_at(54), u16_at(56)) else {
+        return false;
+    };
+    if !elf.starts_with(b"\x7fELF\x02\x01") {
+        return false;
+    }
+    const PT_INTERP: u32 = 3;
+    (0..usize::from(count)).all(|i| {
+        let at = phoff as usize + i * usize::from(size);
+        elf.get(at..at + 4)
+            .is_some_and(|b| u32::from_le_bytes(b.try_into().unwrap()) != PT_INTERP)
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_static_executable_is_told_from_a_dynamic_one() {
+        assert!(!super::is_static(&std::fs::read("/bin/true").unwrap()));
+        assert!(!super::is_static(b"#!/bin/sh\n"));
+    }
+
     #[test]
     fn the_workspace_has_the_xtask_crate() {
         assert!(super::workspace_root().join("xtask/Cargo.toml").is_file());
