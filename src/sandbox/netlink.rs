@@ -7,9 +7,9 @@
 //! twice `net.core.rmem_max` after SO_RCVBUF), and with 1024 fds in each of 64 processes
 //! that would be gigabytes of the host's memory. So the init bounds both factors:
 //!
-//! - **How many.** Each payload installs a seccomp filter that turns `socket(AF_NETLINK,
-//!   ...)` into a user notification (`seccomp::install_netlink_watch`) and hands the
-//!   listener to the init before it execs. The init answers each one itself: while fewer
+//! - **How many.** The seccomp program each payload installs turns `socket(AF_NETLINK,
+//!   ...)` into a user notification (its netlink watch, src/sandbox/seccomp_program.rs),
+//!   and the payload hands the program's listener to the init before it execs. The init answers each one itself: while fewer
 //!   than [`MAX_SOCKETS`] of the sockets it made are alive, it creates the socket and puts
 //!   it into the caller's fd table (SECCOMP_IOCTL_NOTIF_ADDFD, Linux 5.9); otherwise the
 //!   call fails with ENOBUFS. A socket is alive while some process's fd table holds it or
@@ -176,7 +176,7 @@ fn create(
 ) -> Result<RawFd, Errno> {
     let args = notif.data.args;
     let (family, kind, protocol) = (args[0] as i32, args[1] as i32, args[2] as i32);
-    // The filter only sends socket(AF_NETLINK, ...), and the deny filter has refused every
+    // The program only sends socket(AF_NETLINK, ...), and its deny list has refused every
     // protocol but NETLINK_ROUTE; anything else is not ours to make.
     if family != libc::AF_NETLINK || protocol != libc::NETLINK_ROUTE {
         return Err(Errno::EPERM);

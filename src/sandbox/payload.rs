@@ -14,7 +14,8 @@
 //! 6. no_new_privs (landlock and seccomp need it; setuid binaries lose their power);
 //! 7. landlock, built now that the final mounts exist;
 //! 8. every fd above 2 close-on-exec;
-//! 9. seccomp, last, so that nothing after it needs a syscall it denies; then execve.
+//! 9. seccomp, last (after it only handing its listener, the netlink watch, to the init:
+//!    sendmsg and close, which it allows); then execve.
 
 use std::ffi::CString;
 use std::os::unix::net::UnixStream;
