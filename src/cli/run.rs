@@ -437,20 +437,26 @@ fn forward_signals() -> Option<SignalFd> {
     SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
 }
 
-/// A sandbox built from the profile alone, as the server's pool builds them, if it can
-/// take `spec` (else the run is cold, as the server's would be).
+/// A sandbox built ahead of `spec`, as the server's pool builds them: from the profile
+/// (its program, environment and preload), with the sandbox `spec` resolved to, which is
+/// what a pool of a profile saying what the request's flags say (its rootfs, limits,
+/// layers) holds. The run suite chooses the host's rootfs and its own limits, and would
+/// otherwise take the pooled path in no test that does. Volumes are a request's alone (a
+/// pool's sandbox has none): such a run is cold, as the server's would be, and so is one
+/// the pooled sandbox does not fit.
 fn prepare(
     spec: &Spec,
     profile: &Profile,
     name: &str,
 ) -> Result<Option<launcher::Prepared>, Box<Outcome>> {
-    let pool = match profile::pool_spec(profile, name, &DataDir::from_env()) {
+    let mut pool = match profile::pool_spec(profile, name, &DataDir::from_env()) {
         Ok(pool) => pool,
         Err(_) => return Ok(None),
     };
-    if pool.sandbox != spec.sandbox {
+    if !spec.sandbox.volumes.is_empty() {
         return Ok(None);
     }
+    pool.sandbox = spec.sandbox.clone();
     let prepared = launcher::Prepared::build(&pool, Some(&profile.preload))
         .map_err(|e| Box::new(Outcome::failed(e.kind, e.message)))?;
     Ok(prepared.fits(spec).then_some(prepared))
