@@ -26,7 +26,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -145,6 +145,9 @@ pub struct RunCgroup {
     removed: bool,
     /// The files [`RunCgroup::usage`] reads, opened at its first call.
     meters: OnceLock<Meters>,
+    /// The CPU quota is lifted while the sandbox is built ahead of a request (see
+    /// [`RunCgroup::set_background`]).
+    quota_lifted: AtomicBool,
 }
 
 /// The files a run's usage is read from, each opened once and read again from offset 0
@@ -330,6 +333,7 @@ impl RunCgroup {
             skipped: Vec::new(),
             removed: false,
             meters: OnceLock::new(),
+            quota_lifted: AtomicBool::new(false),
         };
         match layout {
             Layout::V2 { root } => {
@@ -637,22 +641,54 @@ impl RunCgroup {
     /// A sandbox built ahead of a request (the warm pool) runs in the background: its CPU
     /// weight is the lowest (v1 `cpu.shares` 2, v2 `cpu.weight` 1), so building the next
     /// pooled sandbox (an interpreter importing its preload) takes only the CPU that
-    /// requests leave idle; handed to a request, it gets the default weight back (1024,
-    /// 100). Its CPU quota is the same either way. Best effort: only scheduling order
-    /// depends on it.
-    pub fn set_background(&self, background: bool) {
-        if self.v2 {
-            if let Some((dir, _)) = &self.unified {
-                let _ = write(
-                    &dir.join("cpu.weight"),
-                    if background { "1" } else { "100" },
-                );
+    /// requests leave idle, and its CPU quota is lifted: what runs then is the image's
+    /// interpreter importing the operator's preload, none of a request's code, and held to
+    /// the request's quota (0.5 CPU by default) a refill took twice the CPU time it
+    /// needed in wall time, so a pool kept up with half the request rate. Handed to a
+    /// request, it gets the default weight back (1024, 100) and the request's quota, before
+    /// any of the request's code runs.
+    ///
+    /// The weight is best effort (only scheduling order depends on it), and so is lifting
+    /// the quota (a refill that keeps it is only slower). Restoring the quota is not: an
+    /// error means the sandbox must not run the request.
+    pub fn set_background(&self, background: bool) -> Result<(), CgroupError> {
+        let (weight, quota) = if self.v2 {
+            let Some((dir, _)) = &self.unified else {
+                return Ok(());
+            };
+            (dir.join("cpu.weight"), dir.join("cpu.max"))
+        } else {
+            let Some(dir) = self.v1_dir(Controller::Cpu) else {
+                return Ok(());
+            };
+            (dir.join("cpu.shares"), dir.join("cpu.cfs_quota_us"))
+        };
+        let weight_value = match (self.v2, background) {
+            (true, true) => "1",
+            (true, false) => "100",
+            (false, true) => "2",
+            (false, false) => "1024",
+        };
+        let _ = write(&weight, weight_value);
+        // No quota to lift where the cpu limit was skipped (best effort), nor to restore.
+        let limited = !self.skipped.iter().any(|s| s.feature == "cpu limit");
+        let quota_value = |lifted: bool| match (self.v2, lifted) {
+            (true, true) => format!("max {CPU_PERIOD_US}"),
+            (true, false) => format!("{} {CPU_PERIOD_US}", self.limits.cpu_quota_us),
+            (false, true) => "-1".to_string(),
+            (false, false) => self.limits.cpu_quota_us.to_string(),
+        };
+        if background {
+            if limited && write(&quota, &quota_value(true)).is_ok() {
+                self.quota_lifted.store(true, Ordering::SeqCst);
             }
-        } else if let Some(dir) = self.v1_dir(Controller::Cpu) {
-            let _ = write(
-                &dir.join("cpu.shares"),
-                if background { "2" } else { "1024" },
-            );
+            Ok(())
+        } else if self.quota_lifted.load(Ordering::SeqCst) {
+            write(&quota, &quota_value(false))?;
+            self.quota_lifted.store(false, Ordering::SeqCst);
+            Ok(())
+        } else {
+            Ok(())
         }
     }
 
@@ -1131,6 +1167,45 @@ mod tests {
                 t.display()
             );
         }
+    }
+
+    /// Built ahead of a request, a sandbox has the lowest weight and no CPU quota; handed
+    /// over, the default weight and the request's quota, on this host's layout.
+    #[test]
+    fn the_background_lifts_the_cpu_quota_and_the_handover_restores_it() {
+        if !require_root() {
+            return;
+        }
+        let limits = Limits {
+            memory: 48 << 20,
+            cpu_quota_us: 25_000,
+            pids: 7,
+        };
+        let run = RunCgroup::create(layout(), &limits, false).unwrap();
+        let (weight, quota) = if run.v2 {
+            let dir = &run.unified.as_ref().unwrap().0;
+            (dir.join("cpu.weight"), dir.join("cpu.max"))
+        } else {
+            let dir = run.v1_dir(Controller::Cpu).unwrap();
+            (dir.join("cpu.shares"), dir.join("cpu.cfs_quota_us"))
+        };
+        let read = |file: &Path| std::fs::read_to_string(file).unwrap().trim().to_string();
+        let limited = if run.v2 { "25000 100000" } else { "25000" };
+        assert_eq!(read(&quota), limited);
+        run.set_background(true).unwrap();
+        assert!(matches!(read(&weight).as_str(), "1" | "2"));
+        assert!(
+            matches!(read(&quota).as_str(), "-1" | "max 100000"),
+            "{}",
+            read(&quota)
+        );
+        run.set_background(false).unwrap();
+        assert!(matches!(read(&weight).as_str(), "100" | "1024"));
+        assert_eq!(read(&quota), limited);
+        // Not lifted, nothing to restore: a second handover writes nothing.
+        run.set_background(false).unwrap();
+        assert_eq!(read(&quota), limited);
+        run.remove().unwrap();
     }
 
     /// A limit the kernel refuses (pids.max above PID_MAX_LIMIT) skips that controller

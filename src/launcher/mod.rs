@@ -706,10 +706,15 @@ impl Sandbox {
             .map_or(0, RunCgroup::grant_current_memory)
     }
 
-    /// Background or default CPU weight for the sandbox (see `RunCgroup::set_background`).
-    pub(crate) fn set_background(&self, background: bool) {
-        if let Some(cgroup) = &self.cgroup {
-            cgroup.set_background(background);
+    /// Built ahead of a request, or a request's now (see `RunCgroup::set_background`): an
+    /// error leaving the background means the request's CPU quota is not in place, and the
+    /// sandbox must not run its code.
+    pub(crate) fn set_background(&self, background: bool) -> Result<(), String> {
+        match &self.cgroup {
+            Some(cgroup) => cgroup
+                .set_background(background)
+                .map_err(|e| format!("cannot set the request's CPU quota: {e}")),
+            None => Ok(()),
         }
     }
 

@@ -49,8 +49,9 @@ impl Prepared {
     /// script (`python3 FILE`), starts the interpreter with those modules imported.
     pub fn build(spec: &Spec, preload: Option<&[String]>) -> Result<Prepared, StartError> {
         let mut sandbox = Sandbox::start(&spec.sandbox)?;
-        // Built ahead of a request: in the background until [`Prepared::run`].
-        sandbox.set_background(true);
+        // Built ahead of a request: in the background until [`Prepared::run`] (lifting
+        // the quota is best effort, a refill that keeps it only takes longer).
+        let _ = sandbox.set_background(true);
         let runner = match preload {
             Some(modules) if prestartable(&spec.exec) => {
                 Some(start_runner(&mut sandbox, &spec.exec, modules)?)
@@ -152,8 +153,11 @@ impl Prepared {
             ..
         } = self;
         let stops = Stops { interrupt, cancel };
-        // The request's now: the default CPU weight.
-        sandbox.set_background(false);
+        // The request's now: the default CPU weight and the request's CPU quota, before
+        // anything of the request reaches the sandbox.
+        if let Err(message) = sandbox.set_background(false) {
+            return sandbox.failed_before_running(message, start);
+        }
         let Some(runner) = runner else {
             return super::execute_to(sandbox, spec, start, sink, stops, End::Reported);
         };

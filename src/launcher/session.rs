@@ -269,21 +269,33 @@ impl Session {
     }
 
     /// [`Session::start`] ahead of a request (the warm pool): the sandbox runs in the
-    /// background (the lowest CPU weight, see `RunCgroup::set_background`) until
-    /// [`Session::handed_over`], so starting it takes only CPU that requests leave idle.
+    /// background (the lowest CPU weight and no CPU quota, see
+    /// `RunCgroup::set_background`) until [`Session::handed_over`], so starting it takes
+    /// only CPU that requests leave idle, at full speed. Hand it over before any of a
+    /// request's code reaches it: the request's quota comes back only then.
     pub fn start_ahead(spec: SessionSpec) -> Result<Session, StartError> {
         Session::start_with(spec, true)
     }
 
-    /// A session started ahead is a request's now: the default CPU weight.
-    pub fn handed_over(&self) {
-        self.sandbox.set_background(false);
+    /// A session started ahead is a request's now: the default CPU weight and the
+    /// request's CPU quota back (lifted while it started, see `RunCgroup::set_background`).
+    /// An error means the quota is not in place: the session must not be used.
+    pub fn handed_over(&self) -> Result<(), StartError> {
+        self.sandbox
+            .set_background(false)
+            .map_err(|message| StartError {
+                kind: ErrorKind::Setup,
+                message,
+            })
     }
 
     fn start_with(mut spec: SessionSpec, background: bool) -> Result<Session, StartError> {
         spec.sandbox.drivers = true;
         let mut sandbox = Sandbox::start(&spec.sandbox)?;
-        sandbox.set_background(background);
+        if background {
+            // Lifting the quota is best effort: a start that keeps it only takes longer.
+            let _ = sandbox.set_background(true);
+        }
         let processes = Processes::new().map_err(|message| StartError {
             kind: ErrorKind::Setup,
             message,

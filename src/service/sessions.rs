@@ -73,10 +73,13 @@ pub async fn open_session(
             slot.begin(start)
         });
         let session = match pooled {
-            Some(session) => {
-                session.handed_over();
-                Ok(session)
-            }
+            Some(session) => match session.handed_over() {
+                Ok(()) => Ok(session),
+                Err(e) => {
+                    let _ = session.close();
+                    Err(e)
+                }
+            },
             None => Session::start(session_spec),
         };
         match session {

@@ -189,6 +189,22 @@ pub fn cpu_weights(pid: u32) -> Vec<(PathBuf, u64)> {
         .collect()
 }
 
+/// The CPU quota files of the run cgroups of the launcher `pid` (v1 `cpu.cfs_quota_us`,
+/// v2 `cpu.max`), with what they hold.
+pub fn cpu_quotas(pid: u32) -> Vec<(PathBuf, String)> {
+    run_cgroups()
+        .into_iter()
+        .filter(|(launcher, _)| *launcher == pid)
+        .filter_map(|(_, dir)| {
+            ["cpu.cfs_quota_us", "cpu.max"].iter().find_map(|name| {
+                let file = dir.join(name);
+                let value = std::fs::read_to_string(&file).ok()?.trim().to_string();
+                Some((file, value))
+            })
+        })
+        .collect()
+}
+
 pub fn run_cgroups() -> Vec<(u32, PathBuf)> {
     let root = Path::new("/sys/fs/cgroup");
     let mut parents = Vec::new();

@@ -132,6 +132,13 @@ fn a_pooled_session_is_ready_at_once_and_never_shared() {
                 pooled.len() == 1 && matches!(pooled[0].1, 1 | 2),
                 "round {round}: the pooled session's cgroup is not in the background: {pooled:?}"
             );
+            // And its CPU quota lifted (its start is none of a request's code); handed
+            // over, the request's 0.5 CPU.
+            let quota = cpu_quotas(server.pid());
+            assert!(
+                quota.len() == 1 && matches!(quota[0].1.as_str(), "-1" | "max 100000"),
+                "round {round}: the pooled session's quota is not lifted: {quota:?}"
+            );
             let (status, created) =
                 server.request("POST", "/v1/sessions", Some(json!({"language": "python"})));
             assert_eq!(status, 201, "{created}");
@@ -140,6 +147,12 @@ fn a_pooled_session_is_ready_at_once_and_never_shared() {
                 matches!(handed.trim(), "1024" | "100"),
                 "round {round}: {} is {handed:?} after the handover",
                 pooled[0].0.display()
+            );
+            let handed = std::fs::read_to_string(&quota[0].0).unwrap_or_default();
+            assert!(
+                matches!(handed.trim(), "50000" | "50000 100000"),
+                "round {round}: {} is {handed:?} after the handover",
+                quota[0].0.display()
             );
             let id = created["id"].as_str().unwrap().to_string();
             let execute = format!("/v1/sessions/{id}/execute");
@@ -162,6 +175,41 @@ fn a_pooled_session_is_ready_at_once_and_never_shared() {
             wait_ready(&server, 0, 1);
         }
         assert_ne!(ids[0], ids[1]);
+        server.stop();
+    });
+}
+
+/// A pooled sandbox imports its preload with its CPU quota lifted (none of a request's code
+/// runs then), and the request's code meets the request's quota: two processes spinning
+/// for 2 s get at most half a CPU between them.
+#[test]
+fn a_pooled_run_is_held_to_the_requests_cpu_quota() {
+    image_test(|_| {
+        let server = Server::start(&pool_config(1, 0), false);
+        wait_ready(&server, 1, 0);
+        let quota = cpu_quotas(server.pid());
+        assert!(
+            quota.len() == 1 && matches!(quota[0].1.as_str(), "-1" | "max 100000"),
+            "the pooled sandbox's quota is not lifted: {quota:?}"
+        );
+        let out = run(
+            &server,
+            python(
+                "import os, time\nos.fork()\nend = time.time() + 2\n\
+                 while time.time() < end: pass\nprint(os.getpid())",
+            ),
+        );
+        assert_eq!(out["warm"], true, "{out}");
+        assert_eq!(out["exit_code"], 0, "{out}");
+        let cpu = out["cpu_ms"].as_f64().unwrap();
+        let wall = out["duration_ms"].as_f64().unwrap();
+        // A ceiling, with a period of slack for the run's edges (as the cold bomb test).
+        assert!(cpu > 0.0, "{out}");
+        assert!(
+            cpu <= 0.5 * wall + 100.0,
+            "cpu {cpu} ms over {wall} ms = {:.2} CPUs, over the request's 0.5: {out}",
+            cpu / wall
+        );
         server.stop();
     });
 }

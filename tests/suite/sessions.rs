@@ -65,7 +65,7 @@ fn a_session_started_ahead_is_in_the_background_until_handed_over() {
             .collect();
         assert_eq!(background.len(), 1, "{background:?} of {:?}", weights());
         assert_eq!(text(&call(&mut s, "1 + 1")), "2");
-        s.handed_over();
+        s.handed_over().unwrap();
         let now = std::fs::read_to_string(&background[0].0).unwrap();
         assert!(
             matches!(now.trim(), "1024" | "100"),
