@@ -40,7 +40,10 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
         .await
         .map_err(|e| format!("sweeping leftover cgroups failed: {e}"))?;
     let shutdown = tokio_util_shutdown();
-    let mut tasks = Vec::new();
+    // Every listener is bound before any serves: a client that saw one answer (the unix
+    // socket's /healthz, say) finds the others listening too.
+    let mut serving: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+        Vec::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
     let e2b_listen = state.config.e2b.listen.clone();
     let cap = listen::connection_cap(
@@ -51,7 +54,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
         let (listener, app) = e2b::listener(&state, &addr).await?;
         let signal = shutdown.subscribe();
         let limits = state.config.limits.clone();
-        tasks.push(tokio::spawn(listen::serve(
+        serving.push(Box::pin(listen::serve(
             listener,
             app,
             limits,
@@ -76,7 +79,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                     ));
                 let signal = shutdown.subscribe();
                 let limits = state.config.limits.clone();
-                tasks.push(tokio::spawn(listen::serve(
+                serving.push(Box::pin(listen::serve(
                     listener,
                     app,
                     limits,
@@ -105,7 +108,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
                     ));
                 let signal = shutdown.subscribe();
                 let limits = state.config.limits.clone();
-                tasks.push(tokio::spawn(listen::serve(
+                serving.push(Box::pin(listen::serve(
                     listener,
                     app,
                     limits,
@@ -115,6 +118,7 @@ pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), Str
             }
         }
     }
+    let tasks: Vec<_> = serving.into_iter().map(tokio::spawn).collect();
     let reaper = tokio::spawn(registry::reap_forever(state.clone()));
     let pruner = state
         .audit
