@@ -801,7 +801,8 @@ const events = [];
 const handle = await sbx.files.watchDir('/home/user/j', (e) => {{ events.push([e.name, e.type, e.entry ? e.entry.size : null]); }},
   {{ recursive: true, includeEntry: true }});
 await sbx.runCode("open('/work/j/k/from_code.txt', 'w').write('12345')");
-for (let i = 0; i < 100 && !events.some(e => e[0] === 'k/from_code.txt'); i++) await new Promise(r => setTimeout(r, 100));
+// Until its write is seen: the create comes first, and a watch stopped at it missed the write.
+for (let i = 0; i < 100 && !events.some(e => e[0] === 'k/from_code.txt' && e[1] === 'write'); i++) await new Promise(r => setTimeout(r, 100));
 await handle.stop();
 await sbx.files.remove('/home/user/j');
 const gone = await sbx.files.exists('/home/user/j');

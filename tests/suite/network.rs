@@ -110,16 +110,18 @@ impl Internet {
         std::fs::write(&udp, UDP_SERVER).unwrap();
         let udp_log = d.join("udp.received");
         net.serve(&[udp.to_str().unwrap(), A, "5353"], &udp_log, "udp.log");
-        for port in ["80", "443"] {
+        // Every TCP server, the package index on B among them (a test that dialled it
+        // before its Python had bound the port met a refusal under load).
+        for (address, port) in [(A, "80"), (A, "443"), (B, "80")] {
             assert!(
                 wait_for(Duration::from_secs(10), || {
                     net.inside("bash")
                         .arg("-c")
-                        .arg(format!("exec 3<>/dev/tcp/{A}/{port}"))
+                        .arg(format!("exec 3<>/dev/tcp/{address}/{port}"))
                         .status()
                         .is_ok_and(|s| s.success())
                 }),
-                "the test server on port {port} did not come up"
+                "the test server on {address} port {port} did not come up"
             );
         }
         net
