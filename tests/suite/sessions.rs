@@ -37,8 +37,9 @@ pub(super) fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Ses
 }
 
 /// A session started ahead of a request (the warm pool's way) runs at the lowest CPU
-/// weight, and at the default one once handed over; it works the same either way. On every
-/// cgroup layout a lane has (v1 `cpu.shares`, v2 `cpu.weight`).
+/// weight and without a CPU quota, and at the default weight and its quota once handed
+/// over; it works the same either way. On every cgroup layout a lane has (v1 `cpu.shares`
+/// and `cpu.cfs_quota_us`, v2 `cpu.weight` and `cpu.max`).
 #[test]
 fn a_session_started_ahead_is_in_the_background_until_handed_over() {
     as_root(|| {
@@ -64,6 +65,17 @@ fn a_session_started_ahead_is_in_the_background_until_handed_over() {
             .filter(|(_, v)| *v == 1 || *v == 2)
             .collect();
         assert_eq!(background.len(), 1, "{background:?} of {:?}", weights());
+        // Its quota file, beside the weight's: lifted.
+        let quota = cpu_quotas(std::process::id())
+            .into_iter()
+            .find(|(file, _)| file.parent() == background[0].0.parent())
+            .expect("the background session's cgroup has a CPU quota file");
+        assert!(
+            matches!(quota.1.as_str(), "-1" | "max 100000"),
+            "{} is {:?} in the background",
+            quota.0.display(),
+            quota.1
+        );
         assert_eq!(text(&call(&mut s, "1 + 1")), "2");
         s.handed_over().unwrap();
         let now = std::fs::read_to_string(&background[0].0).unwrap();
@@ -71,6 +83,13 @@ fn a_session_started_ahead_is_in_the_background_until_handed_over() {
             matches!(now.trim(), "1024" | "100"),
             "{} is {now:?} after the handover",
             background[0].0.display()
+        );
+        // The default limits' half a CPU.
+        let now = std::fs::read_to_string(&quota.0).unwrap();
+        assert!(
+            matches!(now.trim(), "50000" | "50000 100000"),
+            "{} is {now:?} after the handover",
+            quota.0.display()
         );
         assert_eq!(text(&call(&mut s, "2 + 2")), "4");
         s.close().unwrap();
