@@ -13,17 +13,20 @@ cell before did to them (closed, replaced, redirected). Should a cell close the 
 own copies too, "done" asks the launcher to start the interpreter again ("restart").
 """
 
-import ast
-import base64
+# What every call needs, and no more: a new session's start is its interpreter's start and
+# these imports, so what only some calls need (ast.py for cells of statements, traceback
+# for exceptions, base64 for images, threading for stdin) is imported by the call that
+# needs it. signal's enums and ast.py's helpers were a quarter of the imports' time; their
+# C modules (_signal, _ast) do what the driver needs of them.
+import _ast
+import _signal
+import _thread
 import fcntl
 import io
 import json
 import linecache
 import os
-import signal
 import sys
-import threading
-import traceback
 
 MAX_TEXT = 64 * 1024        # characters of one text MIME type
 # pixels: every image shown (figures, PNG displays) is at most this large, scaled here in
@@ -63,6 +66,7 @@ channel_out = os.fdopen(CHANNEL_OUT, "wb", buffering=0)
 
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 loop = None
+MAIN_THREAD = _thread.get_ident()
 
 
 def event_loop():
@@ -85,7 +89,7 @@ class LoopOnImport:
     cell, as when the driver made it at start. Any other import is not this finder's."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "asyncio" or threading.current_thread() is not threading.main_thread():
+        if name != "asyncio" or _thread.get_ident() != MAIN_THREAD:
             return None
         sys.meta_path.remove(self)
         from importlib.machinery import PathFinder
@@ -169,6 +173,8 @@ def mime_bundle(value):
 def add(bundle, mime, content):
     if content is None:
         return
+    import base64
+
     if mime == "image/png":
         try:
             data = content if isinstance(content, bytes) else base64.b64decode(content)
@@ -222,6 +228,8 @@ def flush_figures():
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is None:
         return
+    import base64
+
     for number in pyplot.get_fignums():
         figure = pyplot.figure(number)
         width, height = figure.get_size_inches()
@@ -251,6 +259,8 @@ def on_sigint(signum, frame):
 
 def exception_info(error):
     """name, value and the traceback of the user's frames only."""
+    import traceback
+
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == DRIVER_FILE:
         tb = tb.tb_next
@@ -270,15 +280,16 @@ def run_cell(code):
     execution_count += 1
     filename = f"<cell {execution_count}>"
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     result = None
     exception = None
     in_cell = True
     try:
-        tree = ast.parse(code, filename, "exec")
+        # ast.parse, without ast.py.
+        tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+        if tree.body and isinstance(tree.body[-1], _ast.Expr):
+            last = _ast.Expression(tree.body.pop().value)
         evaluate(compile(tree, filename, "exec", flags=flags))
         if last is not None:
             value = evaluate(compile(last, filename, "eval", flags=flags))
@@ -334,6 +345,8 @@ def with_stdin(text, body):
     """Runs `body` with `text` on fd 0 and sys.stdin (input(), subprocesses)."""
     if text is None:
         return body()
+    import threading
+
     read_end, write_end = os.pipe()
     writer = threading.Thread(target=lambda: (os.write(write_end, text.encode()), os.close(write_end)))
     writer.start()
@@ -369,7 +382,7 @@ def main():
         if request.get("op") != "execute":
             continue
         current_id = request.get("id")
-        signal.signal(signal.SIGINT, on_sigint)
+        _signal.signal(_signal.SIGINT, on_sigint)
         restart = not own_streams()
         result, exception = None, None
         if not restart:
@@ -398,5 +411,5 @@ def main():
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, on_sigint)
+    _signal.signal(_signal.SIGINT, on_sigint)
     main()
