@@ -117,6 +117,17 @@ fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     fs::write(path, value).map_err(|e| err("writing", path, e))
 }
 
+/// What the CPU quota file holds for a quota of `quota_us` per period, or none: v2's
+/// `cpu.max` ("QUOTA PERIOD", "max PERIOD"), v1's `cpu.cfs_quota_us` ("QUOTA", "-1").
+fn cpu_quota_text(v2: bool, quota_us: Option<u64>) -> String {
+    match (v2, quota_us) {
+        (true, Some(q)) => format!("{q} {CPU_PERIOD_US}"),
+        (true, None) => format!("max {CPU_PERIOD_US}"),
+        (false, Some(q)) => q.to_string(),
+        (false, None) => "-1".to_string(),
+    }
+}
+
 fn read(path: &Path) -> Option<String> {
     fs::read_to_string(path).ok()
 }
@@ -477,7 +488,7 @@ impl RunCgroup {
         let cpu = if has("cpu") {
             write(
                 &dir.join("cpu.max"),
-                &format!("{} {CPU_PERIOD_US}", l.cpu_quota_us),
+                &cpu_quota_text(true, Some(l.cpu_quota_us)),
             )
         } else {
             Err(unavailable_v2(&dir, "cpu"))
@@ -521,8 +532,13 @@ impl RunCgroup {
             self.or_skip("memory", memory)?;
         }
         if let Some(dir) = self.v1_dir(Controller::Cpu).map(Path::to_path_buf) {
-            let cpu = write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())
-                .and_then(|()| write(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string()));
+            let cpu =
+                write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string()).and_then(|()| {
+                    write(
+                        &dir.join("cpu.cfs_quota_us"),
+                        &cpu_quota_text(false, Some(l.cpu_quota_us)),
+                    )
+                });
             self.or_skip("cpu", cpu)?;
         }
         if let Some(dir) = self.v1_dir(Controller::Pids).map(Path::to_path_buf) {
@@ -672,24 +688,16 @@ impl RunCgroup {
         let _ = write(&weight, weight_value);
         // No quota to lift where the cpu limit was skipped (best effort), nor to restore.
         let limited = !self.skipped.iter().any(|s| s.feature == "cpu limit");
-        let quota_value = |lifted: bool| match (self.v2, lifted) {
-            (true, true) => format!("max {CPU_PERIOD_US}"),
-            (true, false) => format!("{} {CPU_PERIOD_US}", self.limits.cpu_quota_us),
-            (false, true) => "-1".to_string(),
-            (false, false) => self.limits.cpu_quota_us.to_string(),
-        };
         if background {
-            if limited && write(&quota, &quota_value(true)).is_ok() {
+            if limited && write(&quota, &cpu_quota_text(self.v2, None)).is_ok() {
                 self.quota_lifted.store(true, Ordering::SeqCst);
             }
-            Ok(())
         } else if self.quota_lifted.load(Ordering::SeqCst) {
-            write(&quota, &quota_value(false))?;
+            let limit = cpu_quota_text(self.v2, Some(self.limits.cpu_quota_us));
+            write(&quota, &limit)?;
             self.quota_lifted.store(false, Ordering::SeqCst);
-            Ok(())
-        } else {
-            Ok(())
         }
+        Ok(())
     }
 
     /// What the cgroup measured. Read before [`RunCgroup::remove`].

@@ -167,36 +167,28 @@ impl Scope {
     }
 }
 
-/// The run cgroups under every `codecage` parent of the host's cgroup hierarchies
-/// (`/sys/fs/cgroup/codecage` on v2, `/sys/fs/cgroup/*/codecage` on v1 and hybrid), and
-/// under nested ones (a server in a delegated cgroup makes `<its cgroup>/codecage`, as
-/// tests/suite/delegation.rs does under `/sys/fs/cgroup/codecage/unit-<pid>.service`), with
-/// the pid of the launcher each is named after (`run-<pid ns>-<pid>-<start>-<n>`). Runs of
-/// launchers in other pid namespaces are left out: their pids mean nothing here.
 /// The CPU weight files of the sandboxes launched by `pid` (v1 `cpu.shares`, v2
 /// `cpu.weight`) and their values.
 pub fn cpu_weights(pid: u32) -> Vec<(PathBuf, u64)> {
-    run_cgroups()
+    run_cgroup_files(pid, &["cpu.shares", "cpu.weight"])
         .into_iter()
-        .filter(|(launcher, _)| *launcher == pid)
-        .filter_map(|(_, dir)| {
-            ["cpu.shares", "cpu.weight"].iter().find_map(|name| {
-                let file = dir.join(name);
-                let value = std::fs::read_to_string(&file).ok()?.trim().parse().ok()?;
-                Some((file, value))
-            })
-        })
+        .filter_map(|(file, value)| Some((file, value.parse().ok()?)))
         .collect()
 }
 
 /// The CPU quota files of the run cgroups of the launcher `pid` (v1 `cpu.cfs_quota_us`,
 /// v2 `cpu.max`), with what they hold.
 pub fn cpu_quotas(pid: u32) -> Vec<(PathBuf, String)> {
+    run_cgroup_files(pid, &["cpu.cfs_quota_us", "cpu.max"])
+}
+
+/// In each run cgroup of the launcher `pid`, the first of `names` it has, with its text.
+fn run_cgroup_files(pid: u32, names: &[&str]) -> Vec<(PathBuf, String)> {
     run_cgroups()
         .into_iter()
         .filter(|(launcher, _)| *launcher == pid)
         .filter_map(|(_, dir)| {
-            ["cpu.cfs_quota_us", "cpu.max"].iter().find_map(|name| {
+            names.iter().find_map(|name| {
                 let file = dir.join(name);
                 let value = std::fs::read_to_string(&file).ok()?.trim().to_string();
                 Some((file, value))
@@ -205,6 +197,12 @@ pub fn cpu_quotas(pid: u32) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
+/// The run cgroups under every `codecage` parent of the host's cgroup hierarchies
+/// (`/sys/fs/cgroup/codecage` on v2, `/sys/fs/cgroup/*/codecage` on v1 and hybrid), and
+/// under nested ones (a server in a delegated cgroup makes `<its cgroup>/codecage`, as
+/// tests/suite/delegation.rs does under `/sys/fs/cgroup/codecage/unit-<pid>.service`), with
+/// the pid of the launcher each is named after (`run-<pid ns>-<pid>-<start>-<n>`). Runs of
+/// launchers in other pid namespaces are left out: their pids mean nothing here.
 pub fn run_cgroups() -> Vec<(u32, PathBuf)> {
     let root = Path::new("/sys/fs/cgroup");
     let mut parents = Vec::new();
