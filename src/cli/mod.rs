@@ -2,6 +2,7 @@
 
 mod approvals;
 mod audit;
+mod full;
 #[cfg(feature = "image")]
 mod image;
 mod mcp;
@@ -11,7 +12,7 @@ mod session;
 
 use clap::{Parser, Subcommand};
 
-use codecage::outcome::{ErrorKind, Outcome};
+use crate::outcome::{ErrorKind, Outcome};
 
 /// Run untrusted code in a Linux sandbox built from namespaces.
 #[derive(Parser)]
@@ -62,8 +63,46 @@ enum Command {
     Image(image::ImageArgs),
 }
 
-/// Runs the CLI; returns the process exit status.
+/// The commands whose code only `codecage-full` links: the server, MCP, the audit log's
+/// reader (SQLite), the images and the OpenAPI document. `codecage` itself runs the rest
+/// (`run`, `doctor`, `profiles`, and the server's clients `session` and `approvals`) and
+/// executes `codecage-full` for these, so that a run does not load and relocate them.
+enum Full {
+    Serve(serve::ServeArgs),
+    Mcp(mcp::McpArgs),
+    Audit(audit::AuditArgs),
+    #[cfg(feature = "image")]
+    Image(image::ImageArgs),
+    Openapi,
+}
+
+/// `codecage`: runs the CLI, handing the commands of [`Full`] to `codecage-full`; returns
+/// the process exit status.
 pub fn main() -> i32 {
+    start();
+    dispatch(|command| full::exec(command.name()))
+}
+
+/// `codecage-full`: runs every command itself; returns the process exit status.
+pub fn main_full() -> i32 {
+    if let Err(message) = full::check_front() {
+        eprintln!("codecage: {message}");
+        return ErrorKind::Setup.exit_status();
+    }
+    start();
+    dispatch(run_full)
+}
+
+/// What both binaries do before parsing: name the sandboxes' init.
+fn start() {
+    if let Some(init) = full::companion("codecage-init") {
+        crate::spec::set_default_init_exe(init);
+    }
+}
+
+/// Parses the arguments and runs the command: those of [`Full`] through `full`, which only
+/// `codecage-full`'s `main` names, so only it links them.
+fn dispatch(full: fn(Full) -> i32) -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage_error(err),
@@ -72,23 +111,49 @@ pub fn main() -> i32 {
         Command::Run(args) => run::main(args),
         Command::Doctor { json } => doctor(json),
         Command::Profiles { json } => profiles(json),
-        Command::Serve(args) => serve::main(args),
         Command::Session(args) => session::main(args),
-        Command::Mcp(args) => mcp::main(args),
-        Command::Audit(args) => audit::main(args),
         Command::Approvals(args) => approvals::main(args),
+        Command::Serve(args) => full(Full::Serve(args)),
+        Command::Mcp(args) => full(Full::Mcp(args)),
+        Command::Audit(args) => full(Full::Audit(args)),
         #[cfg(feature = "image")]
-        Command::Image(args) => image::main(args),
-        Command::Openapi => {
-            print!("{}", crate::server::openapi_document());
+        Command::Image(args) => full(Full::Image(args)),
+        Command::Openapi => full(Full::Openapi),
+    }
+}
+
+impl Full {
+    fn name(&self) -> &'static str {
+        match self {
+            Full::Serve(_) => "serve",
+            Full::Mcp(_) => "mcp",
+            Full::Audit(_) => "audit",
+            #[cfg(feature = "image")]
+            Full::Image(_) => "image",
+            Full::Openapi => "openapi",
+        }
+    }
+}
+
+fn run_full(command: Full) -> i32 {
+    match command {
+        Full::Serve(args) => serve::main(args),
+        Full::Mcp(args) => mcp::main(args),
+        Full::Audit(args) => audit::main(args),
+        #[cfg(feature = "image")]
+        Full::Image(args) => image::main(args),
+        Full::Openapi => {
+            use std::io::Write;
+            // A reader that went away (`| head`) is not our error to report.
+            let _ = std::io::stdout().write_all(crate::server::openapi_document().as_bytes());
             0
         }
     }
 }
 
 fn profiles(json: bool) -> i32 {
-    use codecage::knobs::Knob;
-    use codecage::profile::{names, Profile};
+    use crate::knobs::Knob;
+    use crate::profile::{names, Profile};
     let mut loaded = serde_json::Map::new();
     let mut failed = false;
     for name in names() {
@@ -136,7 +201,7 @@ fn print_json_value(value: &serde_json::Value) {
 }
 
 fn doctor(json: bool) -> i32 {
-    let report = codecage::doctor::probe();
+    let report = crate::doctor::probe();
     if json {
         print_json_value(&serde_json::to_value(&report).unwrap_or_default());
     } else {

@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{IntoResponses, Modify, OpenApi};
 
-use codecage::knobs::{Knob, Unit};
+use crate::knobs::{Knob, Unit};
 
 use super::api::{self, ErrorBody};
 
@@ -395,12 +395,12 @@ mod tests {
     #[test]
     fn the_result_schemas_match_what_the_types_serialize() {
         let doc: serde_json::Value = serde_json::from_str(&document()).unwrap();
-        let outcome = codecage::Outcome::default();
+        let outcome = crate::Outcome::default();
         assert_eq!(
             properties(&doc, "Outcome"),
             serialized(serde_json::to_value(&outcome).unwrap(), &["formatted"])
         );
-        let call = codecage::session::CallOutcome {
+        let call = crate::session::CallOutcome {
             outcome,
             execution_count: None,
             result: None,

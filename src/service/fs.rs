@@ -1,13 +1,13 @@
 //! A session's /work as a file system: stat, list to a depth, make directories, move,
 //! remove (and watch, in `watch`), for every front end. These work on the host's view of
-//! /work (`codecage::workdir`: openat2 beneath /work's own tmpfs, never through a symlink
+//! /work (`crate::workdir`: openat2 beneath /work's own tmpfs, never through a symlink
 //! or a mount), so they need no claim on the session and run while a call runs. Tenancy as
 //! every session operation: [`lookup`] (another caller's session is 404).
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use codecage::workdir::{EntryInfo, FsError, FsErrorKind, WorkDir, WorkPath};
+use crate::workdir::{EntryInfo, FsError, FsErrorKind, WorkDir, WorkPath};
 use serde::Serialize;
 
 use super::sessions::lookup;
@@ -54,8 +54,7 @@ impl From<EntryInfo> for FsEntry {
             owner: e.owner,
             group: e.group,
             modified_time: rfc3339(e.modified),
-            is_symlink: e.symlink_target.is_some()
-                || e.kind == codecage::workdir::FileKind::Symlink,
+            is_symlink: e.symlink_target.is_some() || e.kind == crate::workdir::FileKind::Symlink,
             symlink_target: e.symlink_target,
         }
     }
@@ -128,7 +127,7 @@ pub async fn stat_path(
 }
 
 /// The entries of directory `path` to `depth` levels (1: its own entries; at most
-/// [`codecage::workdir::MAX_DEPTH`]), sorted by path; symlinks are listed, not entered.
+/// [`crate::workdir::MAX_DEPTH`]), sorted by path; symlinks are listed, not entered.
 pub async fn list_dir(
     state: &Shared,
     caller: &Caller,
@@ -224,8 +223,8 @@ pub struct WatchEvent {
     pub path: String,
 }
 
-impl From<codecage::workdir::FsEvent> for WatchEvent {
-    fn from(e: codecage::workdir::FsEvent) -> WatchEvent {
+impl From<crate::workdir::FsEvent> for WatchEvent {
+    fn from(e: crate::workdir::FsEvent) -> WatchEvent {
         WatchEvent {
             kind: e.kind.name().to_string(),
             name: e.name,
@@ -237,7 +236,7 @@ impl From<codecage::workdir::FsEvent> for WatchEvent {
 /// A watch on a directory of a session's /work, read as its events come (the streaming
 /// front ends: HTTP's NDJSON, MCP; polled watchers). Dropping it ends it.
 pub struct DirWatch {
-    watch: codecage::workdir::AsyncWatch,
+    watch: crate::workdir::AsyncWatch,
 }
 
 /// Watches directory `path` of the session's /work (with `recursive`, every directory
@@ -255,7 +254,7 @@ pub async fn watch_dir(
         .await
         .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
         .map_err(error_of)?;
-    let watch = codecage::workdir::AsyncWatch::new(watch)
+    let watch = crate::workdir::AsyncWatch::new(watch)
         .map_err(|e| Error::new(Kind::Setup, format!("cannot poll the watch: {e}")))?;
     Ok(DirWatch { watch })
 }

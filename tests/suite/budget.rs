@@ -34,6 +34,9 @@ struct Budget {
     launcher_opens: u64,
     /// The init binary's loadable size (its PT_LOAD segments in memory), KiB.
     init_load_kib: u64,
+    /// The `codecage` binary's loadable size, KiB: what a run maps and relocates. The
+    /// server's code is in `codecage-full`; a run that reached it would link it again.
+    launcher_load_kib: u64,
     /// The launcher's peak RSS (ru_maxrss of its process tree: the launcher's own, as the
     /// init and /bin/true are smaller), KiB.
     launcher_peak_rss_kib: u64,
@@ -140,6 +143,11 @@ fn a_true_run_stays_within_the_start_up_budget() {
                 "init_load_kib",
                 load_size(&init) / 1024,
                 budget.init_load_kib,
+            ),
+            (
+                "launcher_load_kib",
+                load_size(&codecage) / 1024,
+                budget.launcher_load_kib,
             ),
             (
                 "launcher_peak_rss_kib",

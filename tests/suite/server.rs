@@ -1130,6 +1130,70 @@ fn sigterm_during_a_long_call_leaves_nothing_behind() {
     });
 }
 
+/// `codecage serve` is served by `codecage-full`, executed in place by `codecage` (the same
+/// process, so a supervisor's pid stays the server's); the commands a run needs are
+/// `codecage`'s own, and it runs them without `codecage-full` beside it. Without it the
+/// server's commands are refused with a message naming it, and a `codecage-full` started
+/// by a `codecage` of another build refuses to run.
+#[test]
+fn the_server_s_commands_run_in_codecage_full_and_a_run_does_not_need_it() {
+    as_root(|| {
+        let server = Server::start("", false);
+        let exe = std::fs::read_link(format!("/proc/{}/exe", server.pid())).unwrap();
+        assert_eq!(
+            exe.file_name().unwrap(),
+            "codecage-full",
+            "the server's pid runs {}",
+            exe.display()
+        );
+        let (status, body) = server.curl(&["http://codecage/healthz"]);
+        assert_eq!((status, body.as_str()), (200, "ok\n"));
+        drop(server);
+
+        let alone = TempDir::new("codecage-alone");
+        let codecage = alone.path().join("codecage");
+        std::fs::copy(env!("CARGO_BIN_EXE_codecage"), &codecage).unwrap();
+        for command in [&["openapi"][..], &["audit", "list"], &["serve"]] {
+            let out = Command::new(&codecage).args(command).launch_output();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(125), "{command:?}: {out:?}");
+            assert!(
+                stderr.contains(&format!("`{}` is in codecage-full", command[0]))
+                    && stderr.contains(&alone.path().display().to_string()),
+                "{command:?}: {stderr}"
+            );
+        }
+        // The run's own commands: `codecage` alone is its own sandbox init too.
+        let out = Command::new(&codecage)
+            .args(["run", "--rootfs", "host", "--", "/bin/echo", "alone"])
+            .launch_output();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(out.stdout, b"alone\n");
+        let out = Command::new(&codecage)
+            .args(["profiles", "--json"])
+            .launch_output();
+        assert!(out.status.success(), "{out:?}");
+
+        let full = PathBuf::from(env!("CARGO_BIN_EXE_codecage")).with_file_name("codecage-full");
+        let out = Command::new(&full)
+            .arg("openapi")
+            .env("CODECAGE_FRONT_BUILD", "0000000000000000")
+            .launch_output();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{out:?}");
+        assert!(
+            stderr.contains("another build") && out.stdout.is_empty(),
+            "{stderr}"
+        );
+        // Started directly, it runs every command.
+        let out = Command::new(&full).arg("openapi").launch_output();
+        assert!(
+            out.status.success() && out.stdout.starts_with(b"{"),
+            "{out:?}"
+        );
+    });
+}
+
 /// Every endpoint the server answers is in the document, and the document's paths answer.
 #[test]
 fn the_openapi_document_describes_every_endpoint() {

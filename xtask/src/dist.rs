@@ -9,7 +9,9 @@
 //! What it holds:
 //! - `/usr/bin/codecage`: the release binary, stripped, and beside it
 //!   `/usr/libexec/codecage/codecage-init`, the sandboxes' pid 1 (the launcher executes
-//!   it instead of itself);
+//!   it instead of itself), and `/usr/libexec/codecage/codecage-full`, every command with
+//!   the server's code (`codecage` executes it for `serve`, `mcp`, `audit`, `image` and
+//!   `openapi`);
 //! - `/usr/share/codecage/profiles/` and `/usr/share/codecage/seccomp/`: the built-in
 //!   profiles and seccomp policy, for reference (the binary has them built in; a file in
 //!   /etc/codecage/profiles replaces a profile);
@@ -92,6 +94,8 @@ const PACKAGE: &str = "codecage";
 /// it when it is not beside it: src/main.rs).
 const INIT: &str = "codecage-init";
 const INIT_PATH: &str = "/usr/libexec/codecage/codecage-init";
+const FULL: &str = "codecage-full";
+const FULL_PATH: &str = "/usr/libexec/codecage/codecage-full";
 const CONFFILES: &[&str] = &["/etc/codecage/config.toml", "/etc/codecage/server.toml"];
 const UNIT: &str = "/lib/systemd/system/codecage.service";
 const MAINTAINER: &str = "codecage maintainers <maintainers@codecage.invalid>";
@@ -123,13 +127,14 @@ pub fn dist(args: &Args) -> Result<i32> {
         if !args.debug {
             build.arg("--release");
         }
-        run(build.args(["--locked", "--bin", PACKAGE, "--bin", INIT]))?;
+        run(build.args(["--locked", "--bin", PACKAGE, "--bin", FULL, "--bin", INIT]))?;
         host::status("linking", format!("the {profile} {INIT} statically"));
         host::link_static_init(&root, !args.debug)?;
     }
     let binary = root.join("target").join(profile).join(PACKAGE);
     let init = root.join("target").join(profile).join(INIT);
-    for file in [&binary, &init] {
+    let full = root.join("target").join(profile).join(FULL);
+    for file in [&binary, &init, &full] {
         ensure!(
             file.is_file(),
             "{} does not exist: run without --no-build",
@@ -158,7 +163,8 @@ pub fn dist(args: &Args) -> Result<i32> {
     // The binaries, stripped (the release profile keeps line tables for backtraces).
     put("/usr/bin/codecage", &binary, 0o755)?;
     put(INIT_PATH, &init, 0o755)?;
-    for file in ["/usr/bin/codecage", INIT_PATH] {
+    put(FULL_PATH, &full, 0o755)?;
+    for file in ["/usr/bin/codecage", INIT_PATH, FULL_PATH] {
         run(Command::new("strip")
             .arg("--strip-all")
             .arg(stage.join(file.trim_start_matches('/'))))?;
@@ -457,6 +463,7 @@ fn expected_paths() -> Vec<&'static str> {
     let mut paths = vec![
         "/usr/bin/codecage",
         INIT_PATH,
+        FULL_PATH,
         "/usr/share/codecage/profiles/python.toml",
         "/usr/share/codecage/profiles/ci.toml",
         "/usr/share/codecage/seccomp/x86_64.json",
