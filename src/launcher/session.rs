@@ -228,6 +228,9 @@ pub struct Session {
     last_usage: Option<Usage>,
     /// Its background processes (src/launcher/processes.rs).
     processes: Processes,
+    /// Started ahead ([`Session::start_ahead`]) and not yet handed over: its CPU quota is
+    /// lifted, so nothing of a request may run in it before the hand-over.
+    ahead: std::sync::atomic::AtomicBool,
 }
 
 /// The driver process of a session, as the launcher holds it.
@@ -271,8 +274,9 @@ impl Session {
     /// [`Session::start`] ahead of a request (the warm pool): the sandbox runs in the
     /// background (the lowest CPU weight and no CPU quota, see
     /// `RunCgroup::set_background`) until [`Session::handed_over`], so starting it takes
-    /// only CPU that requests leave idle, at full speed. Hand it over before any of a
-    /// request's code reaches it: the request's quota comes back only then.
+    /// only CPU that requests leave idle, at full speed. The request's quota comes back at
+    /// the hand-over; a call or a process started before it hands the session over first
+    /// (and fails if the quota cannot be put back).
     pub fn start_ahead(spec: SessionSpec) -> Result<Session, StartError> {
         Session::start_with(spec, true)
     }
@@ -281,12 +285,18 @@ impl Session {
     /// request's CPU quota back (lifted while it started, see `RunCgroup::set_background`).
     /// An error means the quota is not in place: the session must not be used.
     pub fn handed_over(&self) -> Result<(), StartError> {
+        use std::sync::atomic::Ordering;
+        if !self.ahead.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         self.sandbox
             .set_background(false)
             .map_err(|message| StartError {
                 kind: ErrorKind::Setup,
                 message,
-            })
+            })?;
+        self.ahead.store(false, Ordering::SeqCst);
+        Ok(())
     }
 
     fn start_with(mut spec: SessionSpec, background: bool) -> Result<Session, StartError> {
@@ -320,6 +330,7 @@ impl Session {
             lost: None,
             last_usage: None,
             processes,
+            ahead: std::sync::atomic::AtomicBool::new(background),
         };
         session
             .start_driver(context_of(session.spec.lang))
@@ -379,6 +390,7 @@ impl Session {
         if let Some(why) = &self.lost {
             return Err(why.clone());
         }
+        self.handed_over().map_err(|e| e.message)?;
         self.tend_processes();
         let mut exec = Exec::new(start.argv.clone());
         for (key, value) in self.spec.env.iter().chain(&start.env) {
@@ -537,6 +549,10 @@ impl Session {
         }
         if let Some(why) = &self.lost {
             result.outcome = Outcome::failed(ErrorKind::SessionLost, why.clone());
+            return result;
+        }
+        if let Err(e) = self.handed_over() {
+            result.outcome = Outcome::failed(e.kind, e.message);
             return result;
         }
         // A context whose driver died while idle (another context's call ran, the OOM

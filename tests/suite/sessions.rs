@@ -38,8 +38,10 @@ pub(super) fn session_on(lang: Lang, rootfs: Rootfs, memory: Option<u64>) -> Ses
 
 /// A session started ahead of a request (the warm pool's way) runs at the lowest CPU
 /// weight and without a CPU quota, and at the default weight and its quota once handed
-/// over; it works the same either way. On every cgroup layout a lane has (v1 `cpu.shares`
-/// and `cpu.cfs_quota_us`, v2 `cpu.weight` and `cpu.max`).
+/// over; a call made before the hand-over hands it over first, so no code runs without
+/// the quota (a library user who forgets `handed_over` is held to it all the same). On
+/// every cgroup layout a lane has (v1 `cpu.shares` and `cpu.cfs_quota_us`, v2 `cpu.weight`
+/// and `cpu.max`).
 #[test]
 fn a_session_started_ahead_is_in_the_background_until_handed_over() {
     as_root(|| {
@@ -77,7 +79,6 @@ fn a_session_started_ahead_is_in_the_background_until_handed_over() {
             quota.1
         );
         assert_eq!(text(&call(&mut s, "1 + 1")), "2");
-        s.handed_over().unwrap();
         let now = std::fs::read_to_string(&background[0].0).unwrap();
         assert!(
             matches!(now.trim(), "1024" | "100"),
@@ -91,6 +92,9 @@ fn a_session_started_ahead_is_in_the_background_until_handed_over() {
             "{} is {now:?} after the handover",
             quota.0.display()
         );
+        // The call did the hand-over; the pool's own, after it, changes nothing.
+        s.handed_over().unwrap();
+        assert_eq!(std::fs::read_to_string(&quota.0).unwrap(), now);
         assert_eq!(text(&call(&mut s, "2 + 2")), "4");
         s.close().unwrap();
     });
