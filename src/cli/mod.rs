@@ -93,6 +93,12 @@ pub fn main_full() -> i32 {
     dispatch(run_full)
 }
 
+/// The whole command tree, as clap builds it (examples/mangen.rs writes the man pages from
+/// it).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// What both binaries do before parsing: name the sandboxes' init.
 fn start() {
     if let Some(init) = full::companion("codecage-init") {
