@@ -156,8 +156,10 @@ pub struct RunCgroup {
     removed: bool,
     /// The files [`RunCgroup::usage`] reads, opened at its first call.
     meters: OnceLock<Meters>,
-    /// The CPU quota is lifted while the sandbox is built ahead of a request (see
+    /// In the background: built ahead of a request and not yet handed to one (see
     /// [`RunCgroup::set_background`]).
+    background: AtomicBool,
+    /// The CPU quota is lifted while in the background.
     quota_lifted: AtomicBool,
 }
 
@@ -344,6 +346,7 @@ impl RunCgroup {
             skipped: Vec::new(),
             removed: false,
             meters: OnceLock::new(),
+            background: AtomicBool::new(false),
             quota_lifted: AtomicBool::new(false),
         };
         match layout {
@@ -532,13 +535,9 @@ impl RunCgroup {
             self.or_skip("memory", memory)?;
         }
         if let Some(dir) = self.v1_dir(Controller::Cpu).map(Path::to_path_buf) {
-            let cpu =
-                write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string()).and_then(|()| {
-                    write(
-                        &dir.join("cpu.cfs_quota_us"),
-                        &cpu_quota_text(false, Some(l.cpu_quota_us)),
-                    )
-                });
+            let quota = cpu_quota_text(false, Some(l.cpu_quota_us));
+            let cpu = write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())
+                .and_then(|()| write(&dir.join("cpu.cfs_quota_us"), &quota));
             self.or_skip("cpu", cpu)?;
         }
         if let Some(dir) = self.v1_dir(Controller::Pids).map(Path::to_path_buf) {
@@ -666,8 +665,13 @@ impl RunCgroup {
     ///
     /// The weight is best effort (only scheduling order depends on it), and so is lifting
     /// the quota (a refill that keeps it is only slower). Restoring the quota is not: an
-    /// error means the sandbox must not run the request.
+    /// error means the sandbox must not run the request, and the next hand-over tries
+    /// again. Handing over a cgroup that is a request's already writes nothing, so a
+    /// session can make sure of it before every call.
     pub fn set_background(&self, background: bool) -> Result<(), CgroupError> {
+        if !background && !self.background.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let (weight, quota) = if self.v2 {
             let Some((dir, _)) = &self.unified else {
                 return Ok(());
@@ -697,6 +701,7 @@ impl RunCgroup {
             write(&quota, &limit)?;
             self.quota_lifted.store(false, Ordering::SeqCst);
         }
+        self.background.store(background, Ordering::SeqCst);
         Ok(())
     }
 

@@ -228,9 +228,6 @@ pub struct Session {
     last_usage: Option<Usage>,
     /// Its background processes (src/launcher/processes.rs).
     processes: Processes,
-    /// Started ahead ([`Session::start_ahead`]) and not yet handed over: its CPU quota is
-    /// lifted, so nothing of a request may run in it before the hand-over.
-    ahead: std::sync::atomic::AtomicBool,
 }
 
 /// The driver process of a session, as the launcher holds it.
@@ -283,20 +280,15 @@ impl Session {
 
     /// A session started ahead is a request's now: the default CPU weight and the
     /// request's CPU quota back (lifted while it started, see `RunCgroup::set_background`).
-    /// An error means the quota is not in place: the session must not be used.
+    /// An error means the quota is not in place: the session must not be used. Calling it
+    /// again once it is a request's writes nothing.
     pub fn handed_over(&self) -> Result<(), StartError> {
-        use std::sync::atomic::Ordering;
-        if !self.ahead.load(Ordering::SeqCst) {
-            return Ok(());
-        }
         self.sandbox
             .set_background(false)
             .map_err(|message| StartError {
                 kind: ErrorKind::Setup,
                 message,
-            })?;
-        self.ahead.store(false, Ordering::SeqCst);
-        Ok(())
+            })
     }
 
     fn start_with(mut spec: SessionSpec, background: bool) -> Result<Session, StartError> {
@@ -330,7 +322,6 @@ impl Session {
             lost: None,
             last_usage: None,
             processes,
-            ahead: std::sync::atomic::AtomicBool::new(background),
         };
         session
             .start_driver(context_of(session.spec.lang))
