@@ -15,28 +15,14 @@
 //! [`runner`] (languages), [`units`], [`caller`] (who a front end acts for), and
 //! [`doctor`] (what the host supports).
 
-// The command line's own modules (feature `cli`): two binaries share them, `codecage`
-// (src/main.rs) and `codecage-full` (src/bin/codecage-full.rs); each links only what its
-// `main` reaches (see `cli`).
-#[cfg(feature = "cli")]
-mod audit;
 pub mod caller;
 mod cgroup;
-#[doc(hidden)]
-#[cfg(feature = "cli")]
-pub mod cli;
-#[cfg(feature = "cli")]
-mod client;
 pub mod doctor;
 mod drivers;
 pub mod exec_ask;
 pub mod exec_policy;
 pub mod files;
 pub mod format;
-#[cfg(feature = "cli")]
-mod gateway;
-#[cfg(feature = "cli")]
-mod host_config;
 mod ids;
 pub mod knobs;
 pub mod launcher;
@@ -48,10 +34,6 @@ mod proptests;
 mod protocol;
 pub mod runner;
 mod sandbox;
-#[cfg(feature = "cli")]
-mod server;
-#[cfg(feature = "cli")]
-mod service;
 pub mod spec;
 mod sys;
 

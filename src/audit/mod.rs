@@ -23,8 +23,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::files::InputFile;
-use crate::outcome::{ErrorKind, Outcome};
+use codecage::files::InputFile;
+use codecage::outcome::{ErrorKind, Outcome};
 
 pub use record::{Filter, Record};
 pub use store::Store;
@@ -229,11 +229,11 @@ impl Start {
         if self.code_digest.is_none() {
             let whole = match (&self.code, &self.argv) {
                 (Some(code), _) => {
-                    Some(crate::files::sha256(code.as_bytes())).zip(Some(code.len() as u64))
+                    Some(codecage::files::sha256(code.as_bytes())).zip(Some(code.len() as u64))
                 }
                 (None, Some(argv)) => {
                     let joined = argv.join("\0");
-                    Some(crate::files::sha256(joined.as_bytes())).zip(Some(joined.len() as u64))
+                    Some(codecage::files::sha256(joined.as_bytes())).zip(Some(joined.len() as u64))
                 }
                 (None, None) => None,
             };
@@ -241,7 +241,7 @@ impl Start {
         }
         if let Some(code) = &mut self.code {
             if code.len() > cap {
-                *code = crate::units::head(code, cap).to_string();
+                *code = codecage::units::head(code, cap).to_string();
                 self.details = with_detail(std::mem::take(&mut self.details), "code_truncated");
             }
         }
@@ -252,7 +252,7 @@ impl Start {
                 if room == 0 {
                     break;
                 }
-                let part = crate::units::head(arg, room).to_string();
+                let part = codecage::units::head(arg, room).to_string();
                 room = room.saturating_sub(part.len() + 1);
                 kept.push(part);
             }
@@ -264,7 +264,7 @@ impl Start {
             }
         }
         if let Some(stdin) = self.stdin.take() {
-            self.stdin_digest = Some((crate::files::sha256(&stdin), stdin.len() as u64));
+            self.stdin_digest = Some((codecage::files::sha256(&stdin), stdin.len() as u64));
         }
         self
     }
@@ -273,14 +273,14 @@ impl Start {
         self.input_files = files
             .iter()
             .map(|f| {
-                json!({"path": f.path, "size": f.data.len(), "sha256": crate::files::sha256(&f.data)})
+                json!({"path": f.path, "size": f.data.len(), "sha256": codecage::files::sha256(&f.data)})
             })
             .collect();
         self
     }
 
     /// The limits and layers of a resolved sandbox.
-    pub fn spec(mut self, sandbox: &crate::SandboxSpec, exec: Option<&crate::Exec>) -> Start {
+    pub fn spec(mut self, sandbox: &codecage::SandboxSpec, exec: Option<&codecage::Exec>) -> Start {
         let mut limits = json!({
             "tmp_size": sandbox.tmp_size,
             "work_size": sandbox.work_size,
@@ -288,7 +288,7 @@ impl Start {
         });
         if let Some(l) = &sandbox.limits {
             limits["memory"] = json!(l.memory);
-            limits["cpus"] = json!(l.cpu_quota_us as f64 / crate::spec::CPU_PERIOD_US as f64);
+            limits["cpus"] = json!(l.cpu_quota_us as f64 / codecage::spec::CPU_PERIOD_US as f64);
             limits["pids"] = json!(l.pids);
         }
         if let Some(exec) = exec {
@@ -351,7 +351,7 @@ impl Captured {
                 .log_output
                 .then(|| bytes[..bytes.len().min(cap)].to_vec()),
             size: bytes.len() as u64,
-            sha256: crate::files::sha256(bytes),
+            sha256: codecage::files::sha256(bytes),
             cut: config.log_output && bytes.len() > cap,
         }
     }

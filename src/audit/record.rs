@@ -47,18 +47,18 @@ pub struct Record {
     /// The hardening asked for, and the landlock ABI applied.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub layers: Option<Value>,
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<crate::outcome::Skipped>>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<codecage::outcome::Skipped>>))]
     pub skipped_layers: Option<Value>,
     /// `{path, size, sha256}` each.
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<InputFileDigest>))]
     pub input_files: Value,
     /// `{path, size, media_type, sha256}` each (without `data`).
-    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::files::OutputFile>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<codecage::files::OutputFile>))]
     pub output_files: Value,
-    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::files::SkippedFile>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<codecage::files::SkippedFile>))]
     pub files_skipped: Value,
     /// The network gateway's verdicts, as in a run's result.
-    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::network::Connection>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<codecage::network::Connection>))]
     pub network: Value,
     pub stdout: Option<String>,
     /// `utf-8` or `base64`.

@@ -386,7 +386,10 @@ fn code_of(start: &Start) -> (Option<String>, Option<u64>) {
         (None, Some(argv)) => argv.join("\0").into_bytes(),
         (None, None) => return (None, None),
     };
-    (Some(crate::files::sha256(&bytes)), Some(bytes.len() as u64))
+    (
+        Some(codecage::files::sha256(&bytes)),
+        Some(bytes.len() as u64),
+    )
 }
 
 fn write_one(
@@ -429,7 +432,7 @@ fn insert(
     };
     let stdin = match (&start.stdin_digest, &start.stdin) {
         (Some((sha, size)), _) => Some((sha.clone(), *size)),
-        (None, Some(s)) => Some((crate::files::sha256(s), s.len() as u64)),
+        (None, Some(s)) => Some((codecage::files::sha256(s), s.len() as u64)),
         (None, None) => None,
     };
     tx.prepare_cached(
@@ -577,7 +580,7 @@ fn read_row(r: &rusqlite::Row<'_>, full: bool) -> rusqlite::Result<Record> {
         }
         Ok(match r.get::<_, Option<Vec<u8>>>(i)? {
             Some(bytes) => {
-                let (encoding, text) = crate::outcome::encode_stream(&bytes);
+                let (encoding, text) = codecage::outcome::encode_stream(&bytes);
                 let encoding = serde_json::to_value(encoding)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string));

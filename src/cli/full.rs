@@ -25,6 +25,7 @@ pub(super) fn companion(name: &str) -> Option<PathBuf> {
 
 /// Executes `codecage-full` with this process's arguments, for `command`; returns only if
 /// it cannot.
+#[allow(dead_code)] // `codecage`'s alone
 pub(super) fn exec(command: &str) -> i32 {
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| "codecage".into());
@@ -35,7 +36,7 @@ pub(super) fn exec(command: &str) -> i32 {
              in ../libexec/codecage/ from it: install codecage and codecage-full from one build",
             here.display()
         );
-        return crate::outcome::ErrorKind::Setup.exit_status();
+        return codecage::outcome::ErrorKind::Setup.exit_status();
     };
     let error = std::process::Command::new(&full)
         .arg0(arg0)
@@ -43,7 +44,7 @@ pub(super) fn exec(command: &str) -> i32 {
         .env(FRONT_BUILD, BUILD)
         .exec();
     eprintln!("codecage: cannot execute {}: {error}", full.display());
-    crate::outcome::ErrorKind::Setup.exit_status()
+    codecage::outcome::ErrorKind::Setup.exit_status()
 }
 
 /// In `codecage-full`: refuses a `codecage` of another build (run directly, there is none).

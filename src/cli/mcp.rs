@@ -62,7 +62,7 @@ pub fn main(args: McpArgs) -> i32 {
     }
     super::serve::init_logging();
     // Through sudo the client is the invoking user; else whoever runs this process.
-    let uid = crate::caller::Caller::from_sudo()
+    let uid = codecage::caller::Caller::from_sudo()
         .map_or_else(|| nix::unistd::getuid().as_raw(), |c| c.uid);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -12,7 +12,7 @@ mod session;
 
 use clap::{Parser, Subcommand};
 
-use crate::outcome::{ErrorKind, Outcome};
+use codecage::outcome::{ErrorKind, Outcome};
 
 /// Run untrusted code in a Linux sandbox built from namespaces.
 #[derive(Parser)]
@@ -76,14 +76,17 @@ enum Full {
     Openapi,
 }
 
-/// `codecage`: runs the CLI, handing the commands of [`Full`] to `codecage-full`; returns
-/// the process exit status.
+/// `codecage` (src/main.rs): runs the CLI, handing the commands of [`Full`] to
+/// `codecage-full`; returns the process exit status.
+// Each binary calls one of `main` and `main_full`: the other is dead code in it.
+#[allow(dead_code)]
 pub fn main() -> i32 {
     start();
     dispatch(|command| full::exec(command.name()))
 }
 
-/// `codecage-full`: runs every command itself; returns the process exit status.
+/// `codecage-full` (src/bin/codecage-full.rs): runs every command itself; returns the
+/// process exit status.
 pub fn main_full() -> i32 {
     if let Err(message) = full::check_front() {
         eprintln!("codecage: {message}");
@@ -93,21 +96,17 @@ pub fn main_full() -> i32 {
     dispatch(run_full)
 }
 
-/// The whole command tree, as clap builds it (examples/mangen.rs writes the man pages from
-/// it).
-pub fn command() -> clap::Command {
-    <Cli as clap::CommandFactory>::command()
-}
-
 /// What both binaries do before parsing: name the sandboxes' init.
 fn start() {
     if let Some(init) = full::companion("codecage-init") {
-        crate::spec::set_default_init_exe(init);
+        codecage::spec::set_default_init_exe(init);
     }
 }
 
-/// Parses the arguments and runs the command: those of [`Full`] through `full`, which only
-/// `codecage-full`'s `main` names, so only it links them.
+/// Parses the arguments and runs the command: those of [`Full`] through `full`. Both
+/// binaries compile these modules, but only `codecage-full`'s `main` reaches [`main_full`]
+/// and so `run_full`: rustc builds of a binary only what its `main` reaches, so the
+/// server's code is not in `codecage`.
 fn dispatch(full: fn(Full) -> i32) -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -129,6 +128,7 @@ fn dispatch(full: fn(Full) -> i32) -> i32 {
 }
 
 impl Full {
+    #[allow(dead_code)] // `codecage`'s alone
     fn name(&self) -> &'static str {
         match self {
             Full::Serve(_) => "serve",
@@ -158,8 +158,8 @@ fn run_full(command: Full) -> i32 {
 }
 
 fn profiles(json: bool) -> i32 {
-    use crate::knobs::Knob;
-    use crate::profile::{names, Profile};
+    use codecage::knobs::Knob;
+    use codecage::profile::{names, Profile};
     let mut loaded = serde_json::Map::new();
     let mut failed = false;
     for name in names() {
@@ -207,7 +207,7 @@ fn print_json_value(value: &serde_json::Value) {
 }
 
 fn doctor(json: bool) -> i32 {
-    let report = crate::doctor::probe();
+    let report = codecage::doctor::probe();
     if json {
         print_json_value(&serde_json::to_value(&report).unwrap_or_default());
     } else {

@@ -4,15 +4,15 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-use crate::caller::Caller;
-use crate::format::{self, Channel, Formatted, Options as FormatOptions};
-use crate::knobs::{Knob, Unit, Values};
-use crate::outcome::{ErrorKind, Outcome};
-use crate::profile::{self, DataDir, Profile, Request};
-use crate::runner::Lang;
-use crate::spec::{Spec, Volume};
-use crate::{launcher, Stream};
 use clap::Args;
+use codecage::caller::Caller;
+use codecage::format::{self, Channel, Formatted, Options as FormatOptions};
+use codecage::knobs::{Knob, Unit, Values};
+use codecage::outcome::{ErrorKind, Outcome};
+use codecage::profile::{self, DataDir, Profile, Request};
+use codecage::runner::Lang;
+use codecage::spec::{Spec, Volume};
+use codecage::{launcher, Stream};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
@@ -58,7 +58,7 @@ pub struct RunArgs {
     /// codecage's gateway) or full (where the host config enables it); no looser than the
     /// profile's.
     #[arg(long = "net", value_name = "none|restricted|full")]
-    net: Option<crate::network::Mode>,
+    net: Option<codecage::network::Mode>,
     /// Set an environment variable (K=V). Repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     env: Vec<String>,
@@ -317,11 +317,11 @@ fn save_attachments(
     dir: Option<&std::path::Path>,
     caller: Option<&Caller>,
 ) {
-    let ours: Vec<crate::files::OutputFile> = formatted
+    let ours: Vec<codecage::files::OutputFile> = formatted
         .attachments
         .iter()
         .filter(|a| !outcome.files.iter().any(|f| f.path == a.name))
-        .map(|a| crate::files::OutputFile {
+        .map(|a| codecage::files::OutputFile {
             path: a.name.clone(),
             size: a.size,
             media_type: a.media_type.clone(),
@@ -344,8 +344,8 @@ fn save_attachments(
     let target = dir.to_path_buf();
     let files = ours.clone();
     let saved = match caller {
-        Some(c) => c.as_user(move || crate::files::save_under(&target, &files)),
-        None => crate::files::save_under(&target, &files),
+        Some(c) => c.as_user(move || codecage::files::save_under(&target, &files)),
+        None => codecage::files::save_under(&target, &files),
     };
     match saved {
         Ok(paths) => {
@@ -368,14 +368,14 @@ fn save_outputs(
     outcome: &mut Outcome,
     dir: &std::path::Path,
     caller: Option<&Caller>,
-    rules: Option<&crate::files::OutputRules>,
+    rules: Option<&codecage::files::OutputRules>,
     json: bool,
 ) {
     let files = outcome.files.clone();
     let target = dir.to_path_buf();
     let saved = match caller {
-        Some(c) => c.as_user(move || crate::files::save_under(&target, &files)),
-        None => crate::files::save_under(&target, &files),
+        Some(c) => c.as_user(move || codecage::files::save_under(&target, &files)),
+        None => codecage::files::save_under(&target, &files),
     };
     match saved {
         Ok(paths) if !json => {
@@ -642,7 +642,7 @@ fn parse_lang(text: &str) -> Result<Lang, String> {
 }
 
 /// One flag per knob a request may set (`--timeout`, `--memory`, ...), generated from
-/// `crate::knobs::KNOBS`, so the flags, their parsing and their help cannot drift from
+/// `codecage::knobs::KNOBS`, so the flags, their parsing and their help cannot drift from
 /// the profiles.
 #[derive(Default)]
 struct KnobFlags(Values);
@@ -700,21 +700,21 @@ impl clap::Args for KnobFlags {
 pub(crate) fn read_input(
     item: &str,
     caller: Option<&Caller>,
-) -> Result<crate::files::InputFile, String> {
+) -> Result<codecage::files::InputFile, String> {
     let Some((dest, src)) = item.split_once('=') else {
         return Err(format!(
             "--file {item}: give DEST=SRC, a path under /work and a host file (--file data.csv=./data.csv)"
         ));
     };
     let dest = dest.strip_prefix("/work/").unwrap_or(dest);
-    crate::files::check_input_path(dest).map_err(|e| format!("--file {item}: {e}"))?;
+    codecage::files::check_input_path(dest).map_err(|e| format!("--file {item}: {e}"))?;
     let src = std::path::Path::new(src);
     let bytes = match caller {
         Some(caller) => caller.read(src),
         None => std::fs::read(src),
     }
     .map_err(|e| format!("--file {item}: cannot read {}: {e}", src.display()))?;
-    Ok(crate::files::InputFile::new(dest, bytes))
+    Ok(codecage::files::InputFile::new(dest, bytes))
 }
 
 /// Reads the code of FILE, with the invoking user's credentials when codecage runs for

@@ -91,7 +91,7 @@ pub fn main(args: ServeArgs) -> i32 {
     init_logging();
     // Before any thread or child: with a delegated cgroup the server moves itself (every
     // thread) into its `supervisor` leaf, and its sandboxes go beside it.
-    match crate::delegation::place_server(config.cgroups.parent) {
+    match codecage::delegation::place_server(config.cgroups.parent) {
         Ok(placement) => tracing::info!(
             parent = %placement.parent.display(),
             reason = %placement.reason,
@@ -169,7 +169,10 @@ mod tests {
                 assert_eq!(config.tokens.len(), 1);
                 assert_eq!(config.limits.max_sessions, 256);
                 assert_eq!(config.pool.runs.get("python"), Some(&2));
-                assert_eq!(config.cgroups.parent, crate::delegation::ParentMode::Auto);
+                assert_eq!(
+                    config.cgroups.parent,
+                    codecage::delegation::ParentMode::Auto
+                );
             }
         }
     }
@@ -177,7 +180,7 @@ mod tests {
     /// `[cgroups] parent` takes the three modes; anything else is refused with them named.
     #[test]
     fn the_cgroup_parent_mode_is_one_of_three() {
-        use crate::delegation::ParentMode;
+        use codecage::delegation::ParentMode;
         for (text, mode) in [
             ("auto", ParentMode::Auto),
             ("delegated", ParentMode::Delegated),

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
 use crate::client::{self, Server};
-use crate::outcome::ErrorKind;
+use codecage::outcome::ErrorKind;
 
 #[derive(Args)]
 pub struct SessionArgs {
@@ -26,7 +26,7 @@ enum SessionCommand {
     /// Create a session; its id is the last line printed.
     Create {
         #[arg(long, value_parser = parse_lang, value_name = "LANG")]
-        lang: crate::runner::Lang,
+        lang: codecage::runner::Lang,
         /// A profile by name (default: the language's).
         #[arg(long)]
         profile: Option<String>,
@@ -46,7 +46,7 @@ enum SessionCommand {
         /// The session's context to run CODE in: python, node, typescript, bash (default:
         /// the session's language). Each is made on first use, in the same sandbox.
         #[arg(long, value_parser = parse_lang, value_name = "LANG", conflicts_with = "command")]
-        lang: Option<crate::runner::Lang>,
+        lang: Option<codecage::runner::Lang>,
         /// This call's (or the command's) time limit (30, 30s, 500ms).
         #[arg(long, value_name = "DURATION")]
         timeout: Option<String>,
@@ -220,7 +220,7 @@ enum SessionCommand {
     Reset {
         id: String,
         #[arg(long, value_parser = parse_lang, value_name = "LANG")]
-        lang: Option<crate::runner::Lang>,
+        lang: Option<codecage::runner::Lang>,
     },
     /// Interrupt the session's running call.
     Interrupt { id: String },
@@ -230,7 +230,7 @@ enum SessionCommand {
     List,
 }
 
-fn parse_lang(text: &str) -> Result<crate::runner::Lang, String> {
+fn parse_lang(text: &str) -> Result<codecage::runner::Lang, String> {
     text.parse()
 }
 
@@ -253,7 +253,7 @@ pub fn main(args: SessionArgs) -> i32 {
             return 125;
         }
     };
-    let caller = crate::caller::Caller::from_sudo();
+    let caller = codecage::caller::Caller::from_sudo();
     let send = |method: &str, path: String, body: client::Body| {
         runtime.block_on(client::request(
             &server,
@@ -421,7 +421,7 @@ pub fn main(args: SessionArgs) -> i32 {
                             p["process_id"].as_u64().unwrap_or(0),
                             status_words(p),
                             seconds,
-                            crate::units::format_size(output),
+                            codecage::units::format_size(output),
                             p["command"].as_str().unwrap_or("").replace('\n', "\\n")
                         );
                     }
@@ -979,14 +979,18 @@ fn encode_path(path: &str) -> String {
 
 /// `exec --out-dir DIR`: writes the call's output files under DIR (as the caller, through
 /// sudo), lists them on stderr, and drops their bytes from the printed object.
-fn save_call_outputs(v: &mut Value, dir: &std::path::Path, caller: Option<&crate::caller::Caller>) {
-    let files: Vec<crate::files::OutputFile> =
+fn save_call_outputs(
+    v: &mut Value,
+    dir: &std::path::Path,
+    caller: Option<&codecage::caller::Caller>,
+) {
+    let files: Vec<codecage::files::OutputFile> =
         serde_json::from_value(v["files"].clone()).unwrap_or_default();
     let target = dir.to_path_buf();
     let listed = files.clone();
     let saved = match caller {
-        Some(c) => c.as_user(move || crate::files::save_under(&target, &listed)),
-        None => crate::files::save_under(&target, &listed),
+        Some(c) => c.as_user(move || codecage::files::save_under(&target, &listed)),
+        None => codecage::files::save_under(&target, &listed),
     };
     match saved {
         Ok(paths) => {
@@ -1106,7 +1110,7 @@ fn attach(
     let stdin = std::io::stdin();
     let raw = match pty && stdin.is_terminal() && first["status"] == "running" {
         true => Some(
-            crate::tty::RawMode::enter(stdin.as_fd())
+            codecage::tty::RawMode::enter(stdin.as_fd())
                 .map_err(|e| format!("cannot put this terminal in raw mode: {e}"))?,
         ),
         false => None,
@@ -1164,7 +1168,7 @@ fn attach(
         }
         if raw.is_some() {
             // The terminal's size followed (checked each turn: no signal handler needed).
-            let now = crate::tty::window_size(std::io::stdout().as_fd());
+            let now = codecage::tty::window_size(std::io::stdout().as_fd());
             if now.is_some() && now != size {
                 size = now;
                 if let Some((rows, cols)) = now {

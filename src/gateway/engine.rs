@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::network::{
+use codecage::network::{
     name_allowed, normalize_name, not_public, Cidr, HostRule, Mode, NetworkSpec, Verdict,
     GATEWAY_ADDR, LINK_MTU, NAME_POOL,
 };

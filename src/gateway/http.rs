@@ -12,7 +12,7 @@
 //! with an origin-form target (`/path`; `*` for OPTIONS), exactly one Host header, at most
 //! one Content-Length (digits) or Transfer-Encoding `chunked` (HTTP/1.1 only), never both.
 
-use crate::network::normalize_name;
+use codecage::network::normalize_name;
 
 /// The longest request head (and chunk line, and trailer section) read: past it, refused.
 pub const MAX_HEAD: usize = 64 * 1024;

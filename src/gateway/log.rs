@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::network::{Connection, Verdict};
+use codecage::network::{Connection, Verdict};
 
 /// The most distinct entries a run reports; the rest are counted in one more.
 pub const MAX_ENTRIES: usize = 256;
@@ -15,7 +15,7 @@ const MAX_REASON: usize = 1024;
 
 /// `s` cut to at most `max` bytes, at a character's boundary, marked with `…` when cut.
 fn cut(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    match crate::units::head(s, max) {
+    match codecage::units::head(s, max) {
         whole if whole.len() == s.len() => s.into(),
         head => format!("{head}…").into(),
     }

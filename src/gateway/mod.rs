@@ -1,5 +1,5 @@
 //! The network gateway: the front end's side of a sandbox's link (see
-//! `crate::network`). Each sandbox in network mode `restricted` or `full` hands its tun
+//! `codecage::network`). Each sandbox in network mode `restricted` or `full` hands its tun
 //! queue to [`Gateway::attach`]; a userspace TCP/IP stack (ipstack) over it terminates every
 //! TCP connection and UDP flow the sandbox opens, and `engine` decides each one.
 //!
@@ -24,7 +24,7 @@ mod upstream;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, OnceLock};
 
-use crate::network::{Attached, Connection, Mode, NetworkSpec};
+use codecage::network::{Attached, Connection, Mode, NetworkSpec};
 
 pub use config::GatewayConfig;
 
@@ -62,7 +62,7 @@ impl Gateway {
     pub fn install(config: GatewayConfig) {
         let gateway = Arc::new(Gateway::new(config));
         let _ = INSTALLED.set(gateway.clone());
-        crate::network::set_gateway(gateway);
+        codecage::network::set_gateway(gateway);
     }
 
     /// Whether the gateway can relay: its runtime runs a task within a second (a stalled
@@ -152,7 +152,7 @@ impl Gateway {
     }
 }
 
-impl crate::network::Gateway for Gateway {
+impl codecage::network::Gateway for Gateway {
     fn attach(&self, tun: OwnedFd, spec: &NetworkSpec) -> Result<Box<dyn Attached>, String> {
         Gateway::check_mode(&self.config, spec.mode)?;
         let runtime = self.runtime()?;

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::network::Verdict;
+use codecage::network::Verdict;
 use hyper::StatusCode;
 
 use super::packages::{file_name, text, Body, Links, Upstream};
@@ -181,7 +181,7 @@ impl Registry {
     /// the next), else a numbered link (this sandbox's only).
     fn link(&self, name: &str, url: super::client::Url) -> Option<String> {
         let file = file_name(&url);
-        let gateway = crate::network::GATEWAY_ADDR;
+        let gateway = codecage::network::GATEWAY_ADDR;
         let standard = tarball_version(name, &file).is_some()
             && self
                 .upstream

@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use crate::network::{not_public, Cidr, Verdict};
+use codecage::network::{not_public, Cidr, Verdict};
 use std::sync::atomic::Ordering;
 
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};

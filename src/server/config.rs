@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::knobs::Raw;
-use crate::units::{parse_duration, parse_size};
+use codecage::knobs::Raw;
+use codecage::units::{parse_duration, parse_size};
 
 /// Where the server listens by default.
 pub const DEFAULT_SOCKET: &str = "/run/codecage/codecage.sock";
@@ -59,13 +59,14 @@ pub struct ServerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct CgroupsConfig {
     #[serde(deserialize_with = "parent_mode")]
-    pub parent: crate::delegation::ParentMode,
+    pub parent: codecage::delegation::ParentMode,
 }
 
 fn parent_mode<'de, D: serde::Deserializer<'de>>(
     d: D,
-) -> Result<crate::delegation::ParentMode, D::Error> {
-    crate::delegation::ParentMode::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+) -> Result<codecage::delegation::ParentMode, D::Error> {
+    codecage::delegation::ParentMode::parse(&String::deserialize(d)?)
+        .map_err(serde::de::Error::custom)
 }
 
 /// `[mcp]`: what the MCP tools run and how their results are shaped. A client cannot
@@ -136,17 +137,17 @@ pub struct Grant {
 
 impl Grant {
     /// Its `limits`, parsed (validated at load, so nothing is dropped here).
-    pub fn ceilings(&self) -> Vec<(crate::knobs::Knob, u64)> {
+    pub fn ceilings(&self) -> Vec<(codecage::knobs::Knob, u64)> {
         self.parse_ceilings("limits").unwrap_or_default()
     }
 
     /// `section` names where the grant is in the file (`tokens`, `unix_peers`, ...), for
     /// the errors.
-    fn parse_ceilings(&self, section: &str) -> Result<Vec<(crate::knobs::Knob, u64)>, String> {
+    fn parse_ceilings(&self, section: &str) -> Result<Vec<(codecage::knobs::Knob, u64)>, String> {
         self.limits
             .iter()
             .map(|(key, raw)| {
-                let knob = crate::knobs::Knob::from_key(key)
+                let knob = codecage::knobs::Knob::from_key(key)
                     .filter(|k| k.requestable())
                     .ok_or_else(|| {
                         format!("{section}.limits: {key:?} is not a limit a request may set")

@@ -36,7 +36,7 @@ pub use crate::service::Caller;
 pub async fn serve(config: ServerConfig, listens: Vec<Listen>) -> Result<(), String> {
     let state = AppState::new(config)?;
     // What a crashed server left (its pool among it) goes before anything new is built.
-    tokio::task::spawn_blocking(crate::launcher::sweep_leftovers)
+    tokio::task::spawn_blocking(codecage::launcher::sweep_leftovers)
         .await
         .map_err(|e| format!("sweeping leftover cgroups failed: {e}"))?;
     let shutdown = tokio_util_shutdown();

@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{IntoResponses, Modify, OpenApi};
 
-use crate::knobs::{Knob, Unit};
+use codecage::knobs::{Knob, Unit};
 
 use super::api::{self, ErrorBody};
 
@@ -395,12 +395,12 @@ mod tests {
     #[test]
     fn the_result_schemas_match_what_the_types_serialize() {
         let doc: serde_json::Value = serde_json::from_str(&document()).unwrap();
-        let outcome = crate::Outcome::default();
+        let outcome = codecage::Outcome::default();
         assert_eq!(
             properties(&doc, "Outcome"),
             serialized(serde_json::to_value(&outcome).unwrap(), &["formatted"])
         );
-        let call = crate::session::CallOutcome {
+        let call = codecage::session::CallOutcome {
             outcome,
             execution_count: None,
             result: None,

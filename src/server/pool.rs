@@ -28,10 +28,10 @@ use axum::response::Response;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 
-use crate::launcher::Prepared;
-use crate::profile::{self, Profile};
-use crate::session::{Session, SessionSpec};
-use crate::Spec;
+use codecage::launcher::Prepared;
+use codecage::profile::{self, Profile};
+use codecage::session::{Session, SessionSpec};
+use codecage::Spec;
 
 use super::Shared;
 

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::processes::Processes;
-use crate::runner::Lang;
-use crate::session::{Interrupter, Session};
+use codecage::processes::Processes;
+use codecage::runner::Lang;
+use codecage::session::{Interrupter, Session};
 
 use super::Shared;
 use crate::service::tenancy::Caller;
@@ -59,10 +59,10 @@ pub struct Entry {
     /// Its background processes (shared with the session: reachable while a call runs).
     pub processes: Processes,
     /// Its contexts (shared with the session: readable while a call runs).
-    pub contexts: crate::session::Contexts,
+    pub contexts: codecage::session::Contexts,
     /// Its /work from the host (stat, list, mkdir, move, remove, watch: while a call runs
     /// too, no claim needed).
-    pub work: Option<Arc<crate::workdir::WorkDir>>,
+    pub work: Option<Arc<codecage::workdir::WorkDir>>,
     /// Its polled watchers (`POST .../fs/watchers`), by id, with the last number given.
     pub watchers: Mutex<(
         u64,

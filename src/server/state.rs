@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
-use crate::profile::DataDir;
-use crate::Canceller;
+use codecage::profile::DataDir;
+use codecage::Canceller;
 
 use super::{mcp, pool, registry, ServerConfig};
 

@@ -23,9 +23,9 @@ use rusqlite::{params, Connection};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::exec_ask::{self, Ask};
-use crate::exec_policy::ExecAllowlist;
-use crate::processes::Start as ProcessStart;
+use codecage::exec_ask::{self, Ask};
+use codecage::exec_policy::ExecAllowlist;
+use codecage::processes::Start as ProcessStart;
 
 use super::tenancy::{new_id, Caller};
 use super::{Error, Kind};
@@ -66,13 +66,13 @@ impl AskGate {
             .iter()
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
-        crate::exec_policy::resolve_programs(&names, &self.root, &self.path)
+        codecage::exec_policy::resolve_programs(&names, &self.root, &self.path)
             .map(Some)
             .map_err(|e| Error::new(Kind::Policy, format!("the approved programs: {e}")))
     }
 
     fn file_of(&self, program: &str) -> Option<PathBuf> {
-        crate::exec_policy::find_program(&self.root, &self.path, program).ok()
+        codecage::exec_policy::find_program(&self.root, &self.path, program).ok()
     }
 }
 
@@ -871,7 +871,7 @@ fn running_notice(state: Shared, asker: Caller, session: String, approval: Strin
         let running = entry
             .processes
             .poll(process, u64::MAX, u64::MAX)
-            .is_some_and(|p| p.status == crate::processes::Status::Running);
+            .is_some_and(|p| p.status == codecage::processes::Status::Running);
         if running {
             entry.processes.note(serde_json::json!({
                 "type": "approval_running",
@@ -979,19 +979,19 @@ fn entry_gate(state: &Shared, asker: &Caller, id: &str) -> Option<Arc<AskGate>> 
 
 /// The gate of a session whose profile asks: the allowed programs as image files.
 pub fn gate_of(
-    profile: &crate::profile::Profile,
-    sandbox: &crate::SandboxSpec,
+    profile: &codecage::profile::Profile,
+    sandbox: &codecage::SandboxSpec,
     env: &[(String, String)],
 ) -> Option<Arc<AskGate>> {
-    use crate::exec_policy::ExecSecurity;
+    use codecage::exec_policy::ExecSecurity;
     if profile.exec.ask == Ask::Off || profile.exec.security == ExecSecurity::Deny {
         return None;
     }
-    let root = crate::profile::rootfs_dir(&sandbox.rootfs);
-    let path = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map_or_else(|| crate::spec::SANDBOX_PATH.to_string(), |(_, v)| v.clone());
+    let root = codecage::profile::rootfs_dir(&sandbox.rootfs);
+    let path = env.iter().find(|(k, _)| k == "PATH").map_or_else(
+        || codecage::spec::SANDBOX_PATH.to_string(),
+        |(_, v)| v.clone(),
+    );
     let allowed = match &sandbox.exec {
         Some(allowlist) => allowlist.programs.clone(),
         None => {
@@ -1007,7 +1007,7 @@ pub fn gate_of(
         .args
         .iter()
         .filter_map(|(name, rule)| {
-            crate::exec_policy::find_program(&root, &path, name)
+            codecage::exec_policy::find_program(&root, &path, name)
                 .ok()
                 .map(|file| (file, rule.clone()))
         })

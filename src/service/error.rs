@@ -3,7 +3,7 @@
 //! ends only translate it: HTTP maps the kind to a status code, MCP to `isError`, the CLI
 //! to an exit status.
 
-use crate::profile::PolicyError;
+use codecage::profile::PolicyError;
 
 /// What went wrong, for a program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,13 +1,13 @@
 //! A session's /work as a file system: stat, list to a depth, make directories, move,
 //! remove (and watch, in `watch`), for every front end. These work on the host's view of
-//! /work (`crate::workdir`: openat2 beneath /work's own tmpfs, never through a symlink
+//! /work (`codecage::workdir`: openat2 beneath /work's own tmpfs, never through a symlink
 //! or a mount), so they need no claim on the session and run while a call runs. Tenancy as
 //! every session operation: [`lookup`] (another caller's session is 404).
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::workdir::{EntryInfo, FsError, FsErrorKind, WorkDir, WorkPath};
+use codecage::workdir::{EntryInfo, FsError, FsErrorKind, WorkDir, WorkPath};
 use serde::Serialize;
 
 use super::sessions::lookup;
@@ -54,7 +54,8 @@ impl From<EntryInfo> for FsEntry {
             owner: e.owner,
             group: e.group,
             modified_time: rfc3339(e.modified),
-            is_symlink: e.symlink_target.is_some() || e.kind == crate::workdir::FileKind::Symlink,
+            is_symlink: e.symlink_target.is_some()
+                || e.kind == codecage::workdir::FileKind::Symlink,
             symlink_target: e.symlink_target,
         }
     }
@@ -127,7 +128,7 @@ pub async fn stat_path(
 }
 
 /// The entries of directory `path` to `depth` levels (1: its own entries; at most
-/// [`crate::workdir::MAX_DEPTH`]), sorted by path; symlinks are listed, not entered.
+/// [`codecage::workdir::MAX_DEPTH`]), sorted by path; symlinks are listed, not entered.
 pub async fn list_dir(
     state: &Shared,
     caller: &Caller,
@@ -223,8 +224,8 @@ pub struct WatchEvent {
     pub path: String,
 }
 
-impl From<crate::workdir::FsEvent> for WatchEvent {
-    fn from(e: crate::workdir::FsEvent) -> WatchEvent {
+impl From<codecage::workdir::FsEvent> for WatchEvent {
+    fn from(e: codecage::workdir::FsEvent) -> WatchEvent {
         WatchEvent {
             kind: e.kind.name().to_string(),
             name: e.name,
@@ -236,7 +237,7 @@ impl From<crate::workdir::FsEvent> for WatchEvent {
 /// A watch on a directory of a session's /work, read as its events come (the streaming
 /// front ends: HTTP's NDJSON, MCP; polled watchers). Dropping it ends it.
 pub struct DirWatch {
-    watch: crate::workdir::AsyncWatch,
+    watch: codecage::workdir::AsyncWatch,
 }
 
 /// Watches directory `path` of the session's /work (with `recursive`, every directory
@@ -254,7 +255,7 @@ pub async fn watch_dir(
         .await
         .map_err(|e| Error::new(Kind::Setup, e.to_string()))?
         .map_err(error_of)?;
-    let watch = crate::workdir::AsyncWatch::new(watch)
+    let watch = codecage::workdir::AsyncWatch::new(watch)
         .map_err(|e| Error::new(Kind::Setup, format!("cannot poll the watch: {e}")))?;
     Ok(DirWatch { watch })
 }

@@ -19,10 +19,10 @@ pub mod tenancy;
 
 use std::sync::Arc;
 
-use crate::knobs::{Knob, Raw, Values};
-use crate::outcome::Outcome;
-use crate::profile::{self, Profile};
-use crate::runner::Lang;
+use codecage::knobs::{Knob, Raw, Values};
+use codecage::outcome::Outcome;
+use codecage::profile::{self, Profile};
+use codecage::runner::Lang;
 
 use crate::audit::{self, AuditError, Start};
 use crate::server::Shared;
@@ -138,7 +138,7 @@ pub(crate) async fn refused(state: &Shared, start: Start, error: Error) -> Error
 }
 
 /// Network mode `full` only where the server's config enables it: 403 otherwise.
-pub(crate) fn network_allowed(state: &Shared, mode: crate::network::Mode) -> Result<(), Error> {
+pub(crate) fn network_allowed(state: &Shared, mode: codecage::network::Mode) -> Result<(), Error> {
     resolve::network_allowed(&state.config.network, mode)
 }
 
@@ -151,8 +151,8 @@ pub(crate) fn code_within(state: &Shared, size: usize) -> Result<(), Error> {
             Kind::PayloadTooLarge,
             format!(
                 "the code is {}, more than this server takes (at most {}, its limits.max_code)",
-                crate::units::format_size(size as u64),
-                crate::units::format_size(max)
+                codecage::units::format_size(size as u64),
+                codecage::units::format_size(max)
             ),
         ));
     }

@@ -4,7 +4,7 @@
 //! admin) reaches them: [`lookup`] answers 404 to anyone else.
 //!
 //! A poll, stdin and a signal do not need the session to be free: the process table is
-//! shared (`crate::processes::Processes`), so they work while a call runs; starting a
+//! shared (`codecage::processes::Processes`), so they work while a call runs; starting a
 //! process claims the session as a call does (409 while one runs).
 
 use std::collections::BTreeMap;
@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde::Deserialize;
 
-use crate::knobs::{Knob, Raw};
-use crate::processes::{Snapshot, Start, Status, TermSize, Window};
-use crate::units::format_duration;
+use codecage::knobs::{Knob, Raw};
+use codecage::processes::{Snapshot, Start, Status, TermSize, Window};
+use codecage::units::format_duration;
 
 use super::keys::{self, KeyModes};
 use super::{audit_slot, lookup, with_session, Caller, Error, Kind};
@@ -306,7 +306,7 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
     if entry.caps.exec_denied {
         return Err(Error::new(
             Kind::Policy,
-            crate::exec_policy::denied(&entry.profile, "a process"),
+            codecage::exec_policy::denied(&entry.profile, "a process"),
         )
         .on("exec"));
     }
@@ -331,7 +331,7 @@ fn start_of(entry: &Entry, body: ProcessRequest) -> Result<(Start, Option<Durati
         ));
     }
     for key in body.env.keys() {
-        crate::profile::check_env_name(key)
+        codecage::profile::check_env_name(key)
             .map_err(|e| Error::new(Kind::Policy, format!("field `env`: {e}")))?;
     }
     if let Some(cwd) = &body.cwd {
@@ -798,7 +798,7 @@ pub fn settle(entry: &Entry) {
             signal: s.signal,
             error: match (s.timed_out, &s.error) {
                 (true, _) => Some("timeout".into()),
-                (false, Some(e)) if e == crate::processes::SANDBOX_GONE => {
+                (false, Some(e)) if e == codecage::processes::SANDBOX_GONE => {
                     Some("session_closed".into())
                 }
                 (false, Some(_)) => Some("not_started".into()),
@@ -933,7 +933,7 @@ pub fn stream_output(
 /// An event of the session's log as JSON: `{"type": "started"|"exited", "seq", "at",
 /// ...the process without output}`, or a note's fields with `seq` and `at` (the exec
 /// approvals': `approval_finished`, `exec_denied`, `approval_running`).
-pub fn event_view(event: crate::processes::Event) -> serde_json::Value {
+pub fn event_view(event: codecage::processes::Event) -> serde_json::Value {
     let mut line = match (event.process, event.note) {
         (Some(process), _) => {
             let mut line = bare(view(process));
@@ -1011,7 +1011,7 @@ pub fn stream_events(
                 loop {
                     settle(&entry);
                     if entry.processes.all_ended()
-                        || settling.elapsed() > crate::processes::AFTER_EXIT * 5
+                        || settling.elapsed() > codecage::processes::AFTER_EXIT * 5
                     {
                         break;
                     }

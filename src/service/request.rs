@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::knobs::Raw;
-use crate::runner::Lang;
+use codecage::knobs::Raw;
+use codecage::runner::Lang;
 
 /// `POST /v1/run`.
 #[derive(Debug, Default, Deserialize)]
@@ -27,17 +27,17 @@ pub struct RunRequest {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// The network mode: none, restricted or full, no looser than the profile's.
-    pub network: Option<crate::network::Mode>,
+    pub network: Option<codecage::network::Mode>,
     /// Files placed in /work before the code runs: `{"path": "data/in.csv", "data":
     /// BASE64}` (within the profile's inputs caps).
     #[serde(default)]
-    pub files: Vec<crate::files::InputFile>,
+    pub files: Vec<codecage::files::InputFile>,
     /// Whether the output files come back with their bytes (default) or by name only.
     pub file_data: Option<bool>,
     /// The result rendered for a chat channel as well (`formatted` in the answer): a
     /// channel's name (discord, telegram, slack, whatsapp, markdown, plain) or `{channel,
     /// max_messages, language, max_chars}`.
-    pub format: Option<crate::format::FormatRequest>,
+    pub format: Option<codecage::format::FormatRequest>,
     /// Host directories under /work, as `codecage run -v` takes them:
     /// `HOST_DIR:/work/DIR[:ro|:copy]` (read-only by default, or copied into /work within
     /// `work_size`); only under the server's `volume_roots`.
@@ -79,7 +79,7 @@ pub struct SessionRequest {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// The network mode, as in `POST /v1/run`.
-    pub network: Option<crate::network::Mode>,
+    pub network: Option<codecage::network::Mode>,
     // The limits, as in `POST /v1/run`; `timeout` and `output_limit` are each call's.
     #[cfg_attr(feature = "openapi", schema(ignore))]
     pub timeout: Option<Raw>,
@@ -119,7 +119,7 @@ pub struct ExecuteRequest {
     pub language: Option<String>,
     /// Files placed in /work before the call, as in `POST /v1/run`.
     #[serde(default)]
-    pub files: Vec<crate::files::InputFile>,
+    pub files: Vec<codecage::files::InputFile>,
     /// Whether the call's output files come back with their bytes (default) or by name.
     pub file_data: Option<bool>,
     // This call's time limit (default: the session's): its schema is the knob table's.
@@ -128,7 +128,7 @@ pub struct ExecuteRequest {
     /// Text the cell reads on stdin.
     pub stdin: Option<String>,
     /// The result rendered for a chat channel as well, as in `POST /v1/run`.
-    pub format: Option<crate::format::FormatRequest>,
+    pub format: Option<codecage::format::FormatRequest>,
 }
 
 impl SessionRequest {
@@ -200,7 +200,7 @@ pub const LIMIT_KEYS: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::knobs::Knob;
+    use codecage::knobs::Knob;
 
     #[test]
     fn the_limit_fields_are_the_requestable_knobs() {

@@ -8,10 +8,10 @@
 
 use std::path::Path;
 
-use crate::network::Mode;
-use crate::profile::{self, DataDir, Profile, Request as PolicyRequest};
-use crate::runner::Lang;
-use crate::Spec;
+use codecage::network::Mode;
+use codecage::profile::{self, DataDir, Profile, Request as PolicyRequest};
+use codecage::runner::Lang;
+use codecage::Spec;
 
 use super::{Error, Kind};
 use crate::audit::{End, Kind as AuditKind, Start};
@@ -106,7 +106,7 @@ pub fn resolve_run(
     data: &DataDir,
     network: &GatewayConfig,
 ) -> Result<Spec, Error> {
-    if profile.exec.security == crate::exec_policy::ExecSecurity::Deny {
+    if profile.exec.security == codecage::exec_policy::ExecSecurity::Deny {
         let what = match (&request.argv, request.lang.or(profile.language)) {
             (Some(_), _) => Some("a run of a program"),
             (None, Some(Lang::Bash)) => Some("a run of bash code"),
@@ -114,7 +114,7 @@ pub fn resolve_run(
         };
         if let Some(what) = what {
             return Err(
-                Error::new(Kind::Policy, crate::exec_policy::denied(name, what)).on("exec"),
+                Error::new(Kind::Policy, codecage::exec_policy::denied(name, what)).on("exec"),
             );
         }
     }
@@ -238,7 +238,9 @@ mod tests {
         };
         let data = DataDir("/nonexistent".into());
         let network = GatewayConfig::default();
-        request.knobs.insert(crate::knobs::Knob::Memory, 64 << 30);
+        request
+            .knobs
+            .insert(codecage::knobs::Knob::Memory, 64 << 30);
         let e = resolve_run(&profile, "python", &request, &data, &network).unwrap_err();
         assert_eq!((e.kind, e.field), (Kind::Policy, Some("memory")));
         request.knobs.clear();
@@ -250,7 +252,7 @@ mod tests {
     #[test]
     fn a_deny_profile_refuses_bash_and_programs_as_policy() {
         let mut profile = Profile::load("python").unwrap();
-        profile.exec.security = crate::exec_policy::ExecSecurity::Deny;
+        profile.exec.security = codecage::exec_policy::ExecSecurity::Deny;
         let data = DataDir("/nonexistent".into());
         let network = GatewayConfig::default();
         for request in [

@@ -1,11 +1,11 @@
 //! One-shot runs: a request resolved against its profile, within its caller's quotas,
 //! on a pooled or a new sandbox, recorded in the audit log.
 
-use crate::knobs::Knob;
-use crate::launcher::Teardown;
-use crate::outcome::Outcome;
-use crate::profile::Request as PolicyRequest;
-use crate::Canceller;
+use codecage::knobs::Knob;
+use codecage::launcher::Teardown;
+use codecage::outcome::Outcome;
+use codecage::profile::Request as PolicyRequest;
+use codecage::Canceller;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -25,7 +25,7 @@ pub async fn run_request(
     via: Via,
     body: RunRequest,
     stop: CancellationToken,
-    mut sink: impl FnMut(crate::Stream, &[u8]) + Send + 'static,
+    mut sink: impl FnMut(codecage::Stream, &[u8]) + Send + 'static,
 ) -> Result<Outcome, Error> {
     let mut start = resolve::run_start(
         via,
@@ -36,7 +36,7 @@ pub async fn run_request(
     start.stdin_digest = body
         .stdin
         .as_ref()
-        .map(|s| (crate::files::sha256(s.as_bytes()), s.len() as u64));
+        .map(|s| (codecage::files::sha256(s.as_bytes()), s.len() as u64));
     let size = body.code.as_ref().map_or(0, String::len)
         + body
             .argv
@@ -110,7 +110,10 @@ pub async fn run_request(
                 let (outcome, teardown) = prepared.answer(&spec, &mut sink, None, Some(&canceller));
                 (outcome, Some(teardown))
             }
-            None => (crate::run_cancellable(&spec, &mut sink, &canceller), None),
+            None => (
+                codecage::run_cancellable(&spec, &mut sink, &canceller),
+                None,
+            ),
         };
         drop(opened);
         drop(ticket);
@@ -137,7 +140,7 @@ pub async fn run_request(
     outcome.phases = None;
     // Rendered before the files lose their bytes: they are its attachments.
     if let Some(options) = &format {
-        outcome.formatted = crate::format::render(&outcome, options).ok();
+        outcome.formatted = codecage::format::render(&outcome, options).ok();
     }
     if names_only {
         outcome.files.iter_mut().for_each(|f| f.data = None);
@@ -148,8 +151,8 @@ pub async fn run_request(
 
 /// A request's `format`, checked: the error names the field and what it may be.
 pub fn format_options(
-    format: Option<&crate::format::FormatRequest>,
-) -> Result<Option<crate::format::Options>, Error> {
+    format: Option<&codecage::format::FormatRequest>,
+) -> Result<Option<codecage::format::Options>, Error> {
     format
         .map(|f| f.options())
         .transpose()
@@ -168,13 +171,13 @@ fn resolve_run(
     state: &Shared,
     caller: &Caller,
     body: RunRequest,
-) -> Result<(crate::Spec, String, Vec<std::os::fd::OwnedFd>), Error> {
+) -> Result<(codecage::Spec, String, Vec<std::os::fd::OwnedFd>), Error> {
     let mut knobs = knobs_of(&body.limits())?;
     let profile_name = run_profile(&body)?;
     caller.check_profile(&state.config, &profile_name)?;
     let profile = load_profile(state, &profile_name)?;
     caller.within_ceilings(&state.config, &profile, &mut knobs)?;
-    crate::files::check_inputs(
+    codecage::files::check_inputs(
         &body.files,
         profile.value(Knob::InputFiles),
         profile.value(Knob::InputTotalSize),
@@ -184,7 +187,7 @@ fn resolve_run(
     // code is not a command, as a session's python cell is not).
     let judged = match (&body.argv, body.language.or(profile.language), &body.code) {
         (Some(argv), _, _) => Some((argv.join(" "), Some(argv.clone()))),
-        (None, Some(crate::runner::Lang::Bash), Some(code)) => Some((code.clone(), None)),
+        (None, Some(codecage::runner::Lang::Bash), Some(code)) => Some((code.clone(), None)),
         _ => None,
     };
     let request = PolicyRequest {
@@ -227,7 +230,7 @@ fn resolve_run(
 fn open_volumes(
     state: &Shared,
     items: &[String],
-) -> Result<(Vec<crate::spec::Volume>, Vec<std::os::fd::OwnedFd>), Error> {
+) -> Result<(Vec<codecage::spec::Volume>, Vec<std::os::fd::OwnedFd>), Error> {
     let roots = &state.config.volume_roots;
     let policy = |m: String| Error::new(Kind::Policy, m);
     if !items.is_empty() && roots.is_empty() {
@@ -238,7 +241,7 @@ fn open_volumes(
     }
     let (mut volumes, mut opened) = (Vec::new(), Vec::new());
     for item in items {
-        let mut volume = crate::spec::Volume::parse(item)
+        let mut volume = codecage::spec::Volume::parse(item)
             .map_err(|e| Error::invalid(format!("field `volumes`: {e}")))?;
         if !item.starts_with('/') {
             return Err(Error::invalid(format!(
@@ -247,7 +250,7 @@ fn open_volumes(
         }
         let fd = volume.pin(None, Some(roots)).map_err(|e| {
             let message = format!("field `volumes`: {e}");
-            match crate::spec::Volume::is_outside(&e) {
+            match codecage::spec::Volume::is_outside(&e) {
                 true => policy(message),
                 false => Error::invalid(message),
             }

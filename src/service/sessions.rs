@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::knobs::{Knob, Raw};
-use crate::outcome::ErrorKind;
-use crate::profile::{self, Profile, Request as PolicyRequest};
-use crate::runner::Lang;
-use crate::session::{Call, CallOutcome, Event, Session, SessionSpec};
+use codecage::knobs::{Knob, Raw};
+use codecage::outcome::ErrorKind;
+use codecage::profile::{self, Profile, Request as PolicyRequest};
+use codecage::runner::Lang;
+use codecage::session::{Call, CallOutcome, Event, Session, SessionSpec};
 
 use tokio_util::sync::CancellationToken;
 
@@ -155,7 +155,7 @@ fn resolve_session(
         input_total: profile.value(Knob::InputTotalSize),
         read_max: profile.value(Knob::OutputFileSize),
         output_dir: profile.output_rules().dir,
-        exec_denied: profile.exec.security == crate::exec_policy::ExecSecurity::Deny,
+        exec_denied: profile.exec.security == codecage::exec_policy::ExecSecurity::Deny,
         process_buffer: profile.value(Knob::ProcessBuffer) as usize,
         max_timeout: Duration::from_millis(
             caller
@@ -177,16 +177,16 @@ pub fn session_spec_of(
     name: &str,
     lang: Lang,
     request: &PolicyRequest,
-    data: &crate::profile::DataDir,
+    data: &codecage::profile::DataDir,
 ) -> Result<SessionSpec, Error> {
     let request = PolicyRequest {
         argv: Some(vec!["true".into()]),
         ..request.clone()
     };
-    if profile.exec.security == crate::exec_policy::ExecSecurity::Deny && lang == Lang::Bash {
+    if profile.exec.security == codecage::exec_policy::ExecSecurity::Deny && lang == Lang::Bash {
         return Err(Error::new(
             Kind::Policy,
-            crate::exec_policy::denied(name, "a bash session"),
+            codecage::exec_policy::denied(name, "a bash session"),
         )
         .on("exec"));
     }
@@ -197,9 +197,9 @@ pub fn session_spec_of(
         // context (`interpreter = "context"`): then each context's driver gets a ruleset
         // of its own, for the session's language and for any other context the image can
         // start (E2B's contexts), and the session's processes get none.
-        let own = crate::session::context_of(lang);
+        let own = codecage::session::context_of(lang);
         for context in [Lang::Python, Lang::Node, Lang::Bash] {
-            let program = crate::session::driver_program(context);
+            let program = codecage::session::driver_program(context);
             match profile::interpreter_ruleset(profile, &spec, allowlist, program) {
                 Ok(Some(extra)) => context_exec.push((context, extra)),
                 Ok(None) => {}
@@ -366,9 +366,9 @@ pub async fn begin_call(
             Kind::Policy,
             format!(
                 "a timeout of {} is more than the session's profile {} allows (at most {}); ask for less",
-                crate::units::format_duration(asked),
+                codecage::units::format_duration(asked),
                 entry.profile,
-                crate::units::format_duration(entry.caps.max_timeout)
+                codecage::units::format_duration(entry.caps.max_timeout)
             ),
         );
         return Err(refused(&state, start, e).await);
@@ -376,7 +376,7 @@ pub async fn begin_call(
     if entry.caps.exec_denied && call.lang.unwrap_or(entry.lang) == Lang::Bash {
         let e = Error::new(
             Kind::Policy,
-            crate::exec_policy::denied(&entry.profile, "a bash context"),
+            codecage::exec_policy::denied(&entry.profile, "a bash context"),
         )
         .on("language");
         return Err(refused(&state, start, e).await);
@@ -578,11 +578,11 @@ pub async fn write_session_file(
     state: &Shared,
     caller: &Caller,
     id: &str,
-    file: crate::files::InputFile,
+    file: codecage::files::InputFile,
 ) -> Result<(), Error> {
     with_session(state, caller, id, move |s, e| {
         let files = std::slice::from_ref(&file);
-        crate::files::check_inputs(files, e.caps.input_files, e.caps.input_total)?;
+        codecage::files::check_inputs(files, e.caps.input_files, e.caps.input_total)?;
         s.write_files(files)
     })
     .await

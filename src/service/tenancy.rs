@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::knobs::{Knob, Values};
-use crate::profile::Profile;
+use codecage::knobs::{Knob, Values};
+use codecage::profile::Profile;
 
 use super::error::{Error, Kind};
 use crate::server::config::{Grant, Role, ServerConfig};

@@ -36,7 +36,7 @@ pub async fn audit_errors(
     // request line's limit).
     let mut endpoint = format!("{} {}", request.method(), request.uri().path());
     if endpoint.len() > MAX_ENDPOINT {
-        endpoint = format!("{}…", crate::units::head(&endpoint, MAX_ENDPOINT));
+        endpoint = format!("{}…", codecage::units::head(&endpoint, MAX_ENDPOINT));
     }
     // A listener of another front end says which (the E2B one's).
     let via = match request.extensions().get::<Via>() {

@@ -19,10 +19,10 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::outcome::Outcome;
-use crate::runner::Lang;
-use crate::session::{Call, CallOutcome, Event};
-use crate::Stream;
+use codecage::outcome::Outcome;
+use codecage::runner::Lang;
+use codecage::session::{Call, CallOutcome, Event};
+use codecage::Stream;
 
 pub(crate) mod approvals_api;
 pub(crate) mod audit_api;
@@ -424,7 +424,7 @@ pub(crate) async fn execute(
 ) -> Result<Response, ApiError> {
     let entry = lookup(&state, &caller, &id)?;
     let timeout = timeout_of(body.timeout.as_ref())?;
-    crate::files::check_inputs(&body.files, entry.caps.input_files, entry.caps.input_total)
+    codecage::files::check_inputs(&body.files, entry.caps.input_files, entry.caps.input_total)
         .map_err(|e| ApiError::invalid(format!("field `files`: {e}")))?;
     let lang = service::language_of(body.language.as_deref())?;
     let call = Call {
@@ -479,12 +479,12 @@ pub(crate) async fn execute(
 /// A call's answer as asked: rendered for a chat channel (before the files lose their
 /// bytes: they are its attachments), and the files by name only.
 fn shape(
-    outcome: &mut crate::session::CallOutcome,
-    format: Option<&crate::format::Options>,
+    outcome: &mut codecage::session::CallOutcome,
+    format: Option<&codecage::format::Options>,
     names_only: bool,
 ) {
     if let Some(options) = format {
-        outcome.outcome.formatted = crate::format::render(&*outcome, options).ok();
+        outcome.outcome.formatted = codecage::format::render(&*outcome, options).ok();
     }
     if names_only {
         outcome.outcome.files.iter_mut().for_each(|f| f.data = None);
@@ -578,7 +578,7 @@ pub(crate) async fn list_files(
 ) -> Result<Json<Vec<FileEntry>>, ApiError> {
     let path = relative(&query.path).to_string();
     if !path.is_empty() {
-        crate::files::check_input_path(&path)
+        codecage::files::check_input_path(&path)
             .map_err(|e| ApiError::invalid(format!("path: {e}")))?;
     }
     let entries = with_session(&state, &caller, &id, move |s, _| s.list_files(&path)).await?;
@@ -610,8 +610,9 @@ pub(crate) async fn download(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let path = relative(&path).to_string();
-    crate::files::check_input_path(&path).map_err(|e| ApiError::invalid(format!("path: {e}")))?;
-    let media = crate::files::media_type(&path);
+    codecage::files::check_input_path(&path)
+        .map_err(|e| ApiError::invalid(format!("path: {e}")))?;
+    let media = codecage::files::media_type(&path);
     let data = with_session(&state, &caller, &id, move |s, e| {
         s.read_file(&path, e.caps.read_max)
     })
@@ -637,7 +638,7 @@ pub(crate) async fn upload(
     RawBody(body): RawBody,
 ) -> Result<StatusCode, ApiError> {
     let path = relative(&path).to_string();
-    let file = crate::files::InputFile::new(path, body);
+    let file = codecage::files::InputFile::new(path, body);
     write_session_file(&state, &caller, &id, file).await?;
     Ok(StatusCode::NO_CONTENT)
 }

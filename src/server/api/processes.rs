@@ -34,7 +34,7 @@ pub struct ProcessSchema {
     error: Option<String>,
     /// Its terminal's size, when it runs on one (present only then); its output is then
     /// all in `stdout`.
-    pty: Option<crate::processes::TermSize>,
+    pty: Option<codecage::processes::TermSize>,
     started_at: String,
     duration_ms: u64,
     /// Its output from the cursor asked (text, or base64 with `stdout_encoding`).

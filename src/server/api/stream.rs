@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::outcome::encode_stream;
-use crate::Stream;
+use codecage::outcome::encode_stream;
+use codecage::Stream;
 
 use super::ApiError;
 
@@ -33,17 +33,17 @@ pub enum StreamEvent<R> {
     /// What the code wrote to stdout since the last event.
     Stdout {
         data: String,
-        encoding: crate::outcome::Encoding,
+        encoding: codecage::outcome::Encoding,
     },
     /// What the code wrote to stderr since the last event.
     Stderr {
         data: String,
-        encoding: crate::outcome::Encoding,
+        encoding: codecage::outcome::Encoding,
     },
     /// A MIME bundle a session's call showed (a figure, `display()`).
     Display {
-        #[schema(value_type = crate::session::MimeBundleSchema)]
-        data: crate::session::MimeBundle,
+        #[schema(value_type = codecage::session::MimeBundleSchema)]
+        data: codecage::session::MimeBundle,
     },
     /// Output the stream did not carry because its reader fell behind (the result
     /// carries all of it, up to the output limit).

@@ -149,7 +149,7 @@ async fn create(
             (
                 limits
                     .cpu_quota_us
-                    .div_ceil(crate::spec::CPU_PERIOD_US)
+                    .div_ceil(codecage::spec::CPU_PERIOD_US)
                     .max(1),
                 limits.memory >> 20,
                 sandbox.work_size >> 20,
@@ -352,7 +352,7 @@ fn move_end(e2b: &E2b, record: &Record, timeout: u64, only_later: bool) -> E2bRe
             format!(
                 "a timeout of {timeout} s is past the sandbox's maximum lifetime (its profile {}'s max_duration of {}): at most {left} s from now",
                 entry.profile,
-                crate::units::format_duration(entry.max_duration)
+                codecage::units::format_duration(entry.max_duration)
             ),
         ));
     }

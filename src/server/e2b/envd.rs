@@ -12,7 +12,7 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::files::InputFile;
+use codecage::files::InputFile;
 
 use super::{work_path, E2b, E2bError, E2bResult, Record, HOME};
 use crate::server::api::RawBody;
@@ -53,7 +53,7 @@ fn check_user(query: &FileQuery) -> E2bResult<()> {
 /// A path the SDK gave, checked as codecage's file calls take it (relative to /work).
 fn checked(path: &str) -> E2bResult<String> {
     let relative = work_path(path)?;
-    crate::files::check_input_path(&relative)
+    codecage::files::check_input_path(&relative)
         .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("path {path:?}: {e}")))?;
     Ok(relative)
 }
@@ -71,7 +71,7 @@ async fn download(
         )
     })?;
     let relative = checked(&path)?;
-    let media = crate::files::media_type(&relative);
+    let media = codecage::files::media_type(&relative);
     let data = service::with_session(&e2b.state, &record.caller, &record.id, move |s, e| {
         s.read_file(&relative, e.caps.read_max)
     })
@@ -136,7 +136,7 @@ async fn upload(
         inputs.push(InputFile::new(relative, data));
     }
     service::with_session(&e2b.state, &record.caller, &record.id, move |s, e| {
-        crate::files::check_inputs(&inputs, e.caps.input_files, e.caps.input_total)?;
+        codecage::files::check_inputs(&inputs, e.caps.input_files, e.caps.input_total)?;
         s.write_files(&inputs)
     })
     .await?;

@@ -16,9 +16,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::runner::Lang;
-use crate::session::{context_of, Call, CallOutcome, Event, MimeBundle};
-use crate::Stream;
+use codecage::runner::Lang;
+use codecage::session::{context_of, Call, CallOutcome, Event, MimeBundle};
+use codecage::Stream;
 
 use super::{E2b, E2bError, E2bResult, Record, HOME};
 use crate::audit::Via;
@@ -152,7 +152,7 @@ fn final_lines(outcome: &CallOutcome) -> Vec<Value> {
     let verdict = outcome
         .outcome
         .error
-        .filter(|k| *k != crate::outcome::ErrorKind::Exception);
+        .filter(|k| *k != codecage::outcome::ErrorKind::Exception);
     if let Some(kind) = verdict {
         let name = serde_json::to_value(kind)
             .ok()

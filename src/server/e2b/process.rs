@@ -17,7 +17,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::processes::{Status, TermSize};
+use codecage::processes::{Status, TermSize};
 
 use super::connect::{
     answer, check_user, envelope, message, streamed, streaming, ConnectError, Unary,

@@ -7,8 +7,8 @@ use rmcp::model::{CallToolResult, ProgressNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 
-use crate::runner::Lang;
-use crate::session::{Call, CallOutcome, Event};
+use codecage::runner::Lang;
+use codecage::session::{Call, CallOutcome, Event};
 
 use super::connection::wait_idle;
 use super::results::{api_error, formatted, tool_error};
@@ -33,9 +33,12 @@ impl CodecageMcp {
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let caller = self.caller_of(&ctx);
-        let format = match format.as_deref().map(str::parse::<crate::format::Channel>) {
+        let format = match format
+            .as_deref()
+            .map(str::parse::<codecage::format::Channel>)
+        {
             None => None,
-            Some(Ok(channel)) => Some(crate::format::Options {
+            Some(Ok(channel)) => Some(codecage::format::Options {
                 language: Some(
                     match language {
                         Language::Python => "python",
@@ -44,7 +47,7 @@ impl CodecageMcp {
                     }
                     .to_string(),
                 ),
-                ..crate::format::Options::new(channel)
+                ..codecage::format::Options::new(channel)
             }),
             Some(Err(e)) => return tool_error(format!("format: {e}")),
         };
@@ -160,7 +163,7 @@ impl CodecageMcp {
         language: Language,
         code: String,
         timeout: Option<Duration>,
-        format: Option<crate::format::Options>,
+        format: Option<codecage::format::Options>,
         caller: &Caller,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
@@ -175,7 +178,7 @@ impl CodecageMcp {
             code: Some(code),
             profile: Some(profile),
             file_data: Some(true),
-            timeout: timeout.map(|t| crate::knobs::Raw::Text(format!("{}ms", t.as_millis()))),
+            timeout: timeout.map(|t| codecage::knobs::Raw::Text(format!("{}ms", t.as_millis()))),
             ..RunRequest::default()
         };
         // The client's cancellation stops the run (the service watches the shutdown).

@@ -11,7 +11,7 @@ use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 
-use crate::runner::Lang;
+use codecage::runner::Lang;
 
 use super::results::{api_error, tool_error};
 use super::{CodecageMcp, Language};
@@ -169,7 +169,7 @@ impl CodecageMcp {
 /// A client's calls come one after another, but a call it cancelled may still be winding
 /// down (the interrupt, at most the session's grace): wait for that rather than refuse.
 pub(super) async fn wait_idle(entry: &Entry) {
-    let end = Instant::now() + crate::session::GRACE + Duration::from_secs(1);
+    let end = Instant::now() + codecage::session::GRACE + Duration::from_secs(1);
     while entry.is_busy() && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

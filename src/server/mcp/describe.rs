@@ -12,7 +12,7 @@ impl CodecageMcp {
             let name = self.profile_name(language);
             match service::load_profile(&self.state, &name) {
                 Ok(p) => {
-                    use crate::knobs::Knob;
+                    use codecage::knobs::Knob;
                     format!(
                         "Limits (profile {name}): {} per call by default, up to {} with `timeout`; {} of memory; \
                          {} of output (stdout and stderr together).",
@@ -154,8 +154,8 @@ impl CodecageMcp {
                 format!(
                     "Read a file of /work: a PNG comes back as an image, text as text, anything else as an \
                      embedded resource (at most {} per file). {}",
-                    crate::knobs::Knob::OutputFileSize
-                        .show(crate::knobs::Knob::OutputFileSize.def().default),
+                    codecage::knobs::Knob::OutputFileSize
+                        .show(codecage::knobs::Knob::OutputFileSize.def().default),
                     self.files_text()
                 ),
             ),

@@ -82,7 +82,7 @@ impl CodecageMcp {
         // and no commands (exec, and process, which only reaches exec's).
         let shell = server.profile_name(Language::Shell);
         if crate::service::load_profile(&server.state, &shell)
-            .is_ok_and(|p| p.exec.security == crate::exec_policy::ExecSecurity::Deny)
+            .is_ok_and(|p| p.exec.security == codecage::exec_policy::ExecSecurity::Deny)
         {
             for tool in ["execute_shell", "exec", "process"] {
                 server.tool_router.remove_route(tool);

@@ -17,8 +17,8 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::processes::{EventKind, Snapshot, Status, Window};
-use crate::units::format_size;
+use codecage::processes::{EventKind, Snapshot, Status, Window};
+use codecage::units::format_size;
 
 use super::connection::wait_idle;
 use super::results::{api_error, tool_error};
@@ -132,7 +132,7 @@ impl CodecageMcp {
         }
         let timeout = match args.timeout {
             None => None,
-            Some(t) if t.is_finite() && t > 0.0 && t < 1e7 => Some(crate::knobs::Raw::Text(
+            Some(t) if t.is_finite() && t > 0.0 && t < 1e7 => Some(codecage::knobs::Raw::Text(
                 format!("{}ms", Duration::from_secs_f64(t).as_millis().max(1)),
             )),
             Some(t) => {
@@ -157,7 +157,7 @@ impl CodecageMcp {
             // Open, for process action=write (a program that reads it waits for that); on a
             // terminal, the terminal is its input.
             stdin: !pty,
-            pty: procs::PtyOption(pty.then_some(crate::processes::TermSize::DEFAULT)),
+            pty: procs::PtyOption(pty.then_some(codecage::processes::TermSize::DEFAULT)),
             background: args.background.unwrap_or(false),
             yield_ms: args.yield_ms,
             timeout,
@@ -548,7 +548,7 @@ fn render(p: &Snapshot, max: usize) -> (String, (u64, u64)) {
             text.push_str(&format!(
                 "[{name}: {} bytes before this were dropped: the buffer keeps the last {}]\n",
                 w.dropped,
-                format_size(crate::processes::DEFAULT_BUFFER as u64)
+                format_size(codecage::processes::DEFAULT_BUFFER as u64)
             ));
         }
     }
@@ -627,7 +627,7 @@ fn window_lines(
         head.push_str(&format!(
             "; the {} bytes before them were dropped (the buffer keeps the last {})",
             w.from,
-            format_size(crate::processes::DEFAULT_BUFFER as u64)
+            format_size(codecage::processes::DEFAULT_BUFFER as u64)
         ));
     }
     if first + count < total {

@@ -84,7 +84,7 @@ impl ServerHandler for CodecageMcp {
             .ok_or_else(not_found)?;
         let (id, path) = rest.split_once("/files/").ok_or_else(not_found)?;
         let path = path.to_string();
-        crate::files::check_input_path(&path)
+        codecage::files::check_input_path(&path)
             .map_err(|e| ErrorData::invalid_params(format!("{uri}: {e}"), None))?;
         let wanted = path.clone();
         let data = service::with_session(&self.state, &caller, id, move |s, e| {
@@ -92,7 +92,7 @@ impl ServerHandler for CodecageMcp {
         })
         .await
         .map_err(|e| ErrorData::resource_not_found(format!("{uri}: {}", e.message()), None))?;
-        let media = crate::files::media_type(&path);
+        let media = codecage::files::media_type(&path);
         let contents = match as_text(media, &data) {
             Some(text) => ResourceContents::text(text, uri.clone()),
             None => ResourceContents::blob(b64(&data), uri.clone()),

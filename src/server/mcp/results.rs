@@ -8,8 +8,8 @@ use std::sync::Arc;
 use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock, Resource, ResourceContents};
 
-use crate::outcome::ErrorKind;
-use crate::session::{CallOutcome, MimeBundle};
+use codecage::outcome::ErrorKind;
+use codecage::session::{CallOutcome, MimeBundle};
 
 use super::{CodecageMcp, Language};
 use crate::server::registry::Entry;
@@ -23,8 +23,8 @@ const EMBED_MAX: usize = 1 << 20;
 /// A call's result rendered for a chat channel (the `format` argument): each message a text
 /// block, ready to post; images as image blocks and the other attachments (the full
 /// output, files) as embedded resources. A failed call is still `isError`.
-pub(super) fn formatted(call: &CallOutcome, options: &crate::format::Options) -> CallToolResult {
-    let rendered = match crate::format::render(call, options) {
+pub(super) fn formatted(call: &CallOutcome, options: &codecage::format::Options) -> CallToolResult {
+    let rendered = match codecage::format::render(call, options) {
         Ok(rendered) => rendered,
         Err(e) => return tool_error(format!("format: {e}")),
     };
@@ -289,7 +289,7 @@ fn shorten(text: &str, max: usize) -> String {
         return text.to_string();
     }
     let half = max / 2;
-    let head_end = crate::units::head(text, half).len();
+    let head_end = codecage::units::head(text, half).len();
     let mut tail_start = text.len() - half;
     while !text.is_char_boundary(tail_start) {
         tail_start += 1;

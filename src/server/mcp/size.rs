@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
-use crate::units::format_size;
+use codecage::units::format_size;
 
 /// JSON-RPC's "Invalid Request".
 const INVALID_REQUEST: i64 = -32600;

@@ -261,7 +261,7 @@ impl CodecageMcp {
         };
         let path = service::relative(args.path.as_deref().unwrap_or("")).to_string();
         if !path.is_empty() {
-            if let Err(e) = crate::files::check_input_path(&path) {
+            if let Err(e) = codecage::files::check_input_path(&path) {
                 return Ok(tool_error(format!("path: {e}")));
             }
         }
@@ -310,7 +310,7 @@ impl CodecageMcp {
             Err(e) => return Ok(e),
         };
         let path = service::relative(&args.path).to_string();
-        if let Err(e) = crate::files::check_input_path(&path) {
+        if let Err(e) = codecage::files::check_input_path(&path) {
             return Ok(tool_error(format!("path: {e}")));
         }
         let wanted = path.clone();
@@ -322,7 +322,7 @@ impl CodecageMcp {
             Ok(d) => d,
             Err(e) => return Ok(api_error(e)),
         };
-        let media = crate::files::media_type(&path);
+        let media = codecage::files::media_type(&path);
         let uri = file_uri(&entry.id, &path);
         let edge = self.state.config.mcp.image_max_edge;
         let block = if media == "image/png" {
@@ -372,7 +372,7 @@ impl CodecageMcp {
             }
         };
         let size = data.len();
-        let file = crate::files::InputFile::new(path.clone(), data);
+        let file = codecage::files::InputFile::new(path.clone(), data);
         let written = service::write_session_file(&self.state, &caller, &entry.id, file).await;
         Ok(match written {
             Ok(()) => CallToolResult::success(vec![ContentBlock::text(format!(
