@@ -16,8 +16,10 @@
 //!   `<its cgroup>/supervisor` (see [`delegation`]).
 //! - v1: `<controller>/codecage/<run>` in memory, cpu, cpuacct and pids; the init's raw
 //!   child moves itself in (writes "0" into each `tasks` file) before it execs anything.
-//! - hybrid: the v1 directories for limits and usage, plus `<unified>/codecage/<run>` for
-//!   `CLONE_INTO_CGROUP` and `cgroup.kill`.
+//! - hybrid: the v1 directories for limits and memory and pids usage, plus
+//!   `<unified>/codecage/<run>` for `CLONE_INTO_CGROUP`, `cgroup.kill` and the CPU time
+//!   (the unified tree's cpu.stat counts it without any controller), so no cpuacct
+//!   directory: a hierarchy fewer to create, join and remove at every run.
 
 pub mod delegation;
 pub mod detect;
@@ -177,8 +179,11 @@ struct Meters {
     limit: Meter,
     /// v2 memory.events (`max`, `oom_kill`), v1 memory.oom_control (`oom_kill`).
     memory_events: Meter,
-    /// v2 cpu.stat (`usage_usec`), v1 cpuacct.usage (nanoseconds).
+    /// cpu.stat (`usage_usec`) of v2 or of a hybrid host's unified tree, v1 cpuacct.usage
+    /// (nanoseconds).
     cpu: Meter,
+    /// `cpu` is a cpu.stat.
+    cpu_stat: bool,
     /// pids.events (`max`).
     pids_events: Meter,
 }
@@ -197,15 +202,24 @@ impl Meters {
                 limit: at(dir, "memory.max", false),
                 memory_events: at(dir, "memory.events", false),
                 cpu: at(dir, "cpu.stat", false),
+                cpu_stat: true,
                 pids_events: at(dir, "pids.events", false),
             };
         }
         let memory = cgroup.v1_dir(Controller::Memory);
+        let (cpu, cpu_stat) = match &cgroup.unified {
+            Some((dir, _)) => (at(Some(dir), "cpu.stat", false), true),
+            None => (
+                at(cgroup.v1_dir(Controller::Cpuacct), "cpuacct.usage", false),
+                false,
+            ),
+        };
         Meters {
             peak: at(memory, "memory.max_usage_in_bytes", true),
             limit: at(memory, "memory.limit_in_bytes", false),
             memory_events: at(memory, "memory.oom_control", false),
-            cpu: at(cgroup.v1_dir(Controller::Cpuacct), "cpuacct.usage", false),
+            cpu,
+            cpu_stat,
             pids_events: at(cgroup.v1_dir(Controller::Pids), "pids.events", false),
         }
     }
@@ -435,6 +449,10 @@ impl RunCgroup {
 
     fn make_v1(&mut self, layout: &Layout, name: &str) -> Result<(), CgroupError> {
         for controller in Controller::ALL {
+            // A hybrid host's unified directory, which every run has, counts the CPU time.
+            if controller == Controller::Cpuacct && matches!(layout, Layout::Hybrid { .. }) {
+                continue;
+            }
             let Some(mount) = layout.v1(controller) else {
                 let missing = Err(missing_controller(layout, controller));
                 self.or_skip(controller.name(), missing)?;
@@ -719,7 +737,7 @@ impl RunCgroup {
             memory_limit_hits: if self.v2 { event("max") } else { None }.unwrap_or(0),
             // The OOM signal on v1 is memory.oom_control's counter too.
             oom_kills: event("oom_kill").unwrap_or(0),
-            cpu: if self.v2 {
+            cpu: if meters.cpu_stat {
                 meters
                     .cpu
                     .text()
