@@ -179,11 +179,9 @@ struct Meters {
     limit: Meter,
     /// v2 memory.events (`max`, `oom_kill`), v1 memory.oom_control (`oom_kill`).
     memory_events: Meter,
-    /// cpu.stat (`usage_usec`) of v2 or of a hybrid host's unified tree, v1 cpuacct.usage
+    /// cpu.stat (`usage_usec`) of the unified directory (v2, hybrid), v1's cpuacct.usage
     /// (nanoseconds).
     cpu: Meter,
-    /// `cpu` is a cpu.stat.
-    cpu_stat: bool,
     /// pids.events (`max`).
     pids_events: Meter,
 }
@@ -202,24 +200,19 @@ impl Meters {
                 limit: at(dir, "memory.max", false),
                 memory_events: at(dir, "memory.events", false),
                 cpu: at(dir, "cpu.stat", false),
-                cpu_stat: true,
                 pids_events: at(dir, "pids.events", false),
             };
         }
         let memory = cgroup.v1_dir(Controller::Memory);
-        let (cpu, cpu_stat) = match &cgroup.unified {
-            Some((dir, _)) => (at(Some(dir), "cpu.stat", false), true),
-            None => (
-                at(cgroup.v1_dir(Controller::Cpuacct), "cpuacct.usage", false),
-                false,
-            ),
+        let cpu = match &cgroup.unified {
+            Some((dir, _)) => at(Some(dir), "cpu.stat", false),
+            None => at(cgroup.v1_dir(Controller::Cpuacct), "cpuacct.usage", false),
         };
         Meters {
             peak: at(memory, "memory.max_usage_in_bytes", true),
             limit: at(memory, "memory.limit_in_bytes", false),
             memory_events: at(memory, "memory.oom_control", false),
             cpu,
-            cpu_stat,
             pids_events: at(cgroup.v1_dir(Controller::Pids), "pids.events", false),
         }
     }
@@ -737,7 +730,8 @@ impl RunCgroup {
             memory_limit_hits: if self.v2 { event("max") } else { None }.unwrap_or(0),
             // The OOM signal on v1 is memory.oom_control's counter too.
             oom_kills: event("oom_kill").unwrap_or(0),
-            cpu: if meters.cpu_stat {
+            // Where there is a unified directory, its cpu.stat (see `Meters::cpu`).
+            cpu: if self.unified.is_some() {
                 meters
                     .cpu
                     .text()
