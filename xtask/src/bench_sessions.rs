@@ -149,9 +149,9 @@ pub(crate) fn median_ms(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1000.0
 }
 
-/// Memory of the run cgroups under codecage's parent, in bytes (v1 or v2).
-pub(crate) fn session_cgroups_memory() -> Vec<u64> {
-    let mut out = Vec::new();
+/// Memory of each run cgroup under codecage's parent, in bytes (v1 or v2), by directory.
+pub(crate) fn session_cgroups_memory() -> std::collections::BTreeMap<std::path::PathBuf, u64> {
+    let mut out = std::collections::BTreeMap::new();
     for parent in ["/sys/fs/cgroup/memory/codecage", "/sys/fs/cgroup/codecage"] {
         let Ok(entries) = std::fs::read_dir(parent) else {
             continue;
@@ -160,7 +160,7 @@ pub(crate) fn session_cgroups_memory() -> Vec<u64> {
             for file in ["memory.usage_in_bytes", "memory.current"] {
                 if let Ok(text) = std::fs::read_to_string(entry.path().join(file)) {
                     if let Ok(n) = text.trim().parse() {
-                        out.push(n);
+                        out.insert(entry.path(), n);
                     }
                 }
             }
@@ -266,18 +266,20 @@ pub fn table(
         &["/usr/bin/python3", "-c", "pass"].map(String::from),
         CALLS / 2,
     )?);
-    // An idle session's memory: what its cgroup adds, created alone.
+    // An idle session's memory: its own cgroup's, the one new after its creation (a sum
+    // over all of them, after minus before, lost what the session closed before it
+    // released meanwhile: bash read 0.0 MiB).
     let idle_of = |lang: &str| -> Result<u64> {
         let before = session_cgroups_memory();
         let id = create(&server, lang)?;
         std::thread::sleep(Duration::from_millis(500));
         let after = session_cgroups_memory();
         curl(&server, "DELETE", &format!("/v1/sessions/{id}"), None)?;
-        let new: u64 = after
+        Ok(after
             .iter()
-            .sum::<u64>()
-            .saturating_sub(before.iter().sum::<u64>());
-        Ok(new)
+            .filter(|(dir, _)| !before.contains_key(*dir))
+            .map(|(_, bytes)| bytes)
+            .sum())
     };
     let idle_python = idle_of("python")?;
     figures.idle_python_mib = Some(idle_python as f64 / (1 << 20) as f64);
