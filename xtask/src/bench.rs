@@ -363,8 +363,8 @@ fn seconds(d: Duration) -> String {
     }
 }
 
-/// `cargo build --release` of codecage, it and its init linked statically as `cargo xtask
-/// dist` ships them; the binary's path.
+/// `cargo build --release` of codecage, its init linked statically as `cargo xtask dist`
+/// ships it; the binary's path.
 fn build_codecage(root: &Path) -> Result<String> {
     status("Building", "codecage (release)");
     let built = Command::new("cargo")
@@ -374,8 +374,8 @@ fn build_codecage(root: &Path) -> Result<String> {
     if !built.success() {
         bail!("cargo build --release failed");
     }
-    // The launcher and the init as the package ships them.
-    crate::host::link_static(root, true)?;
+    // The init as the package ships it.
+    crate::host::link_static_init(root, true)?;
     Ok(root.join("target/release/codecage").display().to_string())
 }
 

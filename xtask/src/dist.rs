@@ -128,11 +128,8 @@ pub fn dist(args: &Args) -> Result<i32> {
             build.arg("--release");
         }
         run(build.args(["--locked", "--bin", PACKAGE, "--bin", FULL, "--bin", INIT]))?;
-        host::status(
-            "linking",
-            format!("the {profile} {PACKAGE} and {INIT} statically"),
-        );
-        host::link_static(&root, !args.debug)?;
+        host::status("linking", format!("the {profile} {INIT} statically"));
+        host::link_static_init(&root, !args.debug)?;
     }
     let binary = root.join("target").join(profile).join(PACKAGE);
     let init = root.join("target").join(profile).join(INIT);
@@ -258,14 +255,13 @@ pub fn dist(args: &Args) -> Result<i32> {
         .args(["-9", "-n"])
         .arg(stage.join(doc.trim_start_matches('/')).join("changelog")))?;
 
-    // The control files. libc6 from the one dynamic binary, codecage-full (codecage and
-    // the init are static).
+    // The control files.
     let glibc = glibc_needed(&output(
         Command::new("objdump")
             .arg("-T")
-            .arg(stage.join(FULL_PATH.trim_start_matches('/'))),
+            .arg(stage.join("usr/bin/codecage")),
     )?)
-    .with_context(|| format!("{FULL} names no GLIBC_ symbol version (objdump -T)"))?;
+    .context("the binary names no GLIBC_ symbol version (objdump -T)")?;
     let installed_kib = output(
         Command::new("du")
             .args(["-sk", "--apparent-size"])

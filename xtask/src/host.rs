@@ -17,52 +17,44 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
-/// The binaries that ship linked statically: every sandbox's start executes both, the
-/// launcher (`codecage run`) and the sandbox's init.
-pub const STATIC_BINARIES: [&str; 2] = ["codecage", "codecage-init"];
-
-/// Links `target/<profile>/codecage` and `target/<profile>/codecage-init` again as static
-/// PIEs (glibc's static libc, `-C target-feature=+crt-static`), for what ships (`cargo
-/// xtask dist`) and what is measured (`cargo xtask bench`). Every run executes both, and
-/// without a dynamic loader, libc.so, libm.so and libgcc_s.so to map, and their symbols to
-/// bind, the init's exec costs ~0.2 ms less and the launcher's start ~0.5 ms less
-/// (ARCHITECTURE.md, "The init binary and the start-up budget"). `codecage-full`, the
-/// server, stays dynamic: it resolves names and groups through NSS, and starts once.
+/// Links `target/<profile>/codecage-init` again as a static PIE (glibc's static libc,
+/// `-C target-feature=+crt-static`), for what ships (`cargo xtask dist`) and what is
+/// measured (`cargo xtask bench`). Each sandbox's start executes the init, and without a
+/// dynamic loader, libc.so and libgcc_s.so to map and relocate that exec costs ~0.2 ms
+/// less (ARCHITECTURE.md, "The init binary and the start-up budget").
 ///
-/// `cargo rustc` passes the flag to the final crate alone; the libraries' rlibs are the same
-/// either way (glibc's static or shared libc is chosen at the link), so only the binaries'
-/// own crates compile again: a second for the init, about a minute for `codecage` (the
-/// command line's modules). Cargo keeps both builds apart: a later `cargo build` links the
-/// dynamic one back into place at no cost, so copy the result before building again.
-pub fn link_static(root: &Path, release: bool) -> anyhow::Result<()> {
+/// Only the init's own crate is compiled again (`cargo rustc` passes the flag to the final
+/// crate alone; the libraries' rlibs are the same either way, glibc's static or shared
+/// libc being chosen at the link), so it takes a second. Cargo keeps both links: a later
+/// `cargo build` puts the dynamic one back (cargo has no per-binary target features), so
+/// copy the result before building again.
+pub fn link_static_init(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
     let profile = if release { "release" } else { "debug" };
-    for bin in STATIC_BINARIES {
-        let mut cargo = std::process::Command::new("cargo");
-        cargo
-            .current_dir(root)
-            .args(["rustc", "--locked", "--quiet"]);
-        if release {
-            cargo.arg("--release");
-        }
-        cargo.args([
-            "-p",
-            "codecage",
-            "--bin",
-            bin,
-            "--",
-            "-C",
-            "target-feature=+crt-static",
-        ]);
-        let status = cargo.status()?;
-        anyhow::ensure!(status.success(), "linking {bin} statically failed");
-        let path = root.join("target").join(profile).join(bin);
-        anyhow::ensure!(
-            is_static(&std::fs::read(&path)?),
-            "{} is still dynamically linked after `cargo rustc -C target-feature=+crt-static`",
-            path.display()
-        );
+    let mut cargo = std::process::Command::new("cargo");
+    cargo
+        .current_dir(root)
+        .args(["rustc", "--locked", "--quiet"]);
+    if release {
+        cargo.arg("--release");
     }
-    Ok(())
+    cargo.args([
+        "-p",
+        "codecage",
+        "--bin",
+        "codecage-init",
+        "--",
+        "-C",
+        "target-feature=+crt-static",
+    ]);
+    let status = cargo.status()?;
+    anyhow::ensure!(status.success(), "linking codecage-init statically failed");
+    let init = root.join("target").join(profile).join("codecage-init");
+    anyhow::ensure!(
+        is_static(&std::fs::read(&init)?),
+        "{} is still dynamically linked after `cargo rustc -C target-feature=+crt-static`",
+        init.display()
+    );
+    Ok(init)
 }
 
 /// Whether an ELF executable has no program interpreter (PT_INTERP): a static one.
