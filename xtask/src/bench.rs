@@ -306,7 +306,7 @@ const SETTLE_PATIENCE: Duration = Duration::from_secs(90);
 /// [`SETTLE_WINDOW`]), for at most [`SETTLE_PATIENCE`]: what a part leaves behind goes on
 /// after it (the kernel tears down the network namespaces of the density table's 300 sessions in a
 /// worker for many seconds), and the next part must not be measured against it.
-fn settle() {
+pub(crate) fn settle() {
     // (busy, total) jiffies of every CPU, from /proc/stat's first line.
     fn sample() -> Option<(u64, u64)> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
@@ -666,9 +666,10 @@ fn target_rows(f: &Figures) -> Vec<(&'static str, String, &'static str)> {
     let p99 = |b: &Option<crate::bench_burst::Burst>| {
         show(b.as_ref().map(|b| {
             format!(
-                "{:.1} ms (p50 {:.1} ms, the burst {:.2} s)",
+                "{:.1} ms (p50 {:.1} ms, {} bursts; the median burst {:.2} s)",
                 b.p99_ms,
                 b.p50_ms,
+                b.rounds,
                 b.wall_ms / 1000.0
             )
         }))
@@ -1065,8 +1066,10 @@ mod tests {
         let burst = |pool, ms| {
             crate::bench_burst::Burst::of(
                 pool,
-                vec![Duration::from_millis(ms); 50],
-                Duration::from_millis(1700),
+                vec![(
+                    vec![Duration::from_millis(ms); 50],
+                    Duration::from_millis(1700),
+                )],
             )
         };
         let f = Figures {
@@ -1091,8 +1094,8 @@ mod tests {
             "| 0.50x (8.0 ms / 16.0 ms) | ≤ 0.8x |",
             "| 0.03x (12.0 ms / 400.0 ms) | ≤ 0.1x |",
             "| 42.0 ms | ≤ 50 ms |",
-            "`--session-pool python=50`: p99 | 7.0 ms (p50 7.0 ms, the burst 1.70 s) | ≤ 20 ms |",
-            "`--session-pool python=4`: p99 | 900.0 ms (p50 900.0 ms, the burst 1.70 s) | ≤ 1 s |",
+            "`--session-pool python=50`: p99 | 7.0 ms (p50 7.0 ms, 1 bursts; the median burst 1.70 s) | ≤ 20 ms |",
+            "`--session-pool python=4`: p99 | 900.0 ms (p50 900.0 ms, 1 bursts; the median burst 1.70 s) | ≤ 1 s |",
             "| idle Python session, memory | 10.0 MiB | ≤ 12 MiB |",
         ] {
             assert!(out.contains(row), "{row} in\n{out}");
