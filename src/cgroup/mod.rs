@@ -38,6 +38,9 @@ pub use detect::{Controller, Layout};
 
 /// The name of the parent cgroup every sandbox cgroup lives under.
 pub const PARENT: &str = "codecage";
+/// The v1 controllers a hybrid host's run joins: no cpuacct, since the unified directory,
+/// which every run has there, counts the CPU time (see `Meters::cpu`).
+const HYBRID_V1: [Controller; 3] = [Controller::Memory, Controller::Cpu, Controller::Pids];
 /// What a run's cgroup measured.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -373,9 +376,9 @@ impl RunCgroup {
                 run.v2 = true;
                 run.write_v2_limits(layout)?;
             }
-            Layout::V1 { .. } => run.make_v1(layout, &name)?,
+            Layout::V1 { .. } => run.make_v1(layout, &name, &Controller::ALL)?,
             Layout::Hybrid { unified, .. } => {
-                run.make_v1(layout, &name)?;
+                run.make_v1(layout, &name, &HYBRID_V1)?;
                 let dir = unified.join(PARENT).join(&name);
                 create_run_dir(&dir)?;
                 run.open_unified(dir)?;
@@ -440,12 +443,14 @@ impl RunCgroup {
         }
     }
 
-    fn make_v1(&mut self, layout: &Layout, name: &str) -> Result<(), CgroupError> {
-        for controller in Controller::ALL {
-            // A hybrid host's unified directory, which every run has, counts the CPU time.
-            if controller == Controller::Cpuacct && matches!(layout, Layout::Hybrid { .. }) {
-                continue;
-            }
+    /// The run's directory in the v1 hierarchies of `controllers`, with their limits.
+    fn make_v1(
+        &mut self,
+        layout: &Layout,
+        name: &str,
+        controllers: &[Controller],
+    ) -> Result<(), CgroupError> {
+        for &controller in controllers {
             let Some(mount) = layout.v1(controller) else {
                 let missing = Err(missing_controller(layout, controller));
                 self.or_skip(controller.name(), missing)?;
