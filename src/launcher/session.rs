@@ -40,6 +40,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
 use super::processes::{self, Processes};
+use super::supervise::with_read_buf;
 use super::{CallProcess, ExecStreams, OutputPipes, Report, Sandbox, StartError, Stream};
 use crate::cgroup::Usage;
 use crate::files::{DirEntry, InputFile, OutputRules};
@@ -677,7 +678,10 @@ impl Session {
     /// Polls the driver's streams and channel, the sandbox's channel and init, and the
     /// interrupt pipe until the call ends.
     fn supervise(&mut self, run: &mut CallRun, kind: Lang) {
-        let mut buf = vec![0u8; 64 * 1024];
+        with_read_buf(|buf| self.supervise_with(run, kind, buf))
+    }
+
+    fn supervise_with(&mut self, run: &mut CallRun, kind: Lang, buf: &mut [u8]) {
         while run.end.is_none() {
             let now = Instant::now();
             let stop = run.stop_reason.is_some() || now >= run.deadline;
@@ -746,11 +750,11 @@ impl Session {
                         Stream::Stdout => &mut driver.pipes.stdout,
                         Stream::Stderr => &mut driver.pipes.stderr,
                     };
-                    run.drain(pipe, stream, &mut buf);
+                    run.drain(pipe, stream, buf);
                 }
             }
             if ready[2] {
-                match driver.lines.fill(&mut driver.channel) {
+                match driver.lines.fill(&mut driver.channel, buf) {
                     Ok(true) => {}
                     Ok(false) => run.end = Some(End::DriverGone),
                     Err(e) => run.end = Some(End::DriverBroke(e)),
@@ -795,8 +799,8 @@ impl Session {
         // Output written before the driver answered is in the pipes already.
         if let Some(driver) = self.drivers.iter_mut().find(|d| d.lang == kind) {
             if !run.output_capped {
-                run.drain(&mut driver.pipes.stdout, Stream::Stdout, &mut buf);
-                run.drain(&mut driver.pipes.stderr, Stream::Stderr, &mut buf);
+                run.drain(&mut driver.pipes.stdout, Stream::Stdout, buf);
+                run.drain(&mut driver.pipes.stderr, Stream::Stderr, buf);
             }
         }
     }
@@ -1187,7 +1191,8 @@ impl Session {
                 }
             }
             if driver_ready {
-                let open = driver.lines.fill(&mut driver.channel).unwrap_or(false);
+                let open = with_read_buf(|buf| driver.lines.fill(&mut driver.channel, buf))
+                    .unwrap_or(false);
                 while let Some(line) = driver.lines.next_line() {
                     if matches!(serde_json::from_slice(&line), Ok(DriverEvent::Ready)) {
                         self.drivers.retain(|d| d.lang != kind);
@@ -1541,11 +1546,11 @@ struct LineReader {
 }
 
 impl LineReader {
-    /// Reads what the socket holds. Ok(false) at EOF; an error for a line over the cap.
-    fn fill(&mut self, socket: &mut UnixStream) -> Result<bool, String> {
-        let mut chunk = [0u8; 64 * 1024];
+    /// Reads what the socket holds, through `chunk`. Ok(false) at EOF; an error for a line
+    /// over the cap.
+    fn fill(&mut self, socket: &mut UnixStream, chunk: &mut [u8]) -> Result<bool, String> {
         loop {
-            match socket.read(&mut chunk) {
+            match socket.read(chunk) {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
@@ -1625,7 +1630,7 @@ mod tests {
         });
         let mut result = Ok(true);
         for _ in 0..10_000 {
-            result = lines.fill(&mut b);
+            result = with_read_buf(|buf| lines.fill(&mut b, buf));
             if result.is_err() {
                 break;
             }
