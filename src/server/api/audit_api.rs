@@ -176,11 +176,20 @@ pub struct AuditList {
     pub records: Vec<audit::Record>,
 }
 
+/// Reads the database once everything this server queued before the request is written
+/// (the writer commits a few milliseconds behind the request path), so a caller finds the
+/// records of the requests it made before. A writer that cannot write is waited for a
+/// second; then the read shows what is written.
 async fn read_audit<T: Send + 'static>(
+    state: &Shared,
     path: std::path::PathBuf,
     f: impl FnOnce(&audit::Store) -> rusqlite::Result<T> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let writer = state.audit.clone();
     tokio::task::spawn_blocking(move || {
+        if let Some(writer) = writer {
+            writer.flush_blocking(std::time::Duration::from_secs(1));
+        }
         let store = audit::Store::open_existing(&path)?;
         f(&store).map_err(|e| format!("audit database {}: {e}", path.display()))
     })
@@ -203,7 +212,7 @@ pub(crate) async fn audit_list(
 ) -> Result<Json<AuditList>, ApiError> {
     let path = admin_only(&state, &caller)?;
     let filter = query.filter(false)?;
-    let records = read_audit(path, move |store| store.query(&filter, false)).await?;
+    let records = read_audit(&state, path, move |store| store.query(&filter, false)).await?;
     Ok(Json(AuditList { records }))
 }
 
@@ -226,7 +235,7 @@ pub(crate) async fn audit_export(
     // Streamed: one record at a time from the database to the client, a few lines
     // buffered between them, whatever the export's size.
     let (lines, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
-    let opened = read_audit(path, |_| Ok(())).await;
+    let opened = read_audit(&state, path, |_| Ok(())).await;
     opened?;
     let path = state.config.audit.path.clone();
     tokio::task::spawn_blocking(move || {
@@ -262,7 +271,7 @@ pub(crate) async fn audit_show(
 ) -> Result<Json<audit::Record>, ApiError> {
     let path = admin_only(&state, &caller)?;
     let wanted = id.clone();
-    read_audit(path, move |store| store.get(&wanted))
+    read_audit(&state, path, move |store| store.get(&wanted))
         .await?
         .map(Json)
         .ok_or_else(|| ApiError::new(Kind::NotFound, format!("there is no audit record {id}")))
