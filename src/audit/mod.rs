@@ -456,6 +456,8 @@ pub struct Audit {
 struct Inner {
     config: AuditConfig,
     queue: mpsc::Sender<Message>,
+    /// The writer thread, unparked by a flush so its linger does not delay it.
+    writer: std::thread::Thread,
     /// The writer's last attempt failed; it keeps what it holds and retries.
     failing: Arc<AtomicBool>,
     last_error: Arc<Mutex<String>>,
@@ -511,18 +513,21 @@ impl Audit {
         let last_error = Arc::new(Mutex::new(String::new()));
         // The thread ends when every handle is gone (the queue closes); the process does not
         // wait for it beyond `close`.
-        {
+        let writer = {
             let (failing, last_error, config) =
                 (failing.clone(), last_error.clone(), config.clone());
             std::thread::Builder::new()
                 .name("audit-writer".into())
                 .spawn(move || writer(store, receiver, failing, last_error, config))
-                .map_err(|e| format!("cannot start the audit writer: {e}"))?;
-        }
+                .map_err(|e| format!("cannot start the audit writer: {e}"))?
+                .thread()
+                .clone()
+        };
         Ok(Audit {
             inner: Arc::new(Inner {
                 config: config.clone(),
                 queue,
+                writer,
                 failing,
                 last_error,
                 refusals: Mutex::new(RefusalBudget {
@@ -689,6 +694,8 @@ impl Audit {
     pub fn flush_blocking(&self, patience: Duration) -> bool {
         let (done, answer) = std::sync::mpsc::channel();
         self.send_blocking(Message::Flush { done });
+        // A writer lingering over the records before the flush commits them now.
+        self.inner.writer.unpark();
         answer.recv_timeout(patience).is_ok()
     }
 
@@ -828,7 +835,7 @@ fn new_id() -> String {
 }
 
 /// How long the writer waits, once a record arrives, for the records after it before it
-/// commits. An execution's start and end, and the executions beside it, then share a
+/// commits (less when a flush unparks it). An execution's start and end, and the executions beside it, then share a
 /// transaction: each commit writes every page it touched to the WAL again (the table's
 /// last leaf, each index's), so one transaction a record cost the writer a third of a
 /// server's CPU for a stream of short session calls. A process killed meanwhile loses these
@@ -854,9 +861,10 @@ fn writer(
                 Some(message) => batch.push(message),
                 None => return,
             }
-            // A flush or a prune is answered at once (the audit API waits for a flush).
+            // A flush or a prune is answered at once, and a flush sent while the writer
+            // lingers unparks it (the audit API and a CLI run's exit wait for a flush).
             if !matches!(batch[0], Message::Flush { .. } | Message::Prune { .. }) {
-                std::thread::sleep(LINGER);
+                std::thread::park_timeout(LINGER);
             }
             while batch.len() < BATCH {
                 match receiver.try_recv() {
