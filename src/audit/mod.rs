@@ -835,10 +835,10 @@ fn new_id() -> String {
 }
 
 /// How long the writer waits, once a record arrives, for the records after it before it
-/// commits (less when a flush unparks it). An execution's start and end, and the executions beside it, then share a
-/// transaction: each commit writes every page it touched to the WAL again (the table's
-/// last leaf, each index's), so one transaction a record cost the writer a third of a
-/// server's CPU for a stream of short session calls. A process killed meanwhile loses these
+/// commits (less when a flush unparks it). An execution's start and end, and the
+/// executions beside it, then share a transaction: each commit writes every page it
+/// touched to the WAL again (the table's last leaf, each index's), so one transaction a
+/// record cost the writer a third of a server's CPU for a stream of short session calls. A process killed meanwhile loses these
 /// milliseconds of records more, as it loses what the queue holds (see "Crash semantics" in
 /// ARCHITECTURE.md).
 const LINGER: Duration = Duration::from_millis(2);
