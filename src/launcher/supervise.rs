@@ -29,7 +29,7 @@ const KILLED_WAKE: Duration = Duration::from_secs(60);
 /// Longest single poll: the loop re-checks its deadlines at least this often.
 const MAX_POLL: Duration = Duration::from_secs(60);
 /// What one read takes from a pipe.
-pub(super) const READ_CHUNK: usize = 64 * 1024;
+const READ_CHUNK: usize = 64 * 1024;
 
 /// Runs `f` with a buffer of [`READ_CHUNK`] bytes, one per thread and kept for its life:
 /// a server's session calls allocated and zeroed one (and a stack array for each read of
