@@ -184,11 +184,14 @@ impl std::fmt::Display for Skipped {
 /// The run's wall time by phase, in milliseconds. A phase the run did not reach is null.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Phases {
-    /// Validation, the cgroup, fds: until clone3.
+    /// Validation, fds, the cgroup clone3 puts the init in (v2: with the limits): until
+    /// clone3.
     pub prepare_ms: Option<f64>,
-    /// clone3, cgroup attach, id maps, "go".
+    /// clone3; while the child makes its network namespace, the v1 cgroups, the tmpfs file
+    /// systems, cgroup attach, id maps; "go".
     pub clone_ms: Option<f64>,
-    /// The exec of codecage as the sandbox's init.
+    /// The rest of the child's network namespace, its v1 cgroups, the exec of codecage as
+    /// the sandbox's init.
     pub init_exec_ms: Option<f64>,
     /// cgroup namespace, mounts, pivot_root, host name, loopback.
     pub sandbox_ms: Option<f64>,

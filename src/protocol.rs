@@ -202,6 +202,7 @@ macro_rules! steps {
 
 steps! {
     // The raw child, between clone3 and the exec of the init (numbered on the wire).
+    CreateNetworkNamespace = "create_network_namespace": "creating the sandbox's network namespace (unshare CLONE_NEWNET)",
     WaitForGo = "wait_for_go": "waiting for the launcher to write the id maps",
     EnterSandboxIds = "enter_sandbox_ids": "switching to the sandbox's root user (setresgid/setresuid 0)",
     JoinCgroups = "join_cgroups": "moving into the run's v1 cgroups (writing 0 to their tasks files)",
@@ -274,6 +275,7 @@ steps! {
 impl Step {
     /// The raw child's steps are numbered on the wire by their position.
     pub const RAW: &'static [Step] = &[
+        Step::CreateNetworkNamespace,
         Step::WaitForGo,
         Step::EnterSandboxIds,
         Step::JoinCgroups,

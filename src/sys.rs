@@ -1371,6 +1371,14 @@ pub fn child_join_cgroup(path: *const c_char) -> Result<(), i32> {
     written
 }
 
+/// unshare(CLONE_NEWNET): the raw child makes its network namespace itself, owned by the
+/// user namespace it was born in, while the launcher goes on with its part.
+pub fn child_unshare_net() -> Result<(), i32> {
+    // SAFETY: plain syscall on an integer flag.
+    raw_result(unsafe { raw_syscall(libc::SYS_unshare, [libc::CLONE_NEWNET as usize, 0, 0, 0, 0]) })
+        .map(drop)
+}
+
 /// PR_SET_PDEATHSIG = SIGKILL: if the launcher thread dies, so does the sandbox.
 pub fn child_set_pdeathsig() -> Result<(), i32> {
     // SAFETY: prctl with integer arguments only.

@@ -102,6 +102,21 @@ pub struct CgroupError {
     pub hint: String,
 }
 
+impl CgroupError {
+    /// The same error again (io::Error is not Clone), for each controller it stops.
+    fn again(&self) -> CgroupError {
+        CgroupError {
+            op: self.op,
+            path: self.path.clone(),
+            source: match self.source.raw_os_error() {
+                Some(errno) => io::Error::from_raw_os_error(errno),
+                None => io::Error::new(self.source.kind(), self.source.to_string()),
+            },
+            hint: self.hint.clone(),
+        }
+    }
+}
+
 fn err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
     let hint = match source.raw_os_error() {
         Some(libc::EACCES | libc::EPERM | libc::EROFS) => {
@@ -166,6 +181,9 @@ pub struct RunCgroup {
     background: AtomicBool,
     /// The CPU quota is lifted while in the background.
     quota_lifted: AtomicBool,
+    /// The v1 directories [`RunCgroup::finish`] is still to make: the run's name and the
+    /// controllers wanted (see [`RunCgroup::begin`]).
+    pending_v1: Option<(String, &'static [Controller])>,
 }
 
 /// The files a run's usage is read from, each opened once and read again from offset 0
@@ -345,6 +363,23 @@ impl RunCgroup {
         limits: &Limits,
         best_effort: bool,
     ) -> Result<RunCgroup, CgroupError> {
+        let mut run = RunCgroup::begin(layout, limits, best_effort)?;
+        run.finish(layout)?;
+        Ok(run)
+    }
+
+    /// The part of [`RunCgroup::create`] that must exist before the init is cloned: on v2
+    /// the run's directory with its limits, on a hybrid host the unified directory (both
+    /// are `CLONE_INTO_CGROUP`'s target). The v1 directories come with
+    /// [`RunCgroup::finish`], which the launcher calls after the clone, before "go": the
+    /// child joins them itself after "go", and meanwhile makes its network namespace, the
+    /// largest part of its start, on the other CPU. [`RunCgroup::planned_v1_tasks_files`]
+    /// names their `tasks` files before they exist.
+    pub fn begin(
+        layout: &Layout,
+        limits: &Limits,
+        best_effort: bool,
+    ) -> Result<RunCgroup, CgroupError> {
         sweep_leftovers_once(layout);
         let name = run_name();
         let mut run = RunCgroup {
@@ -358,6 +393,7 @@ impl RunCgroup {
             meters: OnceLock::new(),
             background: AtomicBool::new(false),
             quota_lifted: AtomicBool::new(false),
+            pending_v1: None,
         };
         match layout {
             Layout::V2 { root } => {
@@ -376,12 +412,12 @@ impl RunCgroup {
                 run.v2 = true;
                 run.write_v2_limits(layout)?;
             }
-            Layout::V1 { .. } => run.make_v1(layout, &name, &Controller::ALL)?,
+            Layout::V1 { .. } => run.pending_v1 = Some((name, &Controller::ALL)),
             Layout::Hybrid { unified, .. } => {
-                run.make_v1(layout, &name, &HYBRID_V1)?;
                 let dir = unified.join(PARENT).join(&name);
                 create_run_dir(&dir)?;
                 run.open_unified(dir)?;
+                run.pending_v1 = Some((name, &HYBRID_V1));
             }
             Layout::None => {
                 return Err(CgroupError {
@@ -394,6 +430,30 @@ impl RunCgroup {
             }
         }
         Ok(run)
+    }
+
+    /// The rest of [`RunCgroup::create`] after [`RunCgroup::begin`]: the run's v1
+    /// directories with their limits (none on v2). In best-effort mode a hierarchy whose
+    /// directory cannot be made is skipped with its controllers, and listed.
+    pub fn finish(&mut self, layout: &Layout) -> Result<(), CgroupError> {
+        match self.pending_v1.take() {
+            Some((name, controllers)) => self.make_v1(layout, &name, controllers),
+            None => Ok(()),
+        }
+    }
+
+    /// The `tasks` files [`RunCgroup::v1_tasks_files`] will list once
+    /// [`RunCgroup::finish`] has made them all (it lists fewer only when a best-effort run
+    /// skipped a hierarchy).
+    pub fn planned_v1_tasks_files(&self, layout: &Layout) -> Vec<PathBuf> {
+        match &self.pending_v1 {
+            Some((name, controllers)) => v1_plan(layout, name, controllers)
+                .0
+                .into_iter()
+                .map(|(_, dir)| dir.join("tasks"))
+                .collect(),
+            None => self.v1_tasks_files(),
+        }
     }
 
     /// Keeps the unified directory and an fd of it for `CLONE_INTO_CGROUP`.
@@ -450,19 +510,21 @@ impl RunCgroup {
         name: &str,
         controllers: &[Controller],
     ) -> Result<(), CgroupError> {
-        for &controller in controllers {
-            let Some(mount) = layout.v1(controller) else {
-                let missing = Err(missing_controller(layout, controller));
-                self.or_skip(controller.name(), missing)?;
-                continue;
-            };
-            if let Some((served, _)) = self.v1.iter_mut().find(|(_, dir)| dir.starts_with(mount)) {
-                served.push(controller);
-                continue;
+        let (dirs, missing) = v1_plan(layout, name, controllers);
+        for controller in missing {
+            let missing = Err(missing_controller(layout, controller));
+            self.or_skip(controller.name(), missing)?;
+        }
+        for (served, dir) in dirs {
+            match create_run_dir(&dir) {
+                Ok(()) => self.v1.push((served, dir)),
+                Err(e) if self.best_effort => {
+                    for controller in served {
+                        self.or_skip(controller.name(), Err(e.again()))?;
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            let dir = mount.join(PARENT).join(name);
-            create_run_dir(&dir)?;
-            self.v1.push((vec![controller], dir));
         }
         self.write_v1_limits()
     }
@@ -792,6 +854,28 @@ impl Drop for RunCgroup {
             let _ = self.remove_dirs();
         }
     }
+}
+
+/// The run's directory in each distinct v1 hierarchy of `controllers` on `layout`, with the
+/// controllers it serves (co-mounted ones share one); and the controllers `layout` lacks.
+fn v1_plan(
+    layout: &Layout,
+    name: &str,
+    controllers: &[Controller],
+) -> (Vec<(Vec<Controller>, PathBuf)>, Vec<Controller>) {
+    let mut dirs: Vec<(Vec<Controller>, PathBuf)> = Vec::new();
+    let mut missing = Vec::new();
+    for &controller in controllers {
+        let Some(mount) = layout.v1(controller) else {
+            missing.push(controller);
+            continue;
+        };
+        match dirs.iter_mut().find(|(_, dir)| dir.starts_with(mount)) {
+            Some((served, _)) => served.push(controller),
+            None => dirs.push((vec![controller], mount.join(PARENT).join(name))),
+        }
+    }
+    (dirs, missing)
 }
 
 /// Creates `<parent>/<run>`, and the `codecage` parent when missing. A concurrent run may
@@ -1167,12 +1251,20 @@ mod tests {
             cpu_quota_us: 25_000,
             pids: 7,
         };
-        let run = RunCgroup::create(&v1, &limits, false).unwrap();
+        // Begun, nothing of v1 exists yet, but the child is told its tasks files; finished,
+        // they are the ones made.
+        let mut run = RunCgroup::begin(&v1, &limits, false).unwrap();
         assert!(
             run.clone_target().is_none(),
             "pure v1 has no unified directory to clone into"
         );
+        let planned = run.planned_v1_tasks_files(&v1);
+        assert!(run.v1_tasks_files().is_empty());
+        assert!(planned.iter().all(|t| !t.exists()), "{planned:?}");
+        run.finish(&v1).unwrap();
         let tasks = run.v1_tasks_files();
+        assert_eq!(tasks, planned);
+        assert!(tasks.iter().all(|t| t.exists()), "{tasks:?}");
         assert_eq!(tasks.len(), 4, "{tasks:?}");
         // Each limit in the directory of the hierarchy that has its file.
         let read = |file: &str| {

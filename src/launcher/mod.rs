@@ -308,14 +308,13 @@ impl Sandbox {
             message,
         })?;
         let mut skipped = Vec::new();
-        let cgroup = match (&spec.limits, spec.cgroup) {
+        let mut cgroup = match (&spec.limits, spec.cgroup) {
             (Some(limits), mode @ (LayerMode::Required | LayerMode::BestEffort)) => {
                 let best_effort = mode == LayerMode::BestEffort;
-                match RunCgroup::create(cgroup::layout(), limits, best_effort) {
-                    Ok(cgroup) => {
-                        skipped.extend(cgroup.skipped().iter().cloned());
-                        Some(cgroup)
-                    }
+                // Its v1 directories follow the clone (clone::start): the child makes its
+                // network namespace meanwhile.
+                match RunCgroup::begin(cgroup::layout(), limits, best_effort) {
+                    Ok(cgroup) => Some(cgroup),
                     Err(e) if best_effort => {
                         skipped.push(Skipped::new("cgroup", "the whole layer", e.to_string()));
                         None
@@ -351,7 +350,10 @@ impl Sandbox {
             false => None,
         };
         let clone_ns = sys::monotonic_ns();
-        let mut started = clone::start(spec, cgroup.as_ref(), volumes).map_err(setup_failed)?;
+        let mut started = clone::start(spec, cgroup.as_mut(), volumes).map_err(setup_failed)?;
+        if let Some(cgroup) = &cgroup {
+            skipped.splice(0..0, cgroup.skipped().iter().cloned());
+        }
         let tun = started.tun.take();
         let work = started
             .work

@@ -49,6 +49,31 @@ fn the_network_namespace_has_only_loopback_and_it_is_up() {
     });
 }
 
+/// The raw child makes the network namespace itself (unshare, while the launcher makes the
+/// cgroups and file systems): it must be a new one, and belong to the sandbox's own user
+/// namespace, as one made by clone3 with both flags does. NS_GET_USERNS answers EPERM for
+/// an owner outside the caller's user namespace, so the payload can ask it itself.
+#[test]
+fn the_network_namespace_is_new_and_owned_by_the_sandboxs_user_namespace() {
+    as_root(|| {
+        let script = "import fcntl, os\n\
+            net = os.open('/proc/self/ns/net', os.O_RDONLY)\n\
+            owner = fcntl.ioctl(net, 0xb701)  # NS_GET_USERNS: an fd of the owner\n\
+            print(os.fstat(owner).st_ino == os.stat('/proc/self/ns/user').st_ino)\n\
+            print(os.readlink('/proc/self/ns/net'))";
+        let run = run_json(&["--lang", "python", "-c", script]);
+        let lines: Vec<&str> = run.stdout().lines().collect();
+        assert_eq!(lines.first(), Some(&"True"), "{}", run.json);
+        let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+        assert_ne!(lines.get(1).copied(), host.to_str(), "{}", run.json);
+        assert!(
+            lines.get(1).is_some_and(|l| l.starts_with("net:[")),
+            "{}",
+            run.json
+        );
+    });
+}
+
 #[test]
 fn the_hostname_is_sandbox() {
     as_root(|| {

@@ -144,15 +144,15 @@ const PROBE_BUNDLE: usize = 99;
 const PHASES: [(&str, &str); 8] = [
     (
         "prepare",
-        "validation, the run's cgroups with their limits, fds",
+        "validation, fds, the cgroup clone3 puts the init in (v2: with the run's limits)",
     ),
     (
         "clone",
-        "clone3 into six new namespaces, the child moves into its cgroups, id maps, \"go\"",
+        "clone3 into five new namespaces; while the child makes the network one: the v1 cgroups, the tmpfs file systems, id maps, \"go\"",
     ),
     (
         "init_exec",
-        "the exec of codecage-init as the sandbox's pid 1",
+        "the child's v1 cgroups, the exec of codecage-init as the sandbox's pid 1",
     ),
     (
         "sandbox",
