@@ -380,7 +380,6 @@ impl RunCgroup {
         limits: &Limits,
         best_effort: bool,
     ) -> Result<RunCgroup, CgroupError> {
-        sweep_leftovers_once(layout);
         let name = run_name();
         let mut run = RunCgroup {
             unified: None,
@@ -432,10 +431,12 @@ impl RunCgroup {
         Ok(run)
     }
 
-    /// The rest of [`RunCgroup::create`] after [`RunCgroup::begin`]: the run's v1
-    /// directories with their limits (none on v2). In best-effort mode a hierarchy whose
+    /// The rest of [`RunCgroup::create`] after [`RunCgroup::begin`]: the sweep of dead
+    /// launchers' runs, and the run's v1 directories with their limits (none on v2). In best-effort mode a hierarchy whose
     /// directory cannot be made is skipped with its controllers, and listed.
     pub fn finish(&mut self, layout: &Layout) -> Result<(), CgroupError> {
+        // Dead launchers' runs go here, after the clone too (the first run only).
+        sweep_leftovers_once(layout);
         match self.pending_v1.take() {
             Some((name, controllers)) => self.make_v1(layout, &name, controllers),
             None => Ok(()),
