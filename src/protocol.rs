@@ -811,12 +811,19 @@ impl FrameReader {
                         "raw error frame names step {number}, which does not exist"
                     )));
                 };
+                let context = match (step, errno) {
+                    (Step::CreateNetworkNamespace, libc::ENOSPC | libc::EUSERS) => format!(
+                        "{} (a namespace limit was reached: see /proc/sys/user/max_net_namespaces)",
+                        step.detail()
+                    ),
+                    _ => step.detail().into(),
+                };
                 Some(Ok(FromSandbox::SetupFailed {
                     id: None,
                     error: SetupError {
                         step,
                         errno: Some(errno),
-                        context: step.detail().into(),
+                        context,
                         cause: None,
                     },
                 }))

@@ -626,6 +626,12 @@ impl RunCgroup {
         Ok(())
     }
 
+    /// Whether the controllers (and their limits) are in the unified directory the init is
+    /// cloned into (v2), not in v1 hierarchies it joins after "go".
+    pub fn is_v2(&self) -> bool {
+        self.v2
+    }
+
     /// The directory fd to clone the init into (`CLONE_INTO_CGROUP`), on v2 and hybrid.
     pub fn clone_target(&self) -> Option<BorrowedFd<'_>> {
         self.unified.as_ref().map(|(_, fd)| fd.as_fd())
@@ -1046,6 +1052,12 @@ pub fn sweep_leftovers(layout: &Layout) {
             let Some((pid, start)) = run_launcher(&name) else {
                 continue;
             };
+            // This launcher's own runs are never leftovers, whatever /proc says of it (the
+            // sweep may run beside its starts, and a start time it could not read is 0).
+            let own = launcher_identity();
+            if (pid, start) == (u64::from(own.pid), own.start) {
+                continue;
+            }
             let dead = *judged
                 .entry((pid, start))
                 .or_insert_with(|| process_start_time(pid as u32) != Some(start));

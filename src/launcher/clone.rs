@@ -144,15 +144,30 @@ pub fn start(
     volumes: Vec<OwnedFd>,
 ) -> Result<Started, String> {
     let layout = crate::cgroup::layout();
-    // The gateway's link is made in the sandbox's network namespace before "go", so that
-    // namespace must exist when clone3 returns.
-    let unshare_net = !spec.network.mode.has_gateway();
+    // clone3 makes the network namespace when the launcher needs it before "go" (the
+    // gateway's link is made in it), and on v2, where the child is born into the run's
+    // cgroup: made there, the namespace's kernel memory and CPU would be charged to the
+    // run's limits (a small cpu.max would throttle the start; a memory charge that met
+    // memory.max would OOM-kill the child, and with it every process sharing its memory:
+    // the launcher). On v1 and hybrid hosts the child sits in the launcher's cgroups until
+    // it joins its own after "go", as clone3's work did.
+    let unshare_net =
+        !spec.network.mode.has_gateway() && !cgroup.as_deref().is_some_and(|c| c.is_v2());
+    let mut finished = cgroup.is_none();
+    if let (false, true, Some(cgroup)) = (
+        finished,
+        FINISH_FIRST.load(Ordering::Relaxed),
+        cgroup.as_deref_mut(),
+    ) {
+        // A run of this process had to clone twice (below): finish before the clone.
+        finished = true;
+        cgroup.finish(layout).map_err(|e| e.to_string())?;
+    }
     // The v1 `tasks` files the child joins after "go": named now, made after the clone.
     let mut tasks = cgroup
         .as_deref()
         .map(|c| c.planned_v1_tasks_files(layout))
         .unwrap_or_default();
-    let mut finished = cgroup.is_none();
     let (mut started, born_inside, owner) = loop {
         let slot = Slot::take()?;
         let (child, channel) = open_fds(spec)?;
@@ -197,8 +212,10 @@ pub fn start(
             let made = cgroup.v1_tasks_files();
             if made != tasks {
                 // A best-effort run skipped a hierarchy the child was told to join: clone
-                // it again, told what exists.
+                // it again, told what exists; and the process's later runs finish their
+                // cgroups first, not cloning twice each where a hierarchy always fails.
                 abort(&started);
+                FINISH_FIRST.store(true, Ordering::Relaxed);
                 tasks = made;
                 continue;
             }
@@ -229,6 +246,9 @@ pub fn start(
     }
     // The link exists before "go": the init configures it while it builds the sandbox.
     if spec.network.mode.has_gateway() {
+        // In the child's own namespace: clone3 made it (an unsharing child might not have
+        // yet, and setns would find the launcher's).
+        debug_assert!(!started.raw_child.plan.unshare_net);
         match super::link::create_tun(started.pidfd.as_fd()) {
             Ok(tun) => started.tun = Some(tun),
             Err(message) => {
@@ -288,6 +308,10 @@ fn v1_tasks_paths(tasks: &[PathBuf]) -> Vec<CString> {
         .take(MAX_V1_HIERARCHIES)
         .collect()
 }
+
+/// Set once a best-effort run skipped a v1 hierarchy after its clone: this process's runs
+/// then make their v1 cgroups before the clone (see [`start`]).
+static FINISH_FIRST: AtomicBool = AtomicBool::new(false);
 
 /// Set by [`clone_on_calling_thread`].
 static CALLER_CLONES: AtomicBool = AtomicBool::new(false);
