@@ -95,6 +95,7 @@ pub async fn request(
             send(stream, request).await?
         }
         Server::Tcp { authority } => {
+            crate::cli::full::name_service("a server's address")?;
             let stream = tokio::net::TcpStream::connect(authority)
                 .await
                 .map_err(|e| unreachable(&e))?;

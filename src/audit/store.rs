@@ -84,14 +84,17 @@ impl Store {
             )
         };
         let gid = match &config.group {
-            Some(name) => Some(
-                nix::unistd::Group::from_name(name)
-                    .ok()
-                    .flatten()
-                    .ok_or_else(|| format!("audit.group {name:?} does not exist"))?
-                    .gid
-                    .as_raw(),
-            ),
+            Some(name) => {
+                crate::cli::full::name_service("[audit] group")?;
+                Some(
+                    nix::unistd::Group::from_name(name)
+                        .ok()
+                        .flatten()
+                        .ok_or_else(|| format!("audit.group {name:?} does not exist"))?
+                        .gid
+                        .as_raw(),
+                )
+            }
             None => None,
         };
         let (dir_mode, file_mode) = if gid.is_some() {

@@ -27,13 +27,60 @@ pub(super) fn companion(name: &str) -> Option<PathBuf> {
 /// it cannot.
 #[allow(dead_code)] // `codecage`'s alone
 pub(super) fn exec(command: &str) -> i32 {
+    exec_full(&format!("`{command}` is in codecage-full"))
+}
+
+/// Whether this binary is linked against glibc's static libc, as `cargo xtask dist` (and
+/// `bench`) link `codecage`: ~0.5 ms less for every run (no dynamic loader, no libraries
+/// to map and relocate, none of their symbols to bind). A static glibc still answers
+/// questions about users, groups and host names (NSS) by loading the modules nsswitch.conf
+/// names, and those link libc.so, whose second copy in a static process can crash it (seen:
+/// `group: files systemd`, getgrouplist, SIGSEGV). So a static `codecage` never asks: what
+/// would ask, it hands to `codecage-full` (always dynamic) before it has read any input
+/// or started anything: a run through sudo by another user that reads or writes their
+/// files (their groups; a run through sudo that does not knows only their ids), the
+/// server's clients (a server named by host name), a run that writes an audit log for a
+/// group (its gid) or whose network mode has a gateway (the gateway resolves names).
+/// `doctor` and `profiles` ask nothing. [`name_service`] is the backstop at each place
+/// that would ask, and `Caller`'s credentials without groups are refused.
+pub(crate) const STATIC: bool = cfg!(target_feature = "crt-static");
+
+/// In a static `codecage`, hands this command, `why` (what would ask the host's name
+/// service), to `codecage-full`; returns only if it cannot.
+pub(crate) fn hand_over(why: &str) -> i32 {
+    exec_full(&format!(
+        "{why} needs the host's name service (NSS), which this statically linked codecage hands to \
+         codecage-full"
+    ))
+}
+
+/// In a static `codecage`, refuses `what`, which would ask the host's name service: the
+/// command should have been handed to `codecage-full` before it got here ([`STATIC`]).
+pub(crate) fn name_service(what: &str) -> Result<(), String> {
+    if STATIC {
+        return Err(format!(
+            "{what} needs the host's name service (NSS), which a statically linked codecage never \
+             asks (it would load the modules' libc.so beside its own): codecage-full does; this \
+             command should have been handed to it (a bug: please report it)"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether this process runs for a sudo caller other than root, whose groups
+/// `Caller::from_sudo` would ask the name service for.
+pub(crate) fn sudo_caller() -> bool {
+    std::env::var_os("SUDO_UID").is_some_and(|uid| uid != "0")
+}
+
+fn exec_full(what: &str) -> i32 {
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| "codecage".into());
     let Some(full) = companion("codecage-full") else {
         let here = std::env::current_exe().unwrap_or_default();
         eprintln!(
-            "codecage: `{command}` is in codecage-full, which is installed neither beside {} nor \
-             in ../libexec/codecage/ from it: install codecage and codecage-full from one build",
+            "codecage: {what}, which is installed neither beside {} nor in ../libexec/codecage/ \
+             from it: install codecage and codecage-full from one build",
             here.display()
         );
         return codecage::outcome::ErrorKind::Setup.exit_status();

@@ -2,7 +2,7 @@
 
 mod approvals;
 mod audit;
-mod full;
+pub(crate) mod full;
 #[cfg(feature = "image")]
 mod image;
 mod mcp;
@@ -92,6 +92,14 @@ pub fn main_full() -> i32 {
         eprintln!("codecage: {message}");
         return ErrorKind::Setup.exit_status();
     }
+    if full::STATIC {
+        // It is what a static `codecage` hands the name service's questions to.
+        eprintln!(
+            "codecage: codecage-full must be linked dynamically: it asks the host's name service \
+             for the static codecage (build it without -C target-feature=+crt-static)"
+        );
+        return ErrorKind::Setup.exit_status();
+    }
     start();
     dispatch(run_full)
 }
@@ -116,6 +124,11 @@ fn dispatch(full: fn(Full) -> i32) -> i32 {
         Command::Run(args) => run::main(args),
         Command::Doctor { json } => doctor(json),
         Command::Profiles { json } => profiles(json),
+        // The server's clients may name it by host name: a static `codecage` would ask the
+        // name service.
+        Command::Session(_) | Command::Approvals(_) if full::STATIC => {
+            full::hand_over("a client of the server (a server's host name)")
+        }
         Command::Session(args) => session::main(args),
         Command::Approvals(args) => approvals::main(args),
         Command::Serve(args) => full(Full::Serve(args)),

@@ -113,10 +113,39 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(format) => format,
         Err(e) => return report(&Outcome::failed(ErrorKind::InvalidRequest, e), json),
     };
-    let caller = Caller::from_sudo();
+    // Statically linked, codecage asks the name service for no sudo caller's groups: a run
+    // that reads or writes their files (as them) is codecage-full's.
+    let caller = if super::full::STATIC && super::full::sudo_caller() {
+        if acts_as_caller(&args) {
+            return super::full::hand_over(
+                "a run through sudo that reads or writes the caller's files (their groups)",
+            );
+        }
+        Caller::from_sudo_ids()
+    } else {
+        Caller::from_sudo()
+    };
     let host = match crate::host_config::HostConfig::load() {
         Ok(config) => config,
         Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
+    };
+    // Statically linked, codecage hands a log for a group to codecage-full (its gid is the
+    // name service's answer), before anything is read or opened.
+    if super::full::STATIC && (host.audit.as_ref()).is_some_and(|a| a.enabled && a.group.is_some())
+    {
+        return super::full::hand_over("an audit log for a group ([audit] group)");
+    }
+    let who = match &caller {
+        Some(c) => format!("uid:{}", c.uid),
+        None => format!("uid:{}", nix::unistd::getuid()),
+    };
+    let mut start = resolve::run_start(Via::Cli, who, args.lang, args.profile.clone());
+    let built = match build_spec(args, &mut start, &host.network, caller.as_ref()) {
+        Ok(Built::HandOver) => {
+            return super::full::hand_over("a run whose network has a gateway (it resolves names)")
+        }
+        Ok(Built::Run(built)) => Ok(*built),
+        Err(e) => Err(e),
     };
     // The audit log, when the host config has an [audit] section.
     let audit = match host.audit.as_ref().filter(|a| a.enabled) {
@@ -126,12 +155,6 @@ pub fn main(args: RunArgs) -> i32 {
         },
         None => None,
     };
-    let who = match &caller {
-        Some(c) => format!("uid:{}", c.uid),
-        None => format!("uid:{}", nix::unistd::getuid()),
-    };
-    let mut start = resolve::run_start(Via::Cli, who, args.lang, args.profile.clone());
-    let built = build_spec(args, &mut start, &host.network, caller.as_ref());
     let slot = match audit.as_ref().map(Audit::slot_blocking).transpose() {
         Ok(slot) => slot,
         Err(e) => {
@@ -309,6 +332,15 @@ fn print_messages(formatted: &Formatted) {
     let _ = std::io::stdout().flush();
 }
 
+/// Whether the run reads or writes the sudo caller's files with their credentials (and so
+/// needs their groups): FILE (not stdin), `--file`, `--volume`, `--out-dir`.
+fn acts_as_caller(args: &RunArgs) -> bool {
+    args.file.as_ref().is_some_and(|f| f.as_os_str() != "-")
+        || !args.files.is_empty()
+        || !args.volume.is_empty()
+        || args.out_dir.is_some()
+}
+
 /// The attachments codecage made (output.txt, figures) under --out-dir, as the caller;
 /// the output files among them are written there by save_outputs. Listed on stderr.
 fn save_attachments(
@@ -473,7 +505,7 @@ fn build_spec(
     asked: &mut Start,
     network: &crate::gateway::GatewayConfig,
     caller: Option<&Caller>,
-) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Error> {
+) -> Result<Built, Error> {
     asked.code = args.code.clone();
     if !args.argv.is_empty() {
         asked.argv = Some(args.argv.clone());
@@ -485,13 +517,14 @@ fn build_spec(
         network: args.net,
         ..Request::default()
     };
+    // FILE and the --file inputs are read once the profile is known (below).
+    let mut code_file = None;
     match (args.code, args.file, args.argv.is_empty()) {
         (Some(code), None, true) => request.code = Some(code),
         (None, Some(file), true) => {
             request.lang = request.lang.or_else(|| Lang::from_extension(&file));
-            request.code = Some(read_code(&file, caller).map_err(Error::invalid)?);
-            asked.code = request.code.clone();
             asked.language = request.lang.map(|l| l.name().to_string());
+            code_file = Some(file);
         }
         (None, None, false) => {
             if request.lang.is_some() {
@@ -523,11 +556,6 @@ fn build_spec(
         };
         request.env.push((key.to_string(), value.to_string()));
     }
-    for item in &args.files {
-        request
-            .files
-            .push(read_input(item, caller).map_err(Error::invalid)?);
-    }
     if let (Some(caller), Some(rootfs)) = (caller, request.rootfs.as_deref()) {
         refuse_rootfs_dir_for(caller, rootfs).map_err(Error::invalid)?;
     }
@@ -558,6 +586,21 @@ fn build_spec(
         files: caller.is_none(),
     };
     let profile = resolve::load_profile(&profile_name, source).map_err(flagged)?;
+    // A static `codecage` hands a run with a gateway to codecage-full before it reads the
+    // code (stdin, perhaps) or the inputs: codecage-full reads them again.
+    let mode = request.network.unwrap_or(profile.network.mode);
+    if super::full::STATIC && mode.has_gateway() {
+        return Ok(Built::HandOver);
+    }
+    if let Some(file) = code_file {
+        request.code = Some(read_code(&file, caller).map_err(Error::invalid)?);
+        asked.code = request.code.clone();
+    }
+    for item in &args.files {
+        request
+            .files
+            .push(read_input(item, caller).map_err(Error::invalid)?);
+    }
     let mut spec = resolve::resolve_run(
         &profile,
         &profile_name,
@@ -568,7 +611,16 @@ fn build_spec(
     .map_err(flagged)?;
     spec.sandbox.volumes = volumes;
     spec.validate().map_err(Error::invalid)?;
-    Ok((spec, opened, profile, profile_name))
+    Ok(Built::Run(Box::new((spec, opened, profile, profile_name))))
+}
+
+/// What [`build_spec`] made of the arguments.
+enum Built {
+    /// The run's Spec, the volumes' directories (open until the sandbox has started), the
+    /// profile and its name.
+    Run(Box<(Spec, Vec<OwnedFd>, Profile, String)>),
+    /// The run is `codecage-full`'s (see `full::STATIC`): nothing was read.
+    HandOver,
 }
 
 /// The service's error with this front end's name for the field it is about: its flag

@@ -45,6 +45,7 @@ impl Upstream {
                 false => Ok(addrs),
             };
         }
+        crate::cli::full::name_service("the gateway's lookup of a host name")?;
         let lookup = tokio::net::lookup_host((name, 0));
         match tokio::time::timeout(UPSTREAM_TIMEOUT, lookup).await {
             Ok(Ok(addrs)) => {

@@ -219,6 +219,7 @@ fn bind_unix(path: &std::path::Path, group: Option<&str>) -> Result<UnixListener
     nix::sys::stat::umask(old);
     let listener = listener.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     if let Some(group) = group {
+        crate::cli::full::name_service("socket_group")?;
         let gid = nix::unistd::Group::from_name(group)
             .ok()
             .flatten()

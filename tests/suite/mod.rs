@@ -29,4 +29,5 @@ mod profiles;
 mod server;
 mod service;
 mod sessions;
+mod static_launcher;
 mod transcripts;

@@ -374,8 +374,9 @@ fn build_codecage(root: &Path) -> Result<String> {
     if !built.success() {
         bail!("cargo build --release failed");
     }
-    // The init as the package ships it.
+    // The init and the launcher as the package ships them.
     crate::host::link_static_init(root, true)?;
+    crate::host::link_static_launcher(root, true)?;
     Ok(root.join("target/release/codecage").display().to_string())
 }
 

@@ -7,11 +7,12 @@
 //! what [`expected_paths`] says).
 //!
 //! What it holds:
-//! - `/usr/bin/codecage`: the release binary, stripped, and beside it
-//!   `/usr/libexec/codecage/codecage-init`, the sandboxes' pid 1 (the launcher executes
-//!   it instead of itself), and `/usr/libexec/codecage/codecage-full`, every command with
-//!   the server's code (`codecage` executes it for `serve`, `mcp`, `audit`, `image` and
-//!   `openapi`);
+//! - `/usr/bin/codecage`: the release binary, linked statically and stripped, and beside
+//!   it `/usr/libexec/codecage/codecage-init`, the sandboxes' pid 1 (the launcher executes
+//!   it instead of itself; static too), and `/usr/libexec/codecage/codecage-full`, every
+//!   command with the server's code (`codecage` executes it for `serve`, `mcp`, `audit`,
+//!   `image` and `openapi`, and for what asks the host's name service), linked
+//!   dynamically;
 //! - `/usr/share/codecage/profiles/` and `/usr/share/codecage/seccomp/`: the built-in
 //!   profiles and seccomp policy, for reference (the binary has them built in; a file in
 //!   /etc/codecage/profiles replaces a profile);
@@ -128,8 +129,12 @@ pub fn dist(args: &Args) -> Result<i32> {
             build.arg("--release");
         }
         run(build.args(["--locked", "--bin", PACKAGE, "--bin", FULL, "--bin", INIT]))?;
-        host::status("linking", format!("the {profile} {INIT} statically"));
+        host::status(
+            "linking",
+            format!("the {profile} {INIT} and {PACKAGE} statically"),
+        );
         host::link_static_init(&root, !args.debug)?;
+        host::link_static_launcher(&root, !args.debug)?;
     }
     let binary = root.join("target").join(profile).join(PACKAGE);
     let init = root.join("target").join(profile).join(INIT);
@@ -255,11 +260,12 @@ pub fn dist(args: &Args) -> Result<i32> {
         .args(["-9", "-n"])
         .arg(stage.join(doc.trim_start_matches('/')).join("changelog")))?;
 
-    // The control files.
+    // The control files. `codecage` and the init are static; codecage-full is what needs
+    // the host's glibc (and its name service modules).
     let glibc = glibc_needed(&output(
         Command::new("objdump")
             .arg("-T")
-            .arg(stage.join("usr/bin/codecage")),
+            .arg(stage.join(FULL_PATH.trim_start_matches('/'))),
     )?)
     .context("the binary names no GLIBC_ symbol version (objdump -T)")?;
     let installed_kib = output(

@@ -162,6 +162,7 @@ fn test_once(args: &Args) -> Result<i32> {
         .args(["nextest", "--version"])
         .output()
         .is_ok_and(|o| o.status.success());
+    let static_launcher = static_launcher()?;
     let mut cmd = Command::new("cargo");
     if nextest {
         cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
@@ -179,6 +180,7 @@ fn test_once(args: &Args) -> Result<i32> {
     cmd.env("CODECAGE_OPENAPI_PYTHON", &openapi_python);
     cmd.env("CODECAGE_E2B_PYTHON", &e2b_python);
     cmd.env("CODECAGE_E2B_JS", &e2b_js);
+    cmd.env("CODECAGE_STATIC_LAUNCHER", &static_launcher);
     eprintln!("xtask: {cmd:?}");
     let native_start = std::time::Instant::now();
     let mut native = cmd.status().context("running cargo")?.code().unwrap_or(1);
@@ -236,6 +238,46 @@ fn test_once(args: &Args) -> Result<i32> {
         crate::host::secs(vm_start.elapsed())
     );
     Ok(if native != 0 { native } else { vm })
+}
+
+/// The static `codecage` that `cargo xtask dist` ships, for tests/suite/static_launcher.rs:
+/// the debug binaries built, `codecage` linked again statically, and hard links of it, of
+/// `codecage-full` and of `codecage-init` put in target/debug/static/ (the launcher finds
+/// its companions beside itself). Then `cargo build` puts the dynamic `codecage` back in
+/// target/debug/, where the other suites find it. The first link compiles the CLI's crate
+/// once more (about 40 s); later ones are fresh.
+fn static_launcher() -> Result<std::path::PathBuf> {
+    let root = crate::host::workspace_root();
+    let build = || -> Result<()> {
+        let status = Command::new("cargo")
+            .current_dir(&root)
+            .args(["build", "--locked", "--quiet", "-p", "codecage", "--bins"])
+            .status()
+            .context("running cargo build")?;
+        anyhow::ensure!(status.success(), "cargo build failed");
+        Ok(())
+    };
+    eprintln!("xtask: linking the static launcher (target/debug/static/codecage)");
+    build()?;
+    let launcher = crate::host::link_static_launcher(&root, false)?;
+    let debug = launcher.parent().expect("target/debug").to_path_buf();
+    let dir = debug.join("static");
+    std::fs::create_dir_all(&dir)?;
+    for name in ["codecage", "codecage-full", "codecage-init"] {
+        let link = dir.join(name);
+        if link.exists() {
+            std::fs::remove_file(&link)?;
+        }
+        std::fs::hard_link(debug.join(name), &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    build()?;
+    anyhow::ensure!(
+        !crate::host::is_static(&std::fs::read(&launcher)?),
+        "{} is still the static one after cargo build",
+        launcher.display()
+    );
+    Ok(dir.join("codecage"))
 }
 
 /// How many tests nextest runs at a time unless told (`NEXTEST_TEST_THREADS`, or

@@ -89,7 +89,8 @@ pub struct Lane {
 /// (they pre-start the default image's Python); so do the files tests named here (the
 /// default image's matplotlib and pandas, or curl through the server). A test that panics
 /// while a server it started is up aborts the whole test binary, so these must not run in
-/// a VM.
+/// a VM. The start-up budget and the static launcher's tests trace with strace, which
+/// the VMs lack, and the static launcher is linked on the host.
 const SKIP_EVERYWHERE: &[&str] = &[
     "image::",
     "server::",
@@ -101,6 +102,7 @@ const SKIP_EVERYWHERE: &[&str] = &[
     "pool::",
     "transcripts::",
     "budget::",
+    "static_launcher::",
     "files::a_plot_and_a_csv_come_back_with_their_sha256_and_media_type",
     "files::bad_input_names_are_refused_and_nothing_runs",
     "files::a_file_that_keeps_growing_is_read_up_to_the_cap_and_the_call_returns",
@@ -390,7 +392,7 @@ mod tests {
         assert_eq!(DEFAULT_LANE.test_phases(), (skips, None));
         assert_eq!(
             DEFAULT_LANE.selection(),
-            "every suite (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, 4 files:: tests, 3 cells:: tests, 1 sessions:: test, 1 profiles:: test, 1 compat:: test)"
+            "every suite (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, static_launcher::, 4 files:: tests, 3 cells:: tests, 1 sessions:: test, 1 profiles:: test, 1 compat:: test)"
         );
         assert!(parse_lane("nosuch").is_err());
     }
@@ -421,7 +423,7 @@ mod tests {
              library::a_pre_started_python_is_answered_at_its_word_before_its_exit, \
              library::the_kernel_shows_a_killed_process_as_exiting, \
              library::the_sandbox_child_leaves_no_stack_behind_and_reports_a_failed_exec \
-             (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, bombs::node_*, 4 files:: tests)"
+             (without image::, server::, service::, mcp::, e2b::, network::, audit::, pool::, transcripts::, budget::, static_launcher::, bombs::node_*, 4 files:: tests)"
         );
     }
 

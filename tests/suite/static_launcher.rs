@@ -1,0 +1,287 @@
+//! The static `codecage` (what `cargo xtask dist` ships and `bench` measures: glibc's static
+//! libc, ARCHITECTURE.md "A static launcher"): it runs a plain run itself, and hands to
+//! `codecage-full` whatever would ask the host's name service (NSS), which in a static
+//! process loads a second libc.so and can crash it. `cargo xtask test` links it into
+//! target/debug/static/ beside hard links of the suite's `codecage-full` and
+//! `codecage-init`; `CODECAGE_STATIC_LAUNCHER` names another.
+//!
+//! Each test runs it under strace to see which binaries ran: the hand-over is an exec in
+//! place, so the output alone could not tell.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use super::common::*;
+
+/// The static launcher, or why there is none.
+fn static_codecage() -> Result<PathBuf, String> {
+    let path = std::env::var_os("CODECAGE_STATIC_LAUNCHER").map_or_else(
+        || {
+            std::path::Path::new(env!("CARGO_BIN_EXE_codecage"))
+                .with_file_name("static")
+                .join("codecage")
+        },
+        PathBuf::from,
+    );
+    let ldd = Command::new("ldd").arg(&path).output();
+    match ldd {
+        // glibc's ldd: "statically linked" for a static PIE, "not a dynamic executable"
+        // for a static executable.
+        Ok(out) if String::from_utf8_lossy(&out.stdout).contains("statically linked") => Ok(path),
+        _ => Err(format!(
+            "the static launcher {} (`cargo xtask test` links it: cargo rustc --bin codecage -- -C \
+             target-feature=+crt-static)",
+            path.display()
+        )),
+    }
+}
+
+fn static_test(test: impl FnOnce(&PathBuf)) {
+    as_root(|| match static_codecage() {
+        Ok(path) => test(&path),
+        Err(what) => unavailable(&what),
+    })
+}
+
+/// What one traced command did: its output and the programs each process executed.
+struct Traced {
+    out: Output,
+    execs: Vec<String>,
+}
+
+impl Traced {
+    /// Whether `codecage-full` was executed (the hand-over).
+    fn handed_over(&self) -> bool {
+        self.execs.iter().any(|p| p.ends_with("/codecage-full"))
+    }
+
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+}
+
+/// Runs the static `codecage` with `args` under `strace -f -e trace=execve`, with `env`
+/// and `stdin` (bytes, or /dev/null).
+fn traced(codecage: &PathBuf, args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> Traced {
+    use std::io::Write;
+    let dir = TempDir::new("static-launcher");
+    let trace = dir.path().join("strace.txt");
+    let mut child = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=execve", "-e", "signal=none", "-o"])
+        .arg(&trace)
+        .arg(codecage)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strace (Debian's strace package; cargo xtask test installs it)");
+    if let Some(bytes) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(bytes).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    // `PID execve("PATH", ...) = 0`: the launcher is the first pid (strace's child).
+    let mut execs = Vec::new();
+    for line in text.lines() {
+        let Some((pid, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        if let Some(path) = rest
+            .strip_prefix("execve(\"")
+            .and_then(|r| r.split('"').next())
+        {
+            if execs.is_empty() {
+                super::host::note_launcher(pid.trim().parse().unwrap());
+            }
+            if rest.ends_with("= 0") {
+                execs.push(path.to_string());
+            }
+        }
+    }
+    Traced { out, execs }
+}
+
+#[test]
+fn a_static_codecage_runs_a_plain_run_itself() {
+    static_test(|codecage| {
+        let run = traced(
+            codecage,
+            &[
+                "run",
+                "--rootfs",
+                "host",
+                "--lang",
+                "python",
+                "-c",
+                "print('plain')",
+            ],
+            &[],
+            None,
+        );
+        assert!(run.out.status.success(), "{:?}", run.out);
+        assert_eq!(run.stdout(), "plain\n");
+        assert!(!run.handed_over(), "handed over: {:?}", run.execs);
+        // The launcher, its init, the interpreter.
+        assert_eq!(
+            run.execs.first().map(PathBuf::from).as_ref(),
+            Some(codecage)
+        );
+    });
+}
+
+/// Through sudo, a run that reads the caller's FILE (as them, so with their groups: the
+/// name service's answer) is handed over; one with its code on the command line runs in the
+/// static `codecage` itself, which knows the caller's ids and asks for nothing. A static
+/// `codecage` that asked crashed here: getgrouplist on a host whose nsswitch.conf names a
+/// module (`group: files systemd`, this build host's). `daemon` is on every Debian system.
+#[test]
+fn through_sudo_a_static_codecage_hands_a_run_of_the_callers_file_to_codecage_full() {
+    static_test(|codecage| {
+        use std::os::unix::fs::PermissionsExt;
+        let env = [
+            ("SUDO_UID", "1"),
+            ("SUDO_GID", "1"),
+            ("SUDO_USER", "daemon"),
+        ];
+        let dir = TempDir::new("static-sudo");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let file = dir.path().join("hello.py");
+        std::fs::write(&file, "print('file read as daemon')\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let run = traced(
+            codecage,
+            &["run", "--rootfs", "host", file.to_str().unwrap()],
+            &env,
+            None,
+        );
+        assert!(run.out.status.success(), "{:?}", run.out);
+        assert_eq!(run.stdout(), "file read as daemon\n");
+        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+        // A file daemon may not read is refused as it would be to them (their credentials
+        // were taken, in codecage-full).
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let run = traced(
+            codecage,
+            &["run", "--rootfs", "host", file.to_str().unwrap()],
+            &env,
+            None,
+        );
+        let stderr = String::from_utf8_lossy(&run.out.stderr);
+        assert!(stderr.contains("Permission denied"), "{stderr}");
+        // The code on the command line: no file of theirs, no hand-over.
+        let run = traced(
+            codecage,
+            &[
+                "run",
+                "--rootfs",
+                "host",
+                "--",
+                "/bin/sh",
+                "-c",
+                "echo as $(id -u)",
+            ],
+            &env,
+            None,
+        );
+        assert!(run.out.status.success(), "{:?}", run.out);
+        assert_eq!(run.stdout(), "as 1000\n");
+        assert!(!run.handed_over(), "handed over: {:?}", run.execs);
+    });
+}
+
+/// A run with the gateway (it resolves names) is handed over before the code is read: the
+/// code comes from stdin, which codecage-full must still find unread.
+#[test]
+fn a_static_codecage_hands_a_gateway_run_to_codecage_full_with_stdin_unread() {
+    static_test(|codecage| {
+        let dir = TempDir::new("static-gateway");
+        let profile = dir.path().join("restricted.toml");
+        std::fs::write(
+            &profile,
+            "language = \"python\"\nrootfs = \"host\"\n[network]\nmode = \"restricted\"\n",
+        )
+        .unwrap();
+        let run = traced(
+            codecage,
+            &["run", "--json", "--profile", profile.to_str().unwrap(), "-"],
+            &[],
+            Some(b"import socket\nprint('code from stdin', socket.gethostname())\n"),
+        );
+        let json: serde_json::Value = serde_json::from_slice(&run.out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {:?}", run.out));
+        assert_eq!(json["stdout"], "code from stdin sandbox\n", "{json}");
+        assert_eq!(json["exit_code"], 0, "{json}");
+        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+        // Without a gateway the same binary ran it itself.
+        let run = traced(
+            codecage,
+            &["run", "--rootfs", "host", "--lang", "python", "-"],
+            &[],
+            Some(b"print(2)"),
+        );
+        assert_eq!(run.stdout(), "2\n", "{:?}", run.out);
+        assert!(!run.handed_over(), "handed over: {:?}", run.execs);
+    });
+}
+
+/// An audit log for a group: its gid is the name service's answer.
+#[test]
+fn a_static_codecage_hands_an_audited_run_for_a_group_to_codecage_full() {
+    static_test(|codecage| {
+        let dir = TempDir::new("static-audit");
+        let db = dir.path().join("audit/audit.db");
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[audit]\npath = {:?}\ngroup = \"daemon\"\n",
+                db.to_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let env = [("CODECAGE_CONFIG", config.to_str().unwrap())];
+        let run = traced(
+            codecage,
+            &["run", "--rootfs", "host", "--", "/bin/echo", "audited"],
+            &env,
+            None,
+        );
+        assert!(run.out.status.success(), "{:?}", run.out);
+        assert_eq!(run.stdout(), "audited\n");
+        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&db).expect("the audit database");
+        assert_eq!(
+            (meta.gid(), meta.mode() & 0o777),
+            (1, 0o640),
+            "group daemon, 0640"
+        );
+    });
+}
+
+/// The server's clients may name a server by host name.
+#[test]
+fn a_static_codecage_hands_the_servers_clients_to_codecage_full() {
+    static_test(|codecage| {
+        let run = traced(
+            codecage,
+            &["session", "list", "--server", "http://localhost:9"],
+            &[],
+            None,
+        );
+        let stderr = String::from_utf8_lossy(&run.out.stderr);
+        assert!(
+            stderr.contains("no codecage server answers at http://localhost:9"),
+            "{stderr}"
+        );
+        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+    });
+}
