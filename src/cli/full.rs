@@ -27,7 +27,11 @@ pub(super) fn companion(name: &str) -> Option<PathBuf> {
 /// it cannot.
 #[allow(dead_code)] // `codecage`'s alone
 pub(super) fn exec(command: &str) -> i32 {
-    exec_full(&format!("`{command}` is in codecage-full"))
+    eprintln!(
+        "codecage: {}",
+        exec_full(&format!("`{command}` is in codecage-full"))
+    );
+    codecage::outcome::ErrorKind::Setup.exit_status()
 }
 
 /// Whether this binary is linked against glibc's static libc, as `cargo xtask dist` (and
@@ -38,19 +42,20 @@ pub(super) fn exec(command: &str) -> i32 {
 /// `group: files systemd`, getgrouplist, SIGSEGV). So a static `codecage` never asks: what
 /// would ask, it hands to `codecage-full` (always dynamic) before it has read any input
 /// or started anything: a run through sudo by another user that reads or writes their
-/// files (their groups; a run through sudo that does not knows only their ids), the
-/// server's clients (a server named by host name), a run that writes an audit log for a
-/// group (its gid) or whose network mode has a gateway (the gateway resolves names).
-/// `doctor` and `profiles` ask nothing. [`name_service`] is the backstop at each place
-/// that would ask, and `Caller`'s credentials without groups are refused.
-pub(crate) const STATIC: bool = cfg!(target_feature = "crt-static");
+/// files (their groups; any other run knows only the caller's ids), the server's clients
+/// (a server named by host name), a run that writes an audit log for a group (its gid) or
+/// whose network mode has a gateway (the gateway resolves names), and a run whose profile
+/// or host config is a pipe it could not leave unread. `doctor` and `profiles` ask
+/// nothing. [`name_service`] is the backstop at each place that would ask, and `Caller`
+/// refuses to act as a user whose groups were not looked up. (musl's static libc loads no
+/// such modules.)
+pub(crate) const STATIC: bool = cfg!(all(target_env = "gnu", target_feature = "crt-static"));
 
-/// In a static `codecage`, hands this command, `why` (what would ask the host's name
-/// service), to `codecage-full`; returns only if it cannot.
-pub(crate) fn hand_over(why: &str) -> i32 {
+/// In a static `codecage`, hands this command to `codecage-full`, `why` naming what made it
+/// theirs; returns only if it cannot, with what went wrong.
+pub(crate) fn hand_over(why: &str) -> String {
     exec_full(&format!(
-        "{why} needs the host's name service (NSS), which this statically linked codecage hands to \
-         codecage-full"
+        "{why}, so this statically linked codecage hands it to codecage-full"
     ))
 }
 
@@ -73,25 +78,25 @@ pub(crate) fn sudo_caller() -> bool {
     std::env::var_os("SUDO_UID").is_some_and(|uid| uid != "0")
 }
 
-fn exec_full(what: &str) -> i32 {
+/// Executes `codecage-full` with this process's arguments; returns only if it cannot, with
+/// what went wrong (`what` names why it was to run).
+fn exec_full(what: &str) -> String {
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| "codecage".into());
     let Some(full) = companion("codecage-full") else {
         let here = std::env::current_exe().unwrap_or_default();
-        eprintln!(
-            "codecage: {what}, which is installed neither beside {} nor in ../libexec/codecage/ \
-             from it: install codecage and codecage-full from one build",
+        return format!(
+            "{what}, which is installed neither beside {} nor in ../libexec/codecage/ from it: \
+             install codecage and codecage-full from one build",
             here.display()
         );
-        return codecage::outcome::ErrorKind::Setup.exit_status();
     };
     let error = std::process::Command::new(&full)
         .arg0(arg0)
         .args(args)
         .env(FRONT_BUILD, BUILD)
         .exec();
-    eprintln!("codecage: cannot execute {}: {error}", full.display());
-    codecage::outcome::ErrorKind::Setup.exit_status()
+    format!("{what}: cannot execute {}: {error}", full.display())
 }
 
 /// In `codecage-full`: refuses a `codecage` of another build (run directly, there is none).

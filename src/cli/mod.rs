@@ -127,7 +127,11 @@ fn dispatch(full: fn(Full) -> i32) -> i32 {
         // The server's clients may name it by host name: a static `codecage` would ask the
         // name service.
         Command::Session(_) | Command::Approvals(_) if full::STATIC => {
-            full::hand_over("a client of the server (a server's host name)")
+            eprintln!(
+                "codecage: {}",
+                full::hand_over("a client of the server may look up its host name (NSS)")
+            );
+            ErrorKind::Setup.exit_status()
         }
         Command::Session(args) => session::main(args),
         Command::Approvals(args) => approvals::main(args),

@@ -16,7 +16,7 @@ use codecage::{launcher, Stream};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use super::print_json;
+use super::{full, print_json};
 use crate::audit::{Audit, Start, Via};
 use crate::service::error::starts_with_word;
 use crate::service::resolve::{self, ProfileSource};
@@ -113,40 +113,40 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(format) => format,
         Err(e) => return report(&Outcome::failed(ErrorKind::InvalidRequest, e), json),
     };
-    // Statically linked, codecage asks the name service for no sudo caller's groups: a run
-    // that reads or writes their files (as them) is codecage-full's.
-    let caller = if super::full::STATIC && super::full::sudo_caller() {
-        if acts_as_caller(&args) {
-            return super::full::hand_over(
-                "a run through sudo that reads or writes the caller's files (their groups)",
-            );
+    // Statically linked, codecage asks the host's name service nothing (`full::STATIC`):
+    // what would ask, it hands to codecage-full before it reads anything.
+    let hand_over = |why: &str| {
+        report(
+            &Outcome::failed(ErrorKind::Setup, full::hand_over(why)),
+            json,
+        )
+    };
+    if full::STATIC {
+        if let Some(why) = static_hand_over(&args) {
+            return hand_over(why);
         }
-        Caller::from_sudo_ids()
-    } else {
-        Caller::from_sudo()
+    }
+    let caller = match full::STATIC {
+        // Their groups would be the name service's answer, and nothing here acts as them.
+        true => Caller::from_sudo_ids(),
+        false => Caller::from_sudo(),
     };
     let host = match crate::host_config::HostConfig::load() {
         Ok(config) => config,
         Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
     };
-    // Statically linked, codecage hands a log for a group to codecage-full (its gid is the
-    // name service's answer), before anything is read or opened.
-    if super::full::STATIC && (host.audit.as_ref()).is_some_and(|a| a.enabled && a.group.is_some())
-    {
-        return super::full::hand_over("an audit log for a group ([audit] group)");
-    }
-    let who = match &caller {
-        Some(c) => format!("uid:{}", c.uid),
-        None => format!("uid:{}", nix::unistd::getuid()),
-    };
-    let mut start = resolve::run_start(Via::Cli, who, args.lang, args.profile.clone());
-    let built = match build_spec(args, &mut start, &host.network, caller.as_ref()) {
-        Ok(Built::HandOver) => {
-            return super::full::hand_over("a run whose network has a gateway (it resolves names)")
+    if full::STATIC {
+        if host
+            .audit
+            .as_ref()
+            .is_some_and(|a| a.enabled && a.group.is_some())
+        {
+            return hand_over("an audit log for a group ([audit] group) needs its gid from the name service (NSS)");
         }
-        Ok(Built::Run(built)) => Ok(*built),
-        Err(e) => Err(e),
-    };
+        if has_gateway(&args, caller.as_ref()) {
+            return hand_over("the gateway of this run's network looks up host names (NSS)");
+        }
+    }
     // The audit log, when the host config has an [audit] section.
     let audit = match host.audit.as_ref().filter(|a| a.enabled) {
         Some(config) => match Audit::open(config) {
@@ -155,6 +155,12 @@ pub fn main(args: RunArgs) -> i32 {
         },
         None => None,
     };
+    let who = match &caller {
+        Some(c) => format!("uid:{}", c.uid),
+        None => format!("uid:{}", nix::unistd::getuid()),
+    };
+    let mut start = resolve::run_start(Via::Cli, who, args.lang, args.profile.clone());
+    let built = build_spec(args, &mut start, &host.network, caller.as_ref());
     let slot = match audit.as_ref().map(Audit::slot_blocking).transpose() {
         Ok(slot) => slot,
         Err(e) => {
@@ -332,13 +338,47 @@ fn print_messages(formatted: &Formatted) {
     let _ = std::io::stdout().flush();
 }
 
-/// Whether the run reads or writes the sudo caller's files with their credentials (and so
-/// needs their groups): FILE (not stdin), `--file`, `--volume`, `--out-dir`.
-fn acts_as_caller(args: &RunArgs) -> bool {
-    args.file.as_ref().is_some_and(|f| f.as_os_str() != "-")
-        || !args.files.is_empty()
-        || !args.volume.is_empty()
-        || args.out_dir.is_some()
+/// In a static `codecage`, why this run must be handed to codecage-full before anything is
+/// read: through sudo, it reads or writes the caller's files as them (FILE, `--file`,
+/// `--volume`, `--out-dir`: their groups are the name service's answer); or its profile
+/// file or host config (`CODECAGE_CONFIG`) can be read only once (a pipe), and reading it
+/// here would leave codecage-full nothing to read.
+fn static_hand_over(args: &RunArgs) -> Option<&'static str> {
+    let once = |path: &std::path::Path| std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    if full::sudo_caller()
+        && (args.file.as_ref().is_some_and(|f| f.as_os_str() != "-")
+            || !args.files.is_empty()
+            || !args.volume.is_empty()
+            || args.out_dir.is_some())
+    {
+        return Some("reading or writing the sudo caller's files as them needs their groups from the name service (NSS)");
+    }
+    let config = std::env::var_os("CODECAGE_CONFIG");
+    if args.profile.as_deref().is_some_and(|p| once(p.as_ref()))
+        || config.is_some_and(|c| once(c.as_ref()))
+    {
+        return Some("the profile or host config is a pipe, which can be read only once");
+    }
+    None
+}
+
+/// Whether the run's network mode has a gateway, from its profile as `build_spec` will load
+/// it (its code and inputs are not read yet). A profile that does not load says no: the
+/// run's own resolution then reports why.
+fn has_gateway(args: &RunArgs, caller: Option<&Caller>) -> bool {
+    let lang = args
+        .lang
+        .or_else(|| args.file.as_deref().and_then(Lang::from_extension));
+    let Ok(name) = resolve::profile_name(args.profile.as_deref(), lang, !args.argv.is_empty())
+    else {
+        return false;
+    };
+    let source = ProfileSource {
+        dir: std::path::Path::new(profile::SYSTEM_DIR),
+        files: caller.is_none(),
+    };
+    resolve::load_profile(&name, source)
+        .is_ok_and(|profile| args.net.unwrap_or(profile.network.mode).has_gateway())
 }
 
 /// The attachments codecage made (output.txt, figures) under --out-dir, as the caller;
@@ -505,7 +545,7 @@ fn build_spec(
     asked: &mut Start,
     network: &crate::gateway::GatewayConfig,
     caller: Option<&Caller>,
-) -> Result<Built, Error> {
+) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Error> {
     asked.code = args.code.clone();
     if !args.argv.is_empty() {
         asked.argv = Some(args.argv.clone());
@@ -517,14 +557,13 @@ fn build_spec(
         network: args.net,
         ..Request::default()
     };
-    // FILE and the --file inputs are read once the profile is known (below).
-    let mut code_file = None;
     match (args.code, args.file, args.argv.is_empty()) {
         (Some(code), None, true) => request.code = Some(code),
         (None, Some(file), true) => {
             request.lang = request.lang.or_else(|| Lang::from_extension(&file));
+            request.code = Some(read_code(&file, caller).map_err(Error::invalid)?);
+            asked.code = request.code.clone();
             asked.language = request.lang.map(|l| l.name().to_string());
-            code_file = Some(file);
         }
         (None, None, false) => {
             if request.lang.is_some() {
@@ -556,6 +595,11 @@ fn build_spec(
         };
         request.env.push((key.to_string(), value.to_string()));
     }
+    for item in &args.files {
+        request
+            .files
+            .push(read_input(item, caller).map_err(Error::invalid)?);
+    }
     if let (Some(caller), Some(rootfs)) = (caller, request.rootfs.as_deref()) {
         refuse_rootfs_dir_for(caller, rootfs).map_err(Error::invalid)?;
     }
@@ -586,21 +630,6 @@ fn build_spec(
         files: caller.is_none(),
     };
     let profile = resolve::load_profile(&profile_name, source).map_err(flagged)?;
-    // A static `codecage` hands a run with a gateway to codecage-full before it reads the
-    // code (stdin, perhaps) or the inputs: codecage-full reads them again.
-    let mode = request.network.unwrap_or(profile.network.mode);
-    if super::full::STATIC && mode.has_gateway() {
-        return Ok(Built::HandOver);
-    }
-    if let Some(file) = code_file {
-        request.code = Some(read_code(&file, caller).map_err(Error::invalid)?);
-        asked.code = request.code.clone();
-    }
-    for item in &args.files {
-        request
-            .files
-            .push(read_input(item, caller).map_err(Error::invalid)?);
-    }
     let mut spec = resolve::resolve_run(
         &profile,
         &profile_name,
@@ -611,16 +640,7 @@ fn build_spec(
     .map_err(flagged)?;
     spec.sandbox.volumes = volumes;
     spec.validate().map_err(Error::invalid)?;
-    Ok(Built::Run(Box::new((spec, opened, profile, profile_name))))
-}
-
-/// What [`build_spec`] made of the arguments.
-enum Built {
-    /// The run's Spec, the volumes' directories (open until the sandbox has started), the
-    /// profile and its name.
-    Run(Box<(Spec, Vec<OwnedFd>, Profile, String)>),
-    /// The run is `codecage-full`'s (see `full::STATIC`): nothing was read.
-    HandOver,
+    Ok((spec, opened, profile, profile_name))
 }
 
 /// The service's error with this front end's name for the field it is about: its flag

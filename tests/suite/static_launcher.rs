@@ -13,7 +13,7 @@ use std::process::{Command, Output, Stdio};
 
 use super::common::*;
 
-/// The static launcher, or why there is none.
+/// The static launcher, or why there is none (or it is of another build than the suite).
 fn static_codecage() -> Result<PathBuf, String> {
     let path = std::env::var_os("CODECAGE_STATIC_LAUNCHER").map_or_else(
         || {
@@ -23,17 +23,27 @@ fn static_codecage() -> Result<PathBuf, String> {
         },
         PathBuf::from,
     );
-    let ldd = Command::new("ldd").arg(&path).output();
-    match ldd {
-        // glibc's ldd: "statically linked" for a static PIE, "not a dynamic executable"
-        // for a static executable.
-        Ok(out) if String::from_utf8_lossy(&out.stdout).contains("statically linked") => Ok(path),
-        _ => Err(format!(
-            "the static launcher {} (`cargo xtask test` links it: cargo rustc --bin codecage -- -C \
-             target-feature=+crt-static)",
+    let missing = || {
+        format!(
+            "the static launcher {} of this build, with codecage-full beside it (`cargo xtask test` \
+             links it: cargo rustc --bin codecage -- -C target-feature=+crt-static)",
             path.display()
-        )),
+        )
+    };
+    let ldd = Command::new("ldd").arg(&path).output();
+    // glibc's ldd: "statically linked" for a static PIE.
+    if !ldd.is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("statically linked")) {
+        return Err(missing());
     }
+    // codecage-full refuses a front end of another build: of this one, it starts.
+    let full = Command::new(path.with_file_name("codecage-full"))
+        .arg("--version")
+        .env("CODECAGE_FRONT_BUILD", env!("CODECAGE_BUILD_ID"))
+        .output();
+    if !full.is_ok_and(|out| out.status.success()) {
+        return Err(missing());
+    }
+    Ok(path)
 }
 
 fn static_test(test: impl FnOnce(&PathBuf)) {
@@ -43,10 +53,14 @@ fn static_test(test: impl FnOnce(&PathBuf)) {
     })
 }
 
-/// What one traced command did: its output and the programs each process executed.
+/// What one traced command did: its output, the programs executed, and the name
+/// service's files opened where the static binary ran.
 struct Traced {
     out: Output,
     execs: Vec<String>,
+    /// /etc/nsswitch.conf and libnss_* opened by the static binary: by any process when
+    /// nothing was handed over, else by the launcher before it executed codecage-full.
+    nss: Vec<String>,
 }
 
 impl Traced {
@@ -58,19 +72,48 @@ impl Traced {
     fn stdout(&self) -> String {
         String::from_utf8_lossy(&self.out.stdout).into_owned()
     }
+
+    /// Asserts the hand-over happened (or not), and that the static binary asked the name
+    /// service nothing.
+    fn assert_handed_over(&self, expected: bool) {
+        assert_eq!(
+            self.handed_over(),
+            expected,
+            "handed over: {}; executed {:?}",
+            self.handed_over(),
+            self.execs
+        );
+        assert!(
+            self.nss.is_empty(),
+            "the static codecage asked the name service: {:?}",
+            self.nss
+        );
+    }
 }
 
-/// Runs the static `codecage` with `args` under `strace -f -e trace=execve`, with `env`
-/// and `stdin` (bytes, or /dev/null).
+/// Runs the static `codecage` with `args` under strace (`-ff`: a trace file per process,
+/// no call split across lines), with `env` (a host config of its own, empty unless `env`
+/// names one) and `stdin` (bytes, or /dev/null).
 fn traced(codecage: &PathBuf, args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> Traced {
     use std::io::Write;
     let dir = TempDir::new("static-launcher");
-    let trace = dir.path().join("strace.txt");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let prefix = dir.path().join("trace");
     let mut child = Command::new("strace")
-        .args(["-f", "-qq", "-e", "trace=execve", "-e", "signal=none", "-o"])
-        .arg(&trace)
+        .args([
+            "-ff",
+            "-qq",
+            "-e",
+            "trace=execve,openat",
+            "-e",
+            "signal=none",
+            "-o",
+        ])
+        .arg(&prefix)
         .arg(codecage)
         .args(args)
+        .env("CODECAGE_CONFIG", &config)
         .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -86,27 +129,55 @@ fn traced(codecage: &PathBuf, args: &[&str], env: &[(&str, &str)], stdin: Option
         pipe.write_all(bytes).unwrap();
     }
     let out = child.wait_with_output().unwrap();
-    let text = std::fs::read_to_string(&trace).unwrap();
-    // `PID execve("PATH", ...) = 0`: the launcher is the first pid (strace's child).
-    let mut execs = Vec::new();
-    for line in text.lines() {
-        let Some((pid, rest)) = line.split_once(' ') else {
+    let (mut execs, mut launcher_nss, mut all_nss) = (Vec::new(), Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("trace.").and_then(|p| p.parse().ok()) else {
             continue;
         };
-        let rest = rest.trim_start();
-        if let Some(path) = rest
-            .strip_prefix("execve(\"")
-            .and_then(|r| r.split('"').next())
-        {
-            if execs.is_empty() {
-                super::host::note_launcher(pid.trim().parse().unwrap());
-            }
-            if rest.ends_with("= 0") {
-                execs.push(path.to_string());
+        // `execve("PATH", ...) = 0`, `openat(AT_FDCWD, "PATH", ...) = FD`.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut launcher = false;
+        let mut in_full = false;
+        for line in text.lines() {
+            if let Some(program) = line
+                .strip_prefix("execve(\"")
+                .and_then(|r| r.split('"').next())
+            {
+                if line.ends_with("= 0") {
+                    if std::path::Path::new(program) == codecage.as_path() {
+                        // The launcher's cgroups are named after it, for the host check.
+                        launcher = true;
+                        super::host::note_launcher(pid);
+                    }
+                    in_full |= program.ends_with("/codecage-full");
+                    execs.push(program.to_string());
+                }
+            } else if let Some(file) = line
+                .strip_prefix("openat(AT_FDCWD, \"")
+                .and_then(|r| r.split('"').next())
+            {
+                if file == "/etc/nsswitch.conf" || file.contains("/libnss_") {
+                    all_nss.push(file.to_string());
+                    if launcher && !in_full {
+                        launcher_nss.push(file.to_string());
+                    }
+                }
             }
         }
     }
-    Traced { out, execs }
+    let mut traced = Traced {
+        out,
+        execs,
+        nss: Vec::new(),
+    };
+    traced.nss = if traced.handed_over() {
+        launcher_nss
+    } else {
+        all_nss
+    };
+    traced
 }
 
 #[test]
@@ -128,11 +199,17 @@ fn a_static_codecage_runs_a_plain_run_itself() {
         );
         assert!(run.out.status.success(), "{:?}", run.out);
         assert_eq!(run.stdout(), "plain\n");
-        assert!(!run.handed_over(), "handed over: {:?}", run.execs);
-        // The launcher, its init, the interpreter.
+        run.assert_handed_over(false);
+        // The launcher and the interpreter (the init is executed through an fd, execveat):
+        // the static binary was the one traced.
+        let mut execs: Vec<String> = run.execs.clone();
+        execs.sort();
         assert_eq!(
-            run.execs.first().map(PathBuf::from).as_ref(),
-            Some(codecage)
+            execs,
+            [
+                "/usr/bin/python3".to_string(),
+                codecage.display().to_string()
+            ]
         );
     });
 }
@@ -164,7 +241,7 @@ fn through_sudo_a_static_codecage_hands_a_run_of_the_callers_file_to_codecage_fu
         );
         assert!(run.out.status.success(), "{:?}", run.out);
         assert_eq!(run.stdout(), "file read as daemon\n");
-        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+        run.assert_handed_over(true);
         // A file daemon may not read is refused as it would be to them (their credentials
         // were taken, in codecage-full).
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -193,7 +270,7 @@ fn through_sudo_a_static_codecage_hands_a_run_of_the_callers_file_to_codecage_fu
         );
         assert!(run.out.status.success(), "{:?}", run.out);
         assert_eq!(run.stdout(), "as 1000\n");
-        assert!(!run.handed_over(), "handed over: {:?}", run.execs);
+        run.assert_handed_over(false);
     });
 }
 
@@ -213,13 +290,32 @@ fn a_static_codecage_hands_a_gateway_run_to_codecage_full_with_stdin_unread() {
             codecage,
             &["run", "--json", "--profile", profile.to_str().unwrap(), "-"],
             &[],
-            Some(b"import socket\nprint('code from stdin', socket.gethostname())\n"),
+            Some(b"import socket\nprint('code from stdin', sorted(n for _, n in socket.if_nameindex()))\n"),
         );
         let json: serde_json::Value = serde_json::from_slice(&run.out.stdout)
             .unwrap_or_else(|e| panic!("{e}: {:?}", run.out));
-        assert_eq!(json["stdout"], "code from stdin sandbox\n", "{json}");
+        // tun0: the gateway's link.
+        assert_eq!(json["stdout"], "code from stdin ['lo', 'tun0']\n", "{json}");
         assert_eq!(json["exit_code"], 0, "{json}");
-        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+        run.assert_handed_over(true);
+        // The profile itself through a pipe (stdin): read only by codecage-full, which then
+        // sees its network mode (had the static binary read it first, codecage-full would
+        // have found it empty and run with the defaults, no network at all).
+        let text = std::fs::read(&profile).unwrap();
+        let run = traced(
+            codecage,
+            &[
+                "run",
+                "--profile",
+                "/dev/stdin",
+                "-c",
+                "import socket; print(sorted(n for _, n in socket.if_nameindex()))",
+            ],
+            &[],
+            Some(&text),
+        );
+        assert_eq!(run.stdout(), "['lo', 'tun0']\n", "{:?}", run.out);
+        run.assert_handed_over(true);
         // Without a gateway the same binary ran it itself.
         let run = traced(
             codecage,
@@ -228,7 +324,7 @@ fn a_static_codecage_hands_a_gateway_run_to_codecage_full_with_stdin_unread() {
             Some(b"print(2)"),
         );
         assert_eq!(run.stdout(), "2\n", "{:?}", run.out);
-        assert!(!run.handed_over(), "handed over: {:?}", run.execs);
+        run.assert_handed_over(false);
     });
 }
 
@@ -256,7 +352,7 @@ fn a_static_codecage_hands_an_audited_run_for_a_group_to_codecage_full() {
         );
         assert!(run.out.status.success(), "{:?}", run.out);
         assert_eq!(run.stdout(), "audited\n");
-        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+        run.assert_handed_over(true);
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&db).expect("the audit database");
         assert_eq!(
@@ -282,6 +378,6 @@ fn a_static_codecage_hands_the_servers_clients_to_codecage_full() {
             stderr.contains("no codecage server answers at http://localhost:9"),
             "{stderr}"
         );
-        assert!(run.handed_over(), "not handed over: {:?}", run.execs);
+        run.assert_handed_over(true);
     });
 }
