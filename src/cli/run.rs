@@ -135,6 +135,8 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(config) => config,
         Err(e) => return report(&Outcome::failed(ErrorKind::Setup, e), json),
     };
+    // Loaded here for the gateway's decision, the profile is the one `build_spec` uses.
+    let mut preloaded = None;
     if full::STATIC {
         if host
             .audit
@@ -143,7 +145,12 @@ pub fn main(args: RunArgs) -> i32 {
         {
             return hand_over("an audit log for a group ([audit] group) needs its gid from the name service (NSS)");
         }
-        if has_gateway(&args, caller.as_ref()) {
+        preloaded = early_profile(&args, caller.as_ref());
+        let mode = |profile: &Profile| args.net.unwrap_or(profile.network.mode);
+        if preloaded
+            .as_ref()
+            .is_some_and(|(_, p)| mode(p).has_gateway())
+        {
             return hand_over("the gateway of this run's network looks up host names (NSS)");
         }
     }
@@ -160,7 +167,7 @@ pub fn main(args: RunArgs) -> i32 {
         None => format!("uid:{}", nix::unistd::getuid()),
     };
     let mut start = resolve::run_start(Via::Cli, who, args.lang, args.profile.clone());
-    let built = build_spec(args, &mut start, &host.network, caller.as_ref());
+    let built = build_spec(args, &mut start, &host.network, caller.as_ref(), preloaded);
     let slot = match audit.as_ref().map(Audit::slot_blocking).transpose() {
         Ok(slot) => slot,
         Err(e) => {
@@ -362,23 +369,25 @@ fn static_hand_over(args: &RunArgs) -> Option<&'static str> {
     None
 }
 
-/// Whether the run's network mode has a gateway, from its profile as `build_spec` will load
-/// it (its code and inputs are not read yet). A profile that does not load says no: the
-/// run's own resolution then reports why.
-fn has_gateway(args: &RunArgs, caller: Option<&Caller>) -> bool {
+/// The run's profile and its name, as `build_spec` would load them, before its code and
+/// inputs are read. None where they do not resolve: the run's own resolution then reports
+/// why.
+fn early_profile(args: &RunArgs, caller: Option<&Caller>) -> Option<(String, Profile)> {
     let lang = args
         .lang
         .or_else(|| args.file.as_deref().and_then(Lang::from_extension));
-    let Ok(name) = resolve::profile_name(args.profile.as_deref(), lang, !args.argv.is_empty())
-    else {
-        return false;
-    };
-    let source = ProfileSource {
+    let name = resolve::profile_name(args.profile.as_deref(), lang, !args.argv.is_empty()).ok()?;
+    let profile = resolve::load_profile(&name, profile_source(caller)).ok()?;
+    Some((name, profile))
+}
+
+/// Where a run's profile comes from: a profile file's path is the local user's to give;
+/// through sudo, only names.
+fn profile_source(caller: Option<&Caller>) -> ProfileSource<'static> {
+    ProfileSource {
         dir: std::path::Path::new(profile::SYSTEM_DIR),
         files: caller.is_none(),
-    };
-    resolve::load_profile(&name, source)
-        .is_ok_and(|profile| args.net.unwrap_or(profile.network.mode).has_gateway())
+    }
 }
 
 /// The attachments codecage made (output.txt, figures) under --out-dir, as the caller;
@@ -539,12 +548,14 @@ fn prepare(
 /// rules (`service::resolve`), the errors naming this front end's flags; notes what was
 /// asked in `asked` (for the audit), as far as it got. Also returns the volumes'
 /// directories, opened (with the sudo caller's credentials when codecage runs for
-/// someone), which must stay open until the sandbox has started.
+/// someone), which must stay open until the sandbox has started. `preloaded`: the profile
+/// already loaded under its name ([`early_profile`]), used when the name is the run's.
 fn build_spec(
     args: RunArgs,
     asked: &mut Start,
     network: &crate::gateway::GatewayConfig,
     caller: Option<&Caller>,
+    preloaded: Option<(String, Profile)>,
 ) -> Result<(Spec, Vec<OwnedFd>, Profile, String), Error> {
     asked.code = args.code.clone();
     if !args.argv.is_empty() {
@@ -624,12 +635,10 @@ fn build_spec(
         flagged(e)
     })?;
     asked.profile = Some(profile_name.clone());
-    // A profile file's path is the local user's to give; through sudo, only names.
-    let source = ProfileSource {
-        dir: std::path::Path::new(profile::SYSTEM_DIR),
-        files: caller.is_none(),
+    let profile = match preloaded {
+        Some((name, profile)) if name == profile_name => profile,
+        _ => resolve::load_profile(&profile_name, profile_source(caller)).map_err(flagged)?,
     };
-    let profile = resolve::load_profile(&profile_name, source).map_err(flagged)?;
     let mut spec = resolve::resolve_run(
         &profile,
         &profile_name,
