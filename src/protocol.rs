@@ -53,7 +53,8 @@ pub const TAG_RAW_ERROR: u8 = b'E';
 pub const TAG_MESSAGE: u8 = b'M';
 /// One byte that carries the sandbox's detached mounts (SCM_RIGHTS): its tmpfs file
 /// systems in the order of [`Tmpfs::plan`], then the volumes' mount trees in the order of
-/// `SandboxSpec::volumes`; sent right after the spec.
+/// `SandboxSpec::volumes`; sent after the spec, once the launcher has filled the tmpfs
+/// (src/launcher/fill.rs).
 pub const TAG_VOLUMES: u8 = b'V';
 
 /// At most this many entries in [`Tmpfs::plan`].
@@ -215,14 +216,13 @@ steps! {
     LeaveSession = "leave_session": "leaving the launcher's session (setsid)",
     DieWithLauncher = "die_with_launcher": "asking for SIGKILL when the launcher dies",
     ReceiveSpec = "receive_spec": "reading the Spec from the launcher",
-    ReceiveVolumes = "receive_volumes": "reading the volumes' mount trees from the launcher",
     EnterCgroupNamespace = "enter_cgroup_namespace": "creating the cgroup namespace",
+    ReceiveVolumes = "receive_volumes": "reading the tmpfs file systems and the volumes' mount trees from the launcher",
     StopMountPropagation = "stop_mount_propagation": "making / a recursive slave mount",
     AttachStage = "attach_stage": "attaching the tmpfs the /proc masks and the sandbox's /proc files are staged on, under the new root",
     MountRootTmpfs = "mount_root_tmpfs": "mounting the tmpfs the new root is assembled on",
     BindHostDirs = "bind_host_dirs": "binding the host's /usr, /bin and /lib* read-only",
-    WriteEtc = "write_etc": "writing the sandbox's /etc",
-    MakeMountPoints = "make_mount_points": "creating /tmp, /work, /dev and /proc",
+    WriteEtc = "write_etc": "binding the host's /etc entries onto the sandbox's /etc",
     BindImageRoot = "bind_image_root": "binding the image directory as the new root",
     CheckMountPoints = "check_mount_points": "checking the image has /dev, /proc, /tmp and /work",
     MountTmp = "mount_tmp": "mounting the tmpfs on /tmp",
@@ -234,7 +234,7 @@ steps! {
     MountProc = "mount_proc": "mounting a new proc on /proc",
     ProtectProc = "protect_proc": "making kernel knobs in /proc read-only",
     MaskHostProcEntries = "mask_host_proc_entries": "hiding the /proc entries that describe the host",
-    WriteSandboxProcFiles = "write_sandbox_proc_files": "writing the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id",
+    WriteSandboxProcFiles = "write_sandbox_proc_files": "binding the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id",
     MountSys = "mount_sys": "mounting the minimal /sys",
     MountDrivers = "mount_drivers": "mounting the REPL drivers read-only",
     PointResolverAtGateway = "point_resolver_at_gateway": "covering the image's /etc/resolv.conf with one naming the gateway's DNS",

@@ -136,7 +136,7 @@ fn namespaces(with_net: bool) -> u64 {
 }
 
 /// Clones the sandbox's init into new namespaces (and into its cgroup), writes its id maps,
-/// and sends it "go" and the spec. Returns once the init is on its way; setup errors from
+/// sends it "go" and the spec, fills its tmpfs file systems and sends them. Returns once the init is on its way; setup errors from
 /// inside arrive later on the channel.
 pub fn start(
     spec: &SandboxSpec,
@@ -257,8 +257,9 @@ pub fn start(
             }
         }
     }
+    let filesystems = tmpfs.len();
     let mounts: Vec<OwnedFd> = tmpfs.into_iter().chain(volumes).collect();
-    if let Err(message) = handshake(spec, &mut started, &mounts) {
+    if let Err(message) = handshake(spec, &mut started, &mounts, filesystems, owner) {
         abort(&started);
         return Err(message);
     }
@@ -393,6 +394,10 @@ fn clone_child(job: &CloneJob) -> Result<(Pid, OwnedFd, bool), String> {
         }
         .and_then(|r| r)
     };
+    // No file of another sandbox's tmpfs open for writing may be copied into the child.
+    let _quiet = super::fill::WRITING
+        .write()
+        .unwrap_or_else(|e| e.into_inner());
     let mut born_inside = job.target.is_some();
     let mut forked = clone(job.target);
     if born_inside
@@ -415,8 +420,6 @@ extern "C" fn child_entry(plan: usize) -> ! {
     child_pre_exec(unsafe { &*(plan as *const ChildPlan) })
 }
 
-/// Writes the id maps, then "go" and the spec. A failure to send means the child already
-/// died; its raw error frame is waiting on the channel, so that is not an error here.
 /// The sandbox's tmpfs file systems, made here in the host's user namespace and owned
 /// inside by the ids their plan names (see [`Tmpfs`]): `root` is the sandbox root's host
 /// uid, the sandbox user's the next.
@@ -439,7 +442,18 @@ fn make_tmpfs(spec: &SandboxSpec, root: u32) -> Result<Vec<OwnedFd>, String> {
         .collect()
 }
 
-fn handshake(spec: &SandboxSpec, started: &mut Started, mounts: &[OwnedFd]) -> Result<(), String> {
+/// Writes the id maps, then "go" and the spec, then sends the mounts: the first
+/// `filesystems` of them are the tmpfs file systems, which the launcher fills first
+/// (super::fill) while the child executes the init. `root` is the sandbox root's host id.
+/// A failure to send means the child already died; its raw error frame is waiting on the
+/// channel, so that is not an error here.
+fn handshake(
+    spec: &SandboxSpec,
+    started: &mut Started,
+    mounts: &[OwnedFd],
+    filesystems: usize,
+    root: u32,
+) -> Result<(), String> {
     let pid = started.pid.as_raw() as u32;
     let lines = spec.ids.map_lines(started.slot.number());
     // As root in the parent namespace we may write a map with several lines and need not
@@ -457,6 +471,7 @@ fn handshake(spec: &SandboxSpec, started: &mut Started, mounts: &[OwnedFd]) -> R
         .map_err(|e| format!("cannot encode the spec: {e}"))?;
     started.go_ns = crate::sys::monotonic_ns();
     if protocol::send_with_fds(&started.channel, &frame, &[]).is_ok() {
+        super::fill::fill(spec, &mounts[..filesystems], root)?;
         // The tmpfs file systems and the volumes' mount trees, in a frame of their own: the
         // raw child reads "go" with a plain read, which would drop fds sent with it.
         let fds: Vec<RawFd> = mounts.iter().map(|fd| fd.as_raw_fd()).collect();

@@ -18,6 +18,7 @@
 //! a fresh codecage, every fd is CLOEXEC, and concurrent sandboxes share no files or ids.
 
 mod clone;
+mod fill;
 mod link;
 mod prepared;
 pub mod processes;

@@ -14,6 +14,7 @@ mod procfs;
 mod procs;
 mod rootfs;
 mod seccomp;
+pub(crate) mod skeleton;
 mod volumes;
 
 use std::os::fd::OwnedFd;
@@ -110,6 +111,15 @@ fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
     // Die with the launcher, and make sure it did not die before we asked.
     die_with_launcher(channel)?;
     let spec = receive_spec(channel)?;
+    // Only now: we joined our cgroups before the exec, so the new cgroup namespace is
+    // rooted at the run's own cgroup. Created at clone time on a v1 host, it would be
+    // rooted at the launcher's cgroup instead.
+    enter_cgroup_namespace()?;
+    // /proc/sys/net shows the reader's network namespace, whichever procfs it is read from;
+    // the sandbox's own /proc/sys is read-only once built.
+    set_network_sysctls(spec.network.mode.has_gateway())?;
+    // The tmpfs file systems come after "go" and the spec: the launcher fills them while we
+    // start (src/launcher/fill.rs), so they are asked for only when the mounts need them.
     let plan = protocol::Tmpfs::plan(&spec);
     let mut volumes = receive_mounts(channel, plan.len() + spec.volumes.len())?;
     let tmpfs: mount::TmpfsFds = plan
@@ -117,14 +127,7 @@ fn build(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
         .copied()
         .zip(volumes.drain(..plan.len()))
         .collect();
-    // Only now: we joined our cgroups before the exec, so the new cgroup namespace is
-    // rooted at the run's own cgroup. Created at clone time on a v1 host, it would be
-    // rooted at the launcher's cgroup instead.
-    enter_cgroup_namespace()?;
     // Mounts: a new root from tmpfs and read-only binds, then pivot_root (see mount.rs).
-    // /proc/sys/net shows the reader's network namespace, whichever procfs it is read from;
-    // the sandbox's own /proc/sys is read-only once built.
-    set_network_sysctls(spec.network.mode.has_gateway())?;
     mount::build_root(&spec, tmpfs, volumes)?;
     set_hostname(&spec.hostname)?;
     bring_up_loopback()?;
@@ -168,7 +171,7 @@ fn receive_spec(channel: &UnixStream) -> Result<SandboxSpec, SetupError> {
 }
 
 /// The sandbox's tmpfs file systems and the volumes' detached mount trees, which the
-/// launcher sends right after the spec.
+/// launcher sends after the spec, once it has filled the tmpfs.
 fn receive_mounts(channel: &UnixStream, count: usize) -> Result<Vec<OwnedFd>, SetupError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     use std::os::fd::{AsRawFd, RawFd};

@@ -7,7 +7,6 @@
 //! covers /tmp, or lies outside it.
 
 use std::fs;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -16,7 +15,8 @@ use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
 
 use super::procfs;
-use super::rootfs::{resolv_conf, synthesized_etc, HOST_ETC, HOST_TOP};
+use super::rootfs::{HOST_ETC, HOST_TOP};
+use super::skeleton::{DEV_NODES, RESOLV_CONF};
 use crate::protocol::{SetupError, Step, Tmpfs};
 use crate::spec::{Rootfs, SandboxSpec};
 
@@ -34,8 +34,6 @@ pub(super) fn attach(fds: &mut TmpfsFds, which: Tmpfs, target: &Path) -> std::io
 /// Where the new root is assembled before pivot_root.
 const NEW_ROOT: &str = "/tmp";
 
-/// Device nodes bound from the host's /dev (mknod is not allowed in a user namespace).
-const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 /// The most ptys a sandbox may hold at once. Every devpts instance but the host's initial
 /// one draws on one pool of `kernel.pty.max - kernel.pty.reserve` ptys (3072 by default),
 /// and a pty's buffers are kernel memory no cgroup is charged for: one sandbox must not
@@ -64,16 +62,10 @@ pub fn build_root(
         Rootfs::Host => None,
         Rootfs::Dir(dir) => Some(open_image(dir)?),
     };
+    // The launcher wrote everything bound from the stage (see super::skeleton); it is made
+    // read-only once.
     let mut stage = Stage::attach(&mut tmpfs)?;
-    // Everything bound from the stage is written first, then it is made read-only once.
     let resolver = matches!(spec.rootfs, Rootfs::Dir(_)) && spec.network.mode.has_gateway();
-    procfs::stage_files(stage.path(), spec)?;
-    if resolver {
-        stage_resolver(stage.path())?;
-    }
-    if spec.drivers {
-        stage_drivers(stage.path())?;
-    }
     if matches!(spec.rootfs, Rootfs::Host) {
         stage.bind_host_etc()?;
     }
@@ -85,10 +77,11 @@ pub fn build_root(
             check_mount_points(dir)?;
         }
         _ => {
+            // Its mount points, symlinks, /etc files and the mount points of /tmp, /work,
+            // /dev, /proc and /sys are the launcher's (super::skeleton).
             mount_root_tmpfs(&mut tmpfs)?;
             bind_host_dirs()?;
-            write_etc(&spec.hostname, spec.network.mode.has_gateway(), &stage)?;
-            make_mount_points()?;
+            bind_host_etc_entries(&stage)?;
         }
     }
     mount_tmp(&mut tmpfs)?;
@@ -98,7 +91,7 @@ pub fn build_root(
     mount_dev(&mut tmpfs)?;
     procfs::mount_sys(&at("sys"), stage.path())?;
     if spec.drivers {
-        mount_drivers(stage.path(), matches!(spec.rootfs, Rootfs::Host))?;
+        mount_drivers(stage.path())?;
     }
     // Mounted while the host's /proc is still visible in this namespace: the kernel refuses
     // a new procfs in a user namespace unless a fully visible one is already mounted there
@@ -179,9 +172,9 @@ impl Stage {
     /// host rootfs's /etc entries ([`Stage::etc`]). Before 5.12 (ENOSYS) there is none; the
     /// entries are then each bound from the host's /etc and remounted read-only.
     fn bind_host_etc(&mut self) -> Done {
+        // Its mount point is the launcher's (super::skeleton).
         let dir = self.path().join("etc");
         let fail = |e: std::io::Error, what: &str| SetupError::io(Step::WriteEtc, &e, what);
-        mkdir(&dir, 0o755).map_err(|e| fail(e, "creating the stage's etc"))?;
         let flags = MsFlags::MS_BIND | MsFlags::MS_REC;
         mount(Some("/etc"), &dir, None::<&str>, flags, None::<&str>)
             .map_err(|e| SetupError::errno(Step::WriteEtc, e, "binding /etc on the stage"))?;
@@ -203,14 +196,14 @@ impl Stage {
 
     /// Makes it read-only, once everything bound from it is written.
     fn seal(&self) -> Done {
-        remount_readonly(self.path()).map_err(|e| {
+        seal_written(self.path()).map_err(|e| {
             SetupError::errno(Step::AttachStage, e, "making the staging tmpfs read-only")
         })
     }
 }
 
 /// An image's /etc is its own: its resolv.conf is covered by one naming the gateway's DNS,
-/// staged (while the stage is writable) by [`stage_resolver`] and bound read-only here.
+/// which the launcher wrote on the stage (super::skeleton), bound read-only here.
 fn point_resolver_at_gateway(stage: &Path) -> Done {
     let target = at("etc/resolv.conf");
     if !target.is_file() {
@@ -225,19 +218,6 @@ fn point_resolver_at_gateway(stage: &Path) -> Done {
             Step::PointResolverAtGateway,
             e,
             "binding resolv.conf over the image's",
-        )
-    })
-}
-
-/// The name in the stage of the gateway's resolv.conf.
-const RESOLV_CONF: &str = "resolv.conf";
-
-fn stage_resolver(stage: &Path) -> Done {
-    fs::write(stage.join(RESOLV_CONF), resolv_conf(true)).map_err(|e| {
-        SetupError::io(
-            Step::PointResolverAtGateway,
-            &e,
-            "staging resolv.conf".to_string(),
         )
     })
 }
@@ -271,86 +251,57 @@ fn mount_root_tmpfs(tmpfs: &mut TmpfsFds) -> Done {
 
 fn bind_host_dirs() -> Done {
     for name in HOST_TOP {
-        copy_entry(
+        bind_onto_mount_point(
             Path::new("/"),
             Path::new(NEW_ROOT),
             name,
             Step::BindHostDirs,
+            Bind::Readonly,
         )?;
     }
     Ok(())
 }
 
-/// A synthesized /etc plus the harmless host entries (see rootfs.rs), bound from a
-/// read-only bind of the host's /etc on the stage ([`Stage::bind_host_etc`]): a bind copies its
-/// source's flags, so each entry is one bind instead of a bind and a remount.
-fn write_etc(hostname: &str, gateway: bool, stage: &Stage) -> Done {
+/// The harmless host /etc entries (see rootfs.rs) on the launcher's /etc, bound from a
+/// read-only bind of the host's /etc on the stage ([`Stage::bind_host_etc`]): a bind copies
+/// its source's flags, so each entry is one bind instead of a bind and a remount.
+fn bind_host_etc_entries(stage: &Stage) -> Done {
     let etc = at("etc");
-    mkdir(&etc, 0o755)
-        .map_err(|e| SetupError::io(Step::WriteEtc, &e, format!("creating {}", etc.display())))?;
-    for (name, content) in synthesized_etc(hostname, gateway) {
-        let path = etc.join(name);
-        fs::write(&path, content).map_err(|e| {
-            SetupError::io(Step::WriteEtc, &e, format!("writing {}", path.display()))
-        })?;
-    }
     let (from, bind) = match stage.etc() {
         Some(readonly) => (readonly, Bind::Copy),
         None => (Path::new("/etc"), Bind::Readonly),
     };
     for name in HOST_ETC {
-        copy_entry_with(from, &etc, name, Step::WriteEtc, bind)?;
+        bind_onto_mount_point(from, &etc, name, Step::WriteEtc, bind)?;
     }
     Ok(())
 }
 
-/// How [`copy_entry_with`] binds: onto the new mount point then made read-only, or as a
-/// copy of a source that is read-only already.
+/// How [`bind_onto_mount_point`] binds: onto the new mount point then made read-only, or
+/// as a copy of a source that is read-only already.
 #[derive(Clone, Copy)]
 enum Bind {
     Readonly,
     Copy,
 }
 
-/// Recreates `from/name` under `to`: a symlink is copied, a directory or file is bound
-/// read-only onto a new mount point. A missing source is skipped.
-fn copy_entry(from: &Path, to: &Path, name: &str, step: Step) -> Done {
-    copy_entry_with(from, to, name, step, Bind::Readonly)
-}
-
-fn copy_entry_with(from: &Path, to: &Path, name: &str, step: Step, bind: Bind) -> Done {
-    let src = from.join(name);
-    let dst = to.join(name);
-    let meta = match fs::symlink_metadata(&src) {
-        Ok(meta) => meta,
+/// Binds `from/name` onto `to/name` where the launcher made a directory or file for it
+/// there (super::skeleton: it copied a symlink as a symlink, and made nothing for an entry
+/// the host lacks). A symlink is never mounted on: mount(2) would follow it.
+fn bind_onto_mount_point(from: &Path, to: &Path, name: &str, step: Step, bind: Bind) -> Done {
+    let (src, dst) = (from.join(name), to.join(name));
+    match fs::symlink_metadata(&dst) {
+        Ok(meta) if meta.is_dir() || meta.is_file() => {}
+        Ok(_) => return Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => {
             return Err(SetupError::io(
                 step,
                 &e,
-                format!("inspecting {}", src.display()),
+                format!("inspecting {}", dst.display()),
             ))
         }
-    };
-    if let Some(parent) = dst.parent() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent)
-            .map_err(|e| SetupError::io(step, &e, format!("creating {}", parent.display())))?;
     }
-    if meta.file_type().is_symlink() {
-        let target = fs::read_link(&src)
-            .map_err(|e| SetupError::io(step, &e, format!("reading link {}", src.display())))?;
-        return symlink(&target, &dst)
-            .map_err(|e| SetupError::io(step, &e, format!("creating symlink {}", dst.display())));
-    }
-    let made = if meta.is_dir() {
-        mkdir(&dst, 0o755)
-    } else {
-        fs::write(&dst, b"")
-    };
-    made.map_err(|e| SetupError::io(step, &e, format!("creating mount point {}", dst.display())))?;
     let bound = match bind {
         Bind::Readonly => bind_readonly(&src, &dst),
         Bind::Copy => bind_copy_recursive(&src, &dst),
@@ -362,26 +313,6 @@ fn copy_entry_with(from: &Path, to: &Path, name: &str, step: Step, bind: Bind) -
             format!("binding {} read-only on {}", src.display(), dst.display()),
         )
     })
-}
-
-fn make_mount_points() -> Done {
-    for (name, mode) in [
-        ("tmp", 0o1777),
-        ("work", 0o755),
-        ("dev", 0o755),
-        ("proc", 0o555),
-        ("sys", 0o555),
-    ] {
-        let path = at(name);
-        mkdir(&path, mode).map_err(|e| {
-            SetupError::io(
-                Step::MakeMountPoints,
-                &e,
-                format!("creating {}", path.display()),
-            )
-        })?;
-    }
-    Ok(())
 }
 
 /// The image as the new root: a read-only overlay of it, so that /proc/self/mountinfo
@@ -484,57 +415,38 @@ fn mount_work(tmpfs: &mut TmpfsFds) -> Done {
         .map_err(|e| SetupError::io(Step::MountWork, &e, "mounting the tmpfs on /work"))
 }
 
-/// A tmpfs /dev with the harmless device nodes bound from the host, the usual symlinks, a
-/// /dev/shm tmpfs and a devpts instance of the sandbox's own; [`seal_dev`] makes it
-/// read-only at the end.
+/// A tmpfs /dev with the harmless device nodes bound from the host onto the launcher's
+/// placeholders (it made the usual symlinks and /dev/shm's and /dev/pts's directories too,
+/// super::skeleton), a /dev/shm tmpfs and a devpts instance of the sandbox's own;
+/// [`seal_dev`] makes it read-only at the end.
 fn mount_dev(tmpfs: &mut TmpfsFds) -> Done {
     let dev = at("dev");
     attach(tmpfs, Tmpfs::Dev, &dev)
         .map_err(|e| SetupError::io(Step::MountDev, &e, "mounting the tmpfs on /dev"))?;
     for node in DEV_NODES {
         let (src, dst) = (Path::new("/dev").join(node), dev.join(node));
-        if !src.exists() {
-            continue;
+        // No placeholder where the host had no such node: the bind's ENOENT.
+        match bind_copy(&src, &dst) {
+            Err(Errno::ENOENT) if fs::symlink_metadata(&dst).is_err() => {}
+            bound => bound.map_err(|e| {
+                SetupError::errno(Step::MountDev, e, format!("binding {}", src.display()))
+            })?,
         }
-        fs::write(&dst, b"").map_err(|e| {
-            SetupError::io(Step::MountDev, &e, format!("creating {}", dst.display()))
-        })?;
-        mount(
-            Some(&src),
-            &dst,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(|e| SetupError::errno(Step::MountDev, e, format!("binding {}", src.display())))?;
     }
-    for (name, target) in [
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        symlink(target, dev.join(name))
-            .map_err(|e| SetupError::io(Step::MountDev, &e, format!("creating /dev/{name}")))?;
-    }
-    let shm = dev.join("shm");
-    mkdir(&shm, 0o1777).map_err(|e| SetupError::io(Step::MountDev, &e, "creating /dev/shm"))?;
-    attach(tmpfs, Tmpfs::Shm, &shm)
+    attach(tmpfs, Tmpfs::Shm, &dev.join("shm"))
         .map_err(|e| SetupError::io(Step::MountDev, &e, "mounting the tmpfs on /dev/shm"))?;
     mount_devpts(&dev)
 }
 
-/// A devpts instance of the sandbox's own on /dev/pts, and /dev/ptmx pointing at its ptmx:
-/// the payload can open ptys (`os.openpty()`, `script`, test suites of terminal code), and
-/// no host pty is visible. A devpts mounted in a user namespace is always a new instance.
-/// The slaves belong to whoever opens the master (the sandbox user); `max` bounds how many
-/// the sandbox holds ([`MAX_PTYS`]).
+/// A devpts instance of the sandbox's own on /dev/pts, which /dev/ptmx points into (the
+/// launcher's symlink): the payload can open ptys (`os.openpty()`, `script`, test suites of
+/// terminal code), and no host pty is visible. A devpts mounted in a user namespace is
+/// always a new instance. The slaves belong to whoever opens the master (the sandbox user);
+/// `max` bounds how many the sandbox holds ([`MAX_PTYS`]).
 fn mount_devpts(dev: &Path) -> Done {
-    let pts = dev.join("pts");
-    mkdir(&pts, 0o755).map_err(|e| SetupError::io(Step::MountDevpts, &e, "creating /dev/pts"))?;
     mount(
         Some("devpts"),
-        &pts,
+        &dev.join("pts"),
         Some("devpts"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some(format!("newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}").as_str()),
@@ -545,40 +457,15 @@ fn mount_devpts(dev: &Path) -> Done {
             e,
             "mounting a devpts instance on /dev/pts",
         )
-    })?;
-    symlink("pts/ptmx", dev.join("ptmx"))
-        .map_err(|e| SetupError::io(Step::MountDevpts, &e, "creating /dev/ptmx"))
+    })
 }
 
-/// The REPL drivers of this codecage's version, written on the stage's `run` directory.
-fn stage_drivers(stage: &Path) -> Done {
-    let dir = stage.join(crate::spec::DRIVERS_DIR.trim_start_matches('/'));
-    let fail = |e: std::io::Error, what: String| SetupError::io(Step::MountDrivers, &e, what);
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&dir)
-        .map_err(|e| fail(e, format!("staging {}", crate::spec::DRIVERS_DIR)))?;
-    for (name, content) in crate::drivers::FILES {
-        fs::write(dir.join(name), content)
-            .map_err(|e| fail(e, format!("staging the driver {name}")))?;
-    }
-    Ok(())
-}
-
-/// The REPL drivers ([`stage_drivers`]) on /run (which the host rootfs's root tmpfs gets,
-/// and images have): a bind of the stage's `run`, read-only from the stage.
-fn mount_drivers(stage: &Path, make_mount_point: bool) -> Done {
+/// The REPL drivers of this codecage's version, which the launcher wrote on the stage's
+/// `run` (super::skeleton), on /run (the host rootfs's mount point is the launcher's too;
+/// images have one): a bind, read-only from the stage.
+fn mount_drivers(stage: &Path) -> Done {
     let run = at("run");
-    if make_mount_point {
-        mkdir(&run, 0o755).map_err(|e| {
-            SetupError::io(
-                Step::MountDrivers,
-                &e,
-                format!("creating {}", run.display()),
-            )
-        })?;
-    } else if !run.is_dir() {
+    if !run.is_dir() {
         return Err(SetupError::refused(
             Step::MountDrivers,
             "the image has no /run to mount the REPL drivers on",
@@ -589,7 +476,7 @@ fn mount_drivers(stage: &Path, make_mount_point: bool) -> Done {
 }
 
 fn seal_dev() -> Done {
-    remount_readonly(&at("dev"))
+    seal_written(&at("dev"))
         .map_err(|e| SetupError::errno(Step::SealDev, e, "making /dev read-only"))
 }
 
@@ -666,7 +553,7 @@ pub(super) fn bind_exec(file: &Path, path: &Path) -> Done {
 }
 
 fn remount_root_readonly() -> Done {
-    remount_readonly(Path::new(NEW_ROOT))
+    seal_written(Path::new(NEW_ROOT))
         .map_err(|e| SetupError::errno(Step::RemountRootReadonly, e, "making / read-only"))
 }
 
@@ -704,6 +591,21 @@ fn bind_copy_recursive(src: &Path, dst: &Path) -> nix::Result<()> {
     mount(Some(src), dst, None::<&str>, flags, None::<&str>)
 }
 
+/// [`remount_readonly`] of a tmpfs the launcher wrote on (src/launcher/fill.rs). EBUSY says
+/// a file of the mount is still open for writing somewhere: only a copy of one of the
+/// launcher's fds can be, in a process that its program forked while it wrote (its own
+/// clones of sandboxes wait for its writes), and that copy goes at the process's exec. So
+/// it is tried again, for at most about 100 ms.
+fn seal_written(path: &Path) -> nix::Result<()> {
+    for _ in 0..100 {
+        match remount_readonly(path) {
+            Err(Errno::EBUSY) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            done => return done,
+        }
+    }
+    remount_readonly(path)
+}
+
 /// Makes a mount read-only, nosuid, nodev. The first bind ignores these flags; only a
 /// remount with MS_BIND|MS_REMOUNT applies them (mount(2)). Flags the kernel locked when it copied the host's
 /// mount into our user namespace must be kept, or the remount fails with EPERM
@@ -719,13 +621,4 @@ pub(super) fn remount_readonly(path: &Path) -> nix::Result<()> {
         flags |= MsFlags::MS_NOEXEC;
     }
     mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
-}
-
-pub(super) fn mkdir(path: &Path, mode: u32) -> std::io::Result<()> {
-    fs::DirBuilder::new().mode(mode).create(path)?;
-    // The umask must not narrow a mode we chose (1777 for /tmp).
-    if mode & 0o022 != 0 {
-        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
-    }
-    Ok(())
 }

@@ -17,11 +17,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use std::os::unix::fs::DirBuilderExt;
-
 use nix::errno::Errno;
 
-use super::mount::{bind_copy, mkdir};
+use super::mount::bind_copy;
+use super::skeleton::Entry;
 use crate::protocol::{SetupError, Step};
 use crate::spec::{SandboxSpec, CPU_PERIOD_US};
 
@@ -71,16 +70,14 @@ fn staged_name(name: &str) -> String {
     name.replace('/', "_")
 }
 
-/// Writes into the stage (see [`super::mount::Stage`], still writable) what is bound over
-/// the new /proc: the empty file and directory that hide the host's entries, and the
-/// sandbox's own meminfo, cpuinfo, stat, loadavg and boot id; and the sandbox's /sys.
-pub fn stage_files(stage: &Path, spec: &SandboxSpec) -> Done {
+/// What the stage holds (see [`super::mount::Stage`]; written by the launcher, see
+/// [`super::skeleton`]) for the new /proc: the empty file and directory that hide the host's
+/// entries, and the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id; and the
+/// sandbox's /sys.
+pub(super) fn stage_entries(spec: &SandboxSpec, entries: &mut Vec<Entry>) {
     let facts = Facts::of(spec);
-    let fail = |e: std::io::Error, what: &str| {
-        SetupError::io(Step::WriteSandboxProcFiles, &e, format!("staging {what}"))
-    };
-    fs::write(stage.join(EMPTY_FILE), b"").map_err(|e| fail(e, "the empty file"))?;
-    mkdir(&stage.join(EMPTY_DIR), 0o555).map_err(|e| fail(e, "the empty directory"))?;
+    entries.push(Entry::File(EMPTY_FILE.into(), Vec::new()));
+    entries.push(Entry::Dir(EMPTY_DIR.into(), 0o555));
     for name in VIRTUAL_FILES {
         let content = match *name {
             "meminfo" => facts.meminfo(),
@@ -89,21 +86,18 @@ pub fn stage_files(stage: &Path, spec: &SandboxSpec) -> Done {
             "loadavg" => "0.00 0.00 0.00 1/1 1\n".to_string(),
             _ => format!("{}\n", random_uuid()),
         };
-        fs::write(stage.join(staged_name(name)), content)
-            .map_err(|e| fail(e, &format!("/proc/{name}")))?;
+        entries.push(Entry::File(staged_name(name), content.into_bytes()));
     }
     // The sandbox's /sys (see mount_sys).
-    let cpu = stage.join("sys/devices/system/cpu");
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&cpu)
-        .map_err(|e| fail(e, "/sys/devices/system/cpu"))?;
+    let cpu = "sys/devices/system/cpu";
+    super::skeleton::dirs_to(entries, cpu);
     let range = facts.cpu_range();
     for name in ["online", "possible", "present"] {
-        fs::write(cpu.join(name), &range).map_err(|e| fail(e, &format!("/sys/{name}")))?;
+        entries.push(Entry::File(
+            format!("{cpu}/{name}"),
+            range.clone().into_bytes(),
+        ));
     }
-    Ok(())
 }
 
 /// Hides the host's entries of the new /proc mounted at `proc` behind the stage's empty
@@ -130,8 +124,8 @@ pub fn mask_host_entries(proc: &Path, stage: &Path) -> Done {
     Ok(())
 }
 
-/// Binds the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id, staged by
-/// [`stage_files`] on the read-only stage, over /proc's.
+/// Binds the sandbox's own meminfo, cpuinfo, stat, loadavg and boot id, staged
+/// ([`stage_entries`]) on the read-only stage, over /proc's.
 pub fn bind_sandbox_files(proc: &Path, stage: &Path) -> Done {
     for name in VIRTUAL_FILES {
         let target = proc.join(name);
@@ -159,7 +153,7 @@ pub(super) fn bind_if_there(src: &Path, dst: &Path, absent: &[Errno]) -> nix::Re
 }
 
 /// A read-only /sys with the CPU topology files glibc's CPU count reads, when the root has
-/// a /sys to mount on: the stage's `sys` ([`stage_files`]), bound.
+/// a /sys to mount on: the stage's `sys` ([`stage_entries`]), bound.
 pub fn mount_sys(sys: &Path, stage: &Path) -> Done {
     if !sys.is_dir() {
         return Ok(());
@@ -201,7 +195,19 @@ struct Facts {
 
 impl Facts {
     fn of(spec: &SandboxSpec) -> Facts {
-        let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The CPUs the sandbox may run on (it inherits the launcher's affinity). Not
+        // available_parallelism: that also reads the calling process's cgroup quota, which
+        // is the launcher's, and parses /proc/self/mountinfo to find it.
+        let host_cpus = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+            .map(|set| {
+                (0..nix::sched::CpuSet::count())
+                    .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+                    .count()
+            })
+            .ok()
+            .filter(|&cpus| cpus > 0)
+            // A host with more CPUs than the set holds (1024: EINVAL): the count std finds.
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let cpus = match spec.limits {
             Some(l) => (l.cpu_quota_us.div_ceil(CPU_PERIOD_US) as usize).clamp(1, host_cpus),
             None => host_cpus,

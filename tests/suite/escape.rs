@@ -564,7 +564,9 @@ fn inotify_exhaustion_does_not_reach_host_root() {
 }
 
 /// A calling program that ignores SIGCHLD (as many daemons do) or runs with umask 077
-/// (systemd's UMask=0077) gets normal runs: the init resets both.
+/// (systemd's UMask=0077) gets normal runs: the init resets both, and what the launcher
+/// writes on the sandbox's file systems (its /etc, mount points, /dev, /proc and /sys
+/// files) has its modes and the sandbox root as owner whatever the caller's umask.
 #[test]
 fn an_ignored_sigchld_or_a_strict_umask_in_the_caller_changes_nothing() {
     as_root(|| {
@@ -573,7 +575,8 @@ fn an_ignored_sigchld_or_a_strict_umask_in_the_caller_changes_nothing() {
             "import os, signal\n\
              signal.signal(signal.SIGCHLD, signal.SIG_IGN); os.umask(0o077)\n\
              os.execv('{exe}', ['codecage', 'run', '--json', '--rootfs', 'host', '--timeout', '{t}', '--',\n\
-                      'bash', '-c', 'echo hi; cut -d: -f1 /etc/passwd | head -1; stat -c %a /etc'])",
+                      'bash', '-c', 'echo hi; cut -d: -f1 /etc/passwd | head -1; stat -c %a /etc; \\
+                      stat -c \"%U:%G %a %n\" /etc/passwd /tmp /dev/shm /dev/pts /dev/null /dev/ptmx /etc/ssl /proc/meminfo /sys/devices/system/cpu/online'])",
             t = secs(10)
         );
         let out = std::process::Command::new("/usr/bin/python3")
@@ -581,6 +584,20 @@ fn an_ignored_sigchld_or_a_strict_umask_in_the_caller_changes_nothing() {
             .launch_output();
         let run = parse(out);
         assert_eq!(run.error(), None, "{}", run.json);
-        assert_eq!(run.stdout(), "hi\nroot\n755\n", "{}", run.json);
+        assert_eq!(
+            run.stdout(),
+            "hi\nroot\n755\n\
+             root:root 644 /etc/passwd\n\
+             root:root 1777 /tmp\n\
+             root:root 1777 /dev/shm\n\
+             root:root 755 /dev/pts\n\
+             nobody:nogroup 666 /dev/null\n\
+             root:root 777 /dev/ptmx\n\
+             root:root 755 /etc/ssl\n\
+             root:root 644 /proc/meminfo\n\
+             root:root 644 /sys/devices/system/cpu/online\n",
+            "{}",
+            run.json
+        );
     });
 }
