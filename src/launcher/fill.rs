@@ -11,7 +11,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::RwLock;
 
-use nix::fcntl::{openat, OFlag};
+use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fchmod, fchmodat, mkdirat, mknodat, FchmodatFlags, Mode, SFlag};
 use nix::unistd::{fchown, fchownat, symlinkat, Gid, Uid};
 
@@ -44,56 +44,42 @@ pub(super) fn fill(spec: &SandboxSpec, tmpfs: &[OwnedFd], root: u32) -> Result<(
 
 fn make(dir: BorrowedFd<'_>, entry: &Entry, root: u32) -> nix::Result<()> {
     let (uid, gid) = (Some(Uid::from_raw(root)), Some(Gid::from_raw(root)));
+    let file_mode = Mode::from_bits_truncate(0o644);
+    // The mode again (the umask narrows mkdir's and mknod's: 022 makes /tmp's 1777 a
+    // 1755; None for a symlink, which has none), then the sandbox root as owner.
+    let settle = |path: &str, mode: Option<Mode>| {
+        if let Some(mode) = mode {
+            fchmodat(dir, path, mode, FchmodatFlags::FollowSymlink)?;
+        }
+        fchownat(dir, path, uid, gid, AtFlags::AT_SYMLINK_NOFOLLOW)
+    };
     match entry {
         Entry::Dir(path, mode) => {
             let mode = Mode::from_bits_truncate(*mode);
             mkdirat(dir, path.as_str(), mode)?;
-            // The umask narrows mkdir's mode (022 makes /tmp's 1777 a 1755).
-            fchmodat(dir, path.as_str(), mode, FchmodatFlags::FollowSymlink)?;
-            fchownat(
-                dir,
-                path.as_str(),
-                uid,
-                gid,
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
+            settle(path, Some(mode))
         }
         Entry::File(path, content) if content.is_empty() => {
             // Made without opening it (a mount point, a mask): no fd, no writer.
-            let mode = Mode::from_bits_truncate(0o644);
-            mknodat(dir, path.as_str(), SFlag::S_IFREG, mode, 0)?;
-            fchmodat(dir, path.as_str(), mode, FchmodatFlags::FollowSymlink)?;
-            fchownat(
-                dir,
-                path.as_str(),
-                uid,
-                gid,
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
+            mknodat(dir, path.as_str(), SFlag::S_IFREG, file_mode, 0)?;
+            settle(path, Some(file_mode))
         }
         Entry::File(path, content) => {
             let _writing = WRITING.read().unwrap_or_else(|e| e.into_inner());
-            let mode = Mode::from_bits_truncate(0o644);
             let flags = OFlag::O_WRONLY
                 | OFlag::O_CREAT
                 | OFlag::O_EXCL
                 | OFlag::O_NOFOLLOW
                 | OFlag::O_CLOEXEC;
-            let file = std::fs::File::from(openat(dir, path.as_str(), flags, mode)?);
+            let file = std::fs::File::from(openat(dir, path.as_str(), flags, file_mode)?);
             std::io::Write::write_all(&mut &file, content)
                 .map_err(|e| nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
-            fchmod(file.as_fd(), mode)?;
+            fchmod(file.as_fd(), file_mode)?;
             fchown(file.as_fd(), uid, gid)
         }
         Entry::Link(path, target) => {
             symlinkat(target, dir, path.as_str())?;
-            fchownat(
-                dir,
-                path.as_str(),
-                uid,
-                gid,
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
+            settle(path, None)
         }
     }
 }
