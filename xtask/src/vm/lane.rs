@@ -224,9 +224,32 @@ pub fn vm_matrix(args: &MatrixArgs) -> Result<i32> {
     run_lanes(&lanes, &share, &built, &test_args, false)
 }
 
-/// Runs each lane in turn (the probe, and the tests when `with_tests`), reports each and
-/// the matrix, and returns the first failing lane's status. A lane that cannot start (its
-/// image does not build) fails alone; an interrupt stops them all.
+/// How many lanes run at once unless `CODECAGE_VM_JOBS` says: two. Under TCG a lane
+/// keeps a 2-core host about 55 % busy (its tests wait on sandboxes, timeouts and the
+/// guest's 9p share), so a second lane beside it uses what the first leaves; see
+/// xtask/vm/README.md, "Timings".
+const DEFAULT_JOBS: usize = 2;
+
+/// `CODECAGE_VM_JOBS` (a positive whole number), else [`DEFAULT_JOBS`].
+fn lane_jobs() -> Result<usize> {
+    parse_jobs(std::env::var("CODECAGE_VM_JOBS").ok().as_deref())
+}
+
+fn parse_jobs(value: Option<&str>) -> Result<usize> {
+    match value {
+        None => Ok(DEFAULT_JOBS),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => bail!("CODECAGE_VM_JOBS={v:?}: want how many lanes run at once, 1 or more"),
+        },
+    }
+}
+
+/// Runs the lanes (the probe, and the tests when `with_tests`), [`lane_jobs`] at a time,
+/// reports each and the matrix, and returns the first failing lane's status. A lane that
+/// cannot start (its image does not build) fails alone; an interrupt stops them all. Lanes
+/// run side by side each write their output to `target/vm-lanes/LANE.log`, which is printed
+/// whole when the lane ends.
 fn run_lanes(
     lanes: &[Lane],
     share: &Path,
@@ -235,8 +258,9 @@ fn run_lanes(
     with_tests: bool,
 ) -> Result<i32> {
     let target = target_dir(share);
-    let mut reports: Vec<LaneReport> = Vec::new();
-    for (i, lane) in lanes.iter().enumerate() {
+    let jobs = lane_jobs()?.min(lanes.len()).max(1);
+    let wall = Instant::now();
+    let announce = |i: usize, lane: &Lane| {
         status(
             "Lane",
             format!(
@@ -253,22 +277,93 @@ fn run_lanes(
                 }
             ),
         );
+    };
+    // One lane, its problems said after its output; Err only when interrupted.
+    let one = |lane: &Lane| -> Result<LaneReport> {
         let start = Instant::now();
         let report = match run_lane(lane, share, &target, built, args, with_tests) {
             Ok(report) => report,
             Err(e) if interrupted().is_none() => {
-                eprintln!("[vm-test] lane {}: {e:#}", lane.name);
+                run::say!("[vm-test] lane {}: {e:#}", lane.name);
                 LaneReport::not_started(lane, start.elapsed(), format!("{e:#}"))
             }
             Err(e) => return Err(e),
         };
         for problem in &report.problems {
-            eprintln!("[vm-test] lane {}: {problem}", lane.name);
+            run::say!("[vm-test] lane {}: {problem}", lane.name);
         }
-        reports.push(report);
+        Ok(report)
+    };
+    let mut reports: Vec<LaneReport> = Vec::new();
+    if jobs == 1 {
+        for (i, lane) in lanes.iter().enumerate() {
+            announce(i, lane);
+            reports.push(one(lane)?);
+            if let Some(sig) = interrupted() {
+                return Ok(128 + sig);
+            }
+        }
+    } else {
+        // Each kernel's image first, one at a time: two lanes of one kernel must not build
+        // it together. A failure here shows again in the lane, which fails alone.
+        let mut suites: Vec<&str> = lanes.iter().map(|l| l.kernel_suite).collect();
+        suites.sort_unstable();
+        suites.dedup();
+        for suite in suites {
+            if let Err(e) = ensure_image(suite) {
+                eprintln!("[vm-test] the image with the {suite} kernel: {e:#}");
+            }
+        }
+        let logs = target.join("vm-lanes");
+        std::fs::create_dir_all(&logs)?;
+        eprintln!(
+            "[vm-test] {} lanes, {jobs} at a time (CODECAGE_VM_JOBS); each lane's output is \
+             printed when it ends",
+            lanes.len()
+        );
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (done, finished) = std::sync::mpsc::channel();
+        let mut slots: Vec<Option<LaneReport>> = lanes.iter().map(|_| None).collect();
+        std::thread::scope(|scope| -> Result<()> {
+            for _ in 0..jobs {
+                let done = done.clone();
+                let (next, announce, one, logs) = (&next, &announce, &one, &logs);
+                scope.spawn(move || loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= lanes.len() || interrupted().is_some() {
+                        break;
+                    }
+                    let lane = &lanes[i];
+                    announce(i, lane);
+                    let log = logs.join(format!("{}.log", lane.name));
+                    let report = std::fs::File::create(&log)
+                        .with_context(|| format!("creating {}", log.display()))
+                        .and_then(|file| {
+                            run::log_to(Some(file));
+                            let report = one(lane);
+                            run::log_to(None);
+                            report
+                        });
+                    if done.send((i, report, log)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(done);
+            for (i, report, log) in finished {
+                let lane = &lanes[i];
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                println!("\n===== lane {} ({}) =====", lane.name, log.display());
+                print!("{text}");
+                println!("===== lane {} ends =====", lane.name);
+                slots[i] = Some(report?);
+            }
+            Ok(())
+        })?;
         if let Some(sig) = interrupted() {
             return Ok(128 + sig);
         }
+        reports.extend(slots.into_iter().flatten());
     }
     let matrix = matrix::markdown(&reports);
     let _ = std::fs::write(target.join("vm-lanes").join("matrix.md"), &matrix);
@@ -280,9 +375,10 @@ fn run_lanes(
     let total: std::time::Duration = reports.iter().map(|r| r.elapsed).sum();
     let failed: Vec<&LaneReport> = reports.iter().filter(|r| !r.passed()).collect();
     println!(
-        "{} of {} lanes passed in {}",
+        "{} of {} lanes passed in {} ({} of lanes' time, {jobs} at a time)",
         reports.len() - failed.len(),
         reports.len(),
+        secs(wall.elapsed()),
         secs(total)
     );
     Ok(failed.first().map_or(0, |r| r.exit_status()))
@@ -343,7 +439,7 @@ fn run_lane(
         // report says so.
         let why =
             "the VM died under the command (status 125; the console was shown): ran once more";
-        eprintln!("[vm-test] lane {}: {why}", lane.name);
+        run::say!("[vm-test] lane {}: {why}", lane.name);
         dir.prepare()?;
         rc = run::run(lane, &image, &opts)?;
         retried = Some(why.to_string());
@@ -617,6 +713,20 @@ pub struct MatrixArgs {
 mod tests {
     use super::*;
     use crate::{tests::parse, Task};
+
+    #[test]
+    fn lanes_run_two_at_a_time_unless_told() {
+        assert_eq!(parse_jobs(None).unwrap(), 2);
+        assert_eq!(parse_jobs(Some("1")).unwrap(), 1);
+        assert_eq!(parse_jobs(Some(" 3 ")).unwrap(), 3);
+        for bad in ["0", "", "two", "-1"] {
+            let e = parse_jobs(Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("CODECAGE_VM_JOBS") && e.contains("1 or more"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn parses_arguments() {

@@ -14,6 +14,10 @@
 //! is ~4x slower than that under TCG; the kernel console (ttyS0) goes to a
 //! separate file, shown only when something fails.
 //!
+//! A thread can send all of that (the job's output and the runner's own messages) to a
+//! file instead ([`log_to`]): the lanes that `vm-test` runs side by side each write one
+//! log, printed whole when the lane ends, so their lines do not interleave.
+//!
 //! Exit status: the job's; 124 when it timed out; 125 when the VM failed
 //! before the job could report one. A boot that dies before the job started
 //! is retried (up to twice); once the job has started it is never run again.
@@ -26,6 +30,7 @@ use crate::host::{
     workspace_root, TempTree,
 };
 use anyhow::{ensure, Context, Result};
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read as _, Write as _};
@@ -55,6 +60,43 @@ const POLL_INTERVAL: Duration = Duration::from_millis(25);
 /// Lines of the guest console and of QEMU's messages shown when a boot fails.
 const CONSOLE_TAIL_LINES: usize = 40;
 const QEMU_TAIL_LINES: usize = 20;
+
+thread_local! {
+    /// Where this thread's runs print (see [`log_to`]); None: the terminal.
+    static LOG: RefCell<Option<fs::File>> = const { RefCell::new(None) };
+}
+
+/// Sends what this thread's runs print, the job's output and the runner's messages, to
+/// `file` instead of the terminal (stdout and stderr), until called with None.
+pub fn log_to(file: Option<fs::File>) {
+    LOG.with(|log| *log.borrow_mut() = file);
+}
+
+/// Writes `text` to this thread's log, or with `terminal` when it has none. A closed
+/// terminal (piped into `head`, say) must not stop a run.
+fn emit(text: &[u8], terminal: &mut dyn std::io::Write) {
+    LOG.with(|log| match &mut *log.borrow_mut() {
+        Some(file) => {
+            let _ = file.write_all(text);
+        }
+        None => {
+            let _ = terminal.write_all(text);
+            let _ = terminal.flush();
+        }
+    });
+}
+
+/// A message of the runner, on stderr or in this thread's log; `say!` formats one line.
+pub fn say_str(text: &str) {
+    emit(text.as_bytes(), &mut std::io::stderr());
+}
+
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::vm::run::say_str(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use say;
 
 /// Run a command in the VM
 ///
@@ -189,13 +231,13 @@ pub fn run(lane: &Lane, image: &Image, opts: &RunOptions) -> Result<i32> {
         match boot(&qemu, lane, image, opts, &share, &cwd, attempt)? {
             Outcome::Status(rc) => return Ok(rc),
             Outcome::NotStarted(why) => {
-                eprintln!(
+                say!(
                     "[vm] boot {attempt}/{BOOT_ATTEMPTS} failed before the command started: {why}"
                 );
             }
         }
     }
-    eprintln!("[vm] giving up after {BOOT_ATTEMPTS} boots");
+    say!("[vm] giving up after {BOOT_ATTEMPTS} boots");
     Ok(EXIT_VM_FAILED)
 }
 
@@ -301,7 +343,7 @@ fn boot(
     let machine = Machine::from_env(lane.cgroups);
     let mut output = OutputPump::open(&ctl.output)?;
     let mut cmd = qemu::command(qemu, image, &machine, &ctl, share)?;
-    eprintln!(
+    say!(
         "[vm] lane {}: boot {attempt}: {}, {} vCPUs, {} MiB; share {}; timeout {}s",
         lane.name,
         machine.accel,
@@ -370,26 +412,26 @@ impl ControlDir {
 
     /// Show all of the guest's console and of QEMU's messages (`CODECAGE_VM_DEBUG`).
     fn show_console(&self) {
-        eprintln!("----- guest console (CODECAGE_VM_DEBUG) -----");
-        eprint!("{}", fs::read_to_string(&self.console).unwrap_or_default());
-        eprint!("{}", fs::read_to_string(&self.qemu_log).unwrap_or_default());
-        eprintln!("---------------------------------------------");
+        say!("----- guest console (CODECAGE_VM_DEBUG) -----");
+        say_str(&fs::read_to_string(&self.console).unwrap_or_default());
+        say_str(&fs::read_to_string(&self.qemu_log).unwrap_or_default());
+        say!("---------------------------------------------");
     }
 
     /// Show the end of the guest's console and of QEMU's messages.
     fn show_failure(&self) {
-        eprintln!("----- guest console (tail) -----");
-        eprint!("{}", tail_lines(&self.console, CONSOLE_TAIL_LINES));
+        say!("----- guest console (tail) -----");
+        say_str(&tail_lines(&self.console, CONSOLE_TAIL_LINES));
         let q = fs::read_to_string(&self.qemu_log).unwrap_or_default();
         if !q.trim().is_empty() {
-            eprintln!("----- qemu -----");
-            eprint!("{}", tail_lines(&self.qemu_log, QEMU_TAIL_LINES));
+            say!("----- qemu -----");
+            say_str(&tail_lines(&self.qemu_log, QEMU_TAIL_LINES));
         }
-        eprintln!("--------------------------------");
+        say!("--------------------------------");
     }
 }
 
-/// Copies what the guest writes to the output file on to our stdout.
+/// Copies what the guest writes to the output file on to our stdout (or the thread's log).
 struct OutputPump {
     file: fs::File,
     buf: Vec<u8>,
@@ -403,17 +445,15 @@ impl OutputPump {
         })
     }
 
-    /// Copy whatever the guest wrote since the last call. A closed stdout (piped into
-    /// `head`, say) must not stop the run.
+    /// Copy whatever the guest wrote since the last call, to stdout or this thread's log.
     fn pump(&mut self) {
         let mut stdout = std::io::stdout();
         while let Ok(n) = self.file.read(&mut self.buf) {
             if n == 0 {
                 break;
             }
-            let _ = stdout.write_all(&self.buf[..n]);
+            emit(&self.buf[..n], &mut stdout);
         }
-        let _ = stdout.flush();
     }
 }
 
@@ -451,7 +491,7 @@ impl RunningVm {
             if self.started.is_none() && ctl.started.exists() {
                 self.started = Some(Instant::now());
                 let boot = secs(self.booted.elapsed());
-                eprintln!("[vm] command started after {boot} of boot");
+                say!("[vm] command started after {boot} of boot");
             }
             if self.child.try_wait()?.is_some() {
                 return Ok(None);
@@ -459,7 +499,7 @@ impl RunningVm {
             if let Some(sig) = interrupted() {
                 self.kill();
                 output.pump();
-                eprintln!("[vm] interrupted by signal {sig}: VM killed");
+                say!("[vm] interrupted by signal {sig}: VM killed");
                 return Ok(Some(Outcome::Status(128 + sig)));
             }
             match self.started {
@@ -474,7 +514,7 @@ impl RunningVm {
                 Some(s) if s.elapsed() > Duration::from_secs(timeout_secs) + SHUTDOWN_GRACE => {
                     self.kill();
                     output.pump();
-                    eprintln!(
+                    say!(
                         "[vm] timeout: the command ran over {timeout_secs}s and the guest did not \
                          stop it; VM killed"
                     );
@@ -500,11 +540,11 @@ impl RunningVm {
         match (rc, self.started) {
             (Some(rc), Some(s)) => {
                 let job = secs(s.elapsed());
-                eprintln!("[vm] exit status {rc} (command {job}, total {total})");
+                say!("[vm] exit status {rc} (command {job}, total {total})");
                 Outcome::Status(rc)
             }
             (_, Some(_)) => {
-                eprintln!("[vm] the VM stopped while the command was running, without a status");
+                say!("[vm] the VM stopped while the command was running, without a status");
                 ctl.show_failure();
                 Outcome::Status(EXIT_VM_FAILED)
             }
