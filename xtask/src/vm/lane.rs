@@ -336,14 +336,20 @@ fn run_lanes(
                     let lane = &lanes[i];
                     announce(i, lane);
                     let log = logs.join(format!("{}.log", lane.name));
-                    let report = std::fs::File::create(&log)
-                        .with_context(|| format!("creating {}", log.display()))
-                        .and_then(|file| {
+                    // A log that cannot be made fails its lane alone, as an image would.
+                    let report = match std::fs::File::create(&log) {
+                        Ok(file) => {
                             run::log_to(Some(file));
                             let report = one(lane);
                             run::log_to(None);
                             report
-                        });
+                        }
+                        Err(e) => Ok(LaneReport::not_started(
+                            lane,
+                            std::time::Duration::ZERO,
+                            format!("cannot create {}: {e}", log.display()),
+                        )),
+                    };
                     if done.send((i, report, log)).is_err() {
                         break;
                     }
