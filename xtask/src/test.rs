@@ -148,6 +148,10 @@ pub fn test(args: &Args) -> Result<i32> {
 }
 
 fn test_once(args: &Args) -> Result<i32> {
+    if !args.native_only {
+        // A bad CODECAGE_VM_JOBS said now, not after the native suite.
+        crate::vm::lane::lane_jobs()?;
+    }
     install_missing(&Runner::terminal(), NEEDED, Recommends::Skip)?;
     eprintln!("xtask: building the default image (cargo xtask rootfs)");
     let built = crate::rootfs::rootfs(&crate::rootfs::Args::default())?;

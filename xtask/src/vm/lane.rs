@@ -7,7 +7,7 @@ use super::matrix::{self, LaneDir, LaneReport};
 use super::run::{self, parse_env, parse_timeout, RunOptions};
 use crate::host::{interrupted, secs, status, workspace_root};
 use anyhow::{bail, ensure, Context, Result};
-use std::io::BufRead as _;
+use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -178,6 +178,7 @@ exit "$status"
 /// `cargo xtask vm-test`.
 pub fn vm_test(args: &TestArgs) -> Result<i32> {
     let lanes = lanes::select(&args.lanes)?;
+    lane_jobs()?;
     let root = workspace_root();
     let built = build_tests(&root, args.release)?;
     if built.tests.is_empty() {
@@ -231,7 +232,7 @@ pub fn vm_matrix(args: &MatrixArgs) -> Result<i32> {
 const DEFAULT_JOBS: usize = 2;
 
 /// `CODECAGE_VM_JOBS` (a positive whole number), else [`DEFAULT_JOBS`].
-fn lane_jobs() -> Result<usize> {
+pub(crate) fn lane_jobs() -> Result<usize> {
     parse_jobs(std::env::var("CODECAGE_VM_JOBS").ok().as_deref())
 }
 
@@ -248,8 +249,8 @@ fn parse_jobs(value: Option<&str>) -> Result<usize> {
 /// Runs the lanes (the probe, and the tests when `with_tests`), [`lane_jobs`] at a time,
 /// reports each and the matrix, and returns the first failing lane's status. A lane that
 /// cannot start (its image does not build) fails alone; an interrupt stops them all. Lanes
-/// run side by side each write their output to `target/vm-lanes/LANE.log`, which is printed
-/// whole when the lane ends.
+/// that run side by side each write their output to `target/vm-lanes/LANE.log`, printed
+/// whole when the lane ends. `vm-test` and `vm-matrix` both run lanes this way.
 fn run_lanes(
     lanes: &[Lane],
     share: &Path,
@@ -356,15 +357,27 @@ fn run_lanes(
                 });
             }
             drop(done);
+            // Every lane's log is printed, as bytes (the guest's output need not be UTF-8),
+            // and a closed stdout (piped into `head`) stops nothing; an error (an
+            // interrupt) is returned once both lanes have ended.
+            let mut first_err = None;
             for (i, report, log) in finished {
                 let lane = &lanes[i];
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                println!("\n===== lane {} ({}) =====", lane.name, log.display());
-                print!("{text}");
-                println!("===== lane {} ends =====", lane.name);
-                slots[i] = Some(report?);
+                let text = std::fs::read(&log)
+                    .unwrap_or_else(|e| format!("(cannot read {}: {e})\n", log.display()).into());
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "\n===== lane {} ({}) =====", lane.name, log.display());
+                let _ = out.write_all(&text);
+                let _ = writeln!(out, "===== lane {} ends =====", lane.name);
+                let _ = out.flush();
+                match report {
+                    Ok(report) => slots[i] = Some(report),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
             }
-            Ok(())
+            first_err.map_or(Ok(()), Err)
         })?;
         if let Some(sig) = interrupted() {
             return Ok(128 + sig);

@@ -69,6 +69,10 @@ impl Image {
 /// The image of the current recipe with the kernel of `kernel_suite`, built first if
 /// needed (which needs root).
 pub fn ensure_image(kernel_suite: &str) -> Result<Image> {
+    // One image at a time: lanes run side by side (vm-test) must not build one kernel's
+    // image together (apt-get's lock, the build log), say after a first try failed.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(image) = Image::current(kernel_suite) {
         run::require_qemu()?;
         return Ok(image);
