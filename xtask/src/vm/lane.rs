@@ -305,8 +305,9 @@ fn run_lanes(
             }
         }
     } else {
-        // Each kernel's image first, one at a time: two lanes of one kernel must not build
-        // it together. A failure here shows again in the lane, which fails alone.
+        // Each kernel's image first (ensure_image builds one at a time), so that a build's
+        // messages reach the terminal rather than a lane's log and no lane waits on
+        // another's build. A failure here shows again in the lane, which fails alone.
         let mut suites: Vec<&str> = lanes.iter().map(|l| l.kernel_suite).collect();
         suites.sort_unstable();
         suites.dedup();
